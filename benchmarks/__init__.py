@@ -1,0 +1,1 @@
+"""Measured figures, run by `make bench` and never by the tests."""

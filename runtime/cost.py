@@ -1,0 +1,145 @@
+"""Per-node FLOPs and bytes, and a device's roofline time for them.
+
+FLOPs follow the usual counts (a multiply-add is 2). Ops without a rule, including the
+subgraph nodes If, Loop and Scan, cost one FLOP per output element. Bytes read include
+weights (initializers); Constant outputs count as activations, never twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.devices.config import DeviceConfig
+from runtime.graph import Graph, Node
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    flops: float
+    bytes_read: int
+    bytes_written: int
+    weight_bytes: int
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
+
+
+Shapes = list[tuple[int, ...] | None]
+FlopRule = Callable[[Node, Shapes, Shapes], float]
+FLOP_RULES: dict[str, FlopRule] = {}
+
+
+def rule(*ops: str) -> Callable[[FlopRule], FlopRule]:
+    def register(fn: FlopRule) -> FlopRule:
+        for op in ops:
+            FLOP_RULES[op] = fn
+        return fn
+    return register
+
+
+@rule("MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul")
+def _matmul(node: Node, ins: Shapes, outs: Shapes) -> float:
+    a = ins[0] or (1,)
+    return 2.0 * _numel(outs[0]) * (a[-1] if a else 1)
+
+
+@rule("Gemm")
+def _gemm(node: Node, ins: Shapes, outs: Shapes) -> float:
+    a = ins[0] or (1, 1)
+    k = a[0] if node.attributes.get("transA", 0) else a[-1]
+    return 2.0 * _numel(outs[0]) * k + (_numel(outs[0]) if len(ins) > 2 else 0)
+
+
+def _kernel_volume(node: Node, w: tuple[int, ...] | None) -> int:
+    kernel = node.attributes.get("kernel_shape") or (w[2:] if w else ())
+    return int(np.prod(kernel)) if len(kernel) else 1
+
+
+@rule("Conv", "ConvInteger", "QLinearConv")
+def _conv(node: Node, ins: Shapes, outs: Shapes) -> float:
+    w = ins[3] if node.op_type == "QLinearConv" and len(ins) > 3 else (ins[1] if len(ins) > 1
+                                                                      else None)
+    cin_per_group = w[1] if w and len(w) > 1 else 1
+    bias = _numel(outs[0]) if len(ins) > 2 and node.op_type == "Conv" else 0
+    return 2.0 * _numel(outs[0]) * cin_per_group * _kernel_volume(node, w) + bias
+
+
+@rule("ConvTranspose")
+def _conv_transpose(node: Node, ins: Shapes, outs: Shapes) -> float:
+    w = ins[1] if len(ins) > 1 else None
+    cout_per_group = w[1] if w and len(w) > 1 else 1
+    return 2.0 * _numel(ins[0]) * cout_per_group * _kernel_volume(node, w)
+
+
+@rule("MaxPool", "AveragePool", "LpPool", "MaxRoiPool")
+def _pool(node: Node, ins: Shapes, outs: Shapes) -> float:
+    return float(_numel(outs[0]) * _kernel_volume(node, None))
+
+
+@rule("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "ReduceSum", "ReduceMean",
+      "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+      "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "CumSum")
+def _reduce(node: Node, ins: Shapes, outs: Shapes) -> float:
+    return float(_numel(ins[0]))
+
+
+@rule("BatchNormalization", "InstanceNormalization", "LayerNormalization",
+      "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
+      "SkipLayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "LRN")
+def _norm(node: Node, ins: Shapes, outs: Shapes) -> float:
+    per_element = 2 if node.op_type == "BatchNormalization" else 8
+    return float(per_element * _numel(ins[0]))
+
+
+@rule("Softmax", "LogSoftmax", "Hardmax")
+def _softmax(node: Node, ins: Shapes, outs: Shapes) -> float:
+    return 5.0 * _numel(ins[0])
+
+
+_TRANSCENDENTAL = ("Exp", "Log", "Tanh", "Sigmoid", "Erf", "Gelu", "Sin", "Cos", "Pow", "Sqrt",
+                   "Reciprocal", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Mish",
+                   "HardSigmoid", "HardSwish", "FastGelu", "BiasGelu", "QuickGelu")
+
+
+@rule(*_TRANSCENDENTAL)
+def _transcendental(node: Node, ins: Shapes, outs: Shapes) -> float:
+    return 4.0 * _numel(outs[0])
+
+
+def _fallback(node: Node, ins: Shapes, outs: Shapes) -> float:
+    """Elementwise ops and anything unknown: one FLOP per output element."""
+    return float(sum(_numel(s) for s in outs))
+
+
+def node_cost(graph: Graph, node: Node) -> NodeCost:
+    tensors = graph.tensors
+    ins = [tensors[t].shape if t in tensors else None for t in node.inputs]
+    outs = [tensors[t].shape if t in tensors else None for t in node.outputs]
+    flops = FLOP_RULES.get(node.op_type, _fallback)(node, ins, outs)
+    weights = sum(graph.tensor_bytes(t) for t in node.reads if graph.is_weight(t))
+    read = sum(graph.tensor_bytes(t) for t in node.reads)
+    written = sum(graph.tensor_bytes(t) for t in node.writes)
+    return NodeCost(flops, read, written, weights)
+
+
+def graph_costs(graph: Graph) -> dict[str, NodeCost]:
+    return {n.name: node_cost(graph, n) for n in graph.nodes}
+
+
+def device_seconds(cost: NodeCost, device: DeviceConfig) -> float:
+    """Roofline: the slower of compute and memory traffic, plus a fixed launch cost."""
+    return max(cost.flops / device.peak_flops,
+               cost.bytes_moved / device.mem_bandwidth) + device.launch_seconds
+
+
+def transfer_seconds(nbytes: int, dst: DeviceConfig) -> float:
+    """A copy into `dst` over its link: a fixed latency plus bytes over bandwidth."""
+    return dst.link_latency + nbytes / dst.link_bandwidth

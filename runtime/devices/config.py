@@ -1,0 +1,83 @@
+"""DeviceConfig: what a device is, and the figures the cost model reads from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from runtime.errors import DeviceSpecError
+
+BACKENDS = ("cpu", "reference", "sim")
+
+# Per-thread figures for `cpu`, measured once on the 2-core CI machine kind with
+# onnxruntime 1.31 and one intra-op thread: 512x512 MatMul 107 GFLOP/s (we take 80,
+# since real layers are smaller), streaming Add 38 GB/s (we take 25), 4.8 us per
+# single-Relu run, memcpy 22 GB/s. A copy between host devices also pays a thread
+# hand-off (~20 us). See docs/architecture.md, "Cost model".
+CPU_FLOPS_PER_THREAD = 80e9
+CPU_MEM_BANDWIDTH = 25e9
+CPU_LAUNCH_SECONDS = 5e-6
+HOST_LINK_BANDWIDTH = 20e9
+HOST_LINK_LATENCY = 20e-6
+
+# Defaults per backend: (peak_flops, mem_bandwidth, link_bandwidth, launch, link latency, memory)
+_DEFAULTS: dict[str, tuple[float, float, float, float, float, int]] = {
+    "cpu": (CPU_FLOPS_PER_THREAD, CPU_MEM_BANDWIDTH, HOST_LINK_BANDWIDTH,
+            CPU_LAUNCH_SECONDS, HOST_LINK_LATENCY, 2 << 30),
+    # onnx's reference evaluator is pure numpy plus Python per node: far slower.
+    "reference": (CPU_FLOPS_PER_THREAD / 4, CPU_MEM_BANDWIDTH / 2, HOST_LINK_BANDWIDTH,
+                  200e-6, HOST_LINK_LATENCY, 2 << 30),
+    # A modest accelerator on a PCIe-like link.
+    "sim": (2e12, 100e9, 12e9, 10e-6, 10e-6, 512 << 20),
+}
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """One device. Figures left as None take the backend's defaults."""
+
+    name: str
+    backend: str = "cpu"
+    memory_bytes: int | None = None
+    threads: int = 1
+    peak_flops: float | None = None
+    mem_bandwidth: float | None = None
+    link_bandwidth: float | None = None
+    supported_ops: frozenset[str] | None = None
+    launch_seconds: float | None = None
+    link_latency: float | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise DeviceSpecError(f"device name must be a non-empty string, got {self.name!r}")
+        if self.backend not in BACKENDS:
+            raise DeviceSpecError(
+                f"device {self.name}: unknown backend {self.backend!r}; "
+                f"choose one of {', '.join(BACKENDS)}")
+        if self.threads < 1:
+            raise DeviceSpecError(f"device {self.name}: threads must be >= 1, got {self.threads}")
+        flops, bw, link, launch, latency, memory = _DEFAULTS[self.backend]
+        scale = self.threads if self.backend == "cpu" else 1
+        defaults = {"peak_flops": flops * scale, "mem_bandwidth": bw, "link_bandwidth": link,
+                    "launch_seconds": launch, "link_latency": latency, "memory_bytes": memory}
+        for key, value in defaults.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        for key in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
+            if getattr(self, key) <= 0:
+                raise DeviceSpecError(f"device {self.name}: {key} must be positive")
+        object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
+        if self.supported_ops is not None:
+            object.__setattr__(self, "supported_ops", frozenset(self.supported_ops))
+
+    def can_run(self, op_type: str) -> bool:
+        return self.supported_ops is None or op_type in self.supported_ops
+
+    def with_name(self, name: str) -> DeviceConfig:
+        return replace(self, name=name)
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        if self.supported_ops is not None:
+            out["supported_ops"] = sorted(self.supported_ops)
+        return out

@@ -1,0 +1,90 @@
+"""Parse `--devices`: a compact spec (`cpu:2,sim:4:mem=64MB`) or a TOML file of device tables."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from runtime.devices.config import BACKENDS, DeviceConfig
+from runtime.errors import DeviceSpecError
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
+          "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12}
+_KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
+         "flops": "peak_flops", "bw": "mem_bandwidth", "link": "link_bandwidth",
+         "ops": "supported_ops"}
+
+
+def parse_size(text: str | int | float) -> float:
+    """'64MB' -> 64e6, '1GiB' -> 2**30, '2.5T' -> 2.5e12; plain numbers pass through."""
+    if isinstance(text, int | float):
+        return text
+    match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match.group(2).lower().removesuffix("/s")
+    if not match or unit not in _UNITS:
+        raise DeviceSpecError(f"cannot read size {text!r}; write e.g. 512MB, 2GiB or 1e9")
+    return float(match.group(1)) * _UNITS[unit]
+
+
+def _device_fields(name: str, options: dict) -> dict:
+    out = {}
+    for key, value in options.items():
+        target = _KEYS.get(key, key)
+        if target == "supported_ops":
+            out[target] = value if isinstance(value, list) else str(value).split("+")
+        elif target == "threads":
+            out[target] = int(value)
+        elif target in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
+            out[target] = parse_size(value)
+        elif target in ("launch_seconds", "link_latency"):
+            out[target] = float(value)
+        elif target != "backend":
+            raise DeviceSpecError(f"device {name}: unknown option {key!r}")
+    return out
+
+
+def _from_toml(path: Path) -> list[DeviceConfig]:
+    try:
+        tables = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise DeviceSpecError(f"cannot read device file {path}: {exc}") from None
+    tables = tables.get("devices", tables)
+    devices = []
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise DeviceSpecError(f"{path}: [{name}] must be a table of device settings")
+        devices.append(DeviceConfig(name=name, backend=table.get("backend", "cpu"),
+                                    **_device_fields(name, table)))
+    return devices
+
+
+def parse_devices(spec: str | Path) -> list[DeviceConfig]:
+    """Devices from a compact spec or a TOML file; names are `<backend><index>` per kind."""
+    path = Path(spec)
+    if str(spec).endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise DeviceSpecError(f"device file not found: {spec}")
+        devices = _from_toml(path)
+    else:
+        devices = []
+        for part in filter(None, (p.strip() for p in str(spec).split(","))):
+            kind, *rest = part.split(":")
+            count = 1
+            if rest and rest[0].isdigit():
+                count = int(rest.pop(0))
+            if kind not in BACKENDS:
+                raise DeviceSpecError(f"unknown device kind {kind!r} in {spec!r}; "
+                                      f"choose one of {', '.join(BACKENDS)}")
+            options = dict(opt.split("=", 1) if "=" in opt else (opt, "") for opt in rest)
+            taken = sum(d.backend == kind for d in devices)
+            for i in range(count):
+                name = f"{kind}{taken + i}"
+                devices.append(DeviceConfig(name=name, backend=kind,
+                                            **_device_fields(name, options)))
+    if not devices:
+        raise DeviceSpecError(f"no devices in {str(spec)!r}; write e.g. cpu:2 or cpu:2,sim:4")
+    names = [d.name for d in devices]
+    if len(set(names)) != len(names):
+        raise DeviceSpecError(f"device names repeat in {str(spec)!r}: {names}")
+    return devices

@@ -1,0 +1,289 @@
+"""ONNX model -> graph IR: named nodes, tensors with bound shapes, weights and a DAG.
+
+Shapes here are for costing only: symbolic dimensions are bound to concrete values
+(1 unless the caller says otherwise). `Tensor.dims` keeps the declared dimensions,
+symbolic names included, so compiled partitions stay dynamic.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import helper, shape_inference
+
+from runtime.errors import ModelLoadError
+
+Dim = int | str | None
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value in the graph. `shape` is bound (ints) for costing; `dims` as declared."""
+
+    name: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    dims: tuple[Dim, ...] | None
+    elem_type: int = 0
+    nbytes: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        known = self.dtype is not None and self.shape is not None
+        size = math.prod(self.shape) * np.dtype(self.dtype).itemsize if known else 0
+        object.__setattr__(self, "nbytes", int(size))
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node; a node with subgraphs (If, Loop, Scan) is one unit."""
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: Mapping[str, Any]
+    outer_inputs: tuple[str, ...] = ()
+    index: int = 0
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every tensor the node reads: explicit inputs, then outer-scope tensors."""
+        return tuple(dict.fromkeys(t for t in (*self.inputs, *self.outer_inputs) if t))
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return tuple(t for t in self.outputs if t)
+
+
+@dataclass
+class Graph:
+    """The loaded network. `model` is the checked model with every node named."""
+
+    model: onnx.ModelProto
+    nodes: list[Node]
+    tensors: dict[str, Tensor]
+    initializers: dict[str, onnx.TensorProto]
+    inputs: list[str]
+    outputs: list[str]
+    opsets: dict[str, int]
+    bindings: dict[str, int]
+    name: str = "network"
+    producer: dict[str, str] = field(default_factory=dict)
+    consumers: dict[str, list[str]] = field(default_factory=dict)
+    dag: nx.DiGraph = field(default_factory=nx.DiGraph)
+
+    def __post_init__(self) -> None:
+        self.by_name = {n.name: n for n in self.nodes}
+        self.output_set = frozenset(self.outputs)
+        for node in self.nodes:
+            for t in node.writes:
+                self.producer[t] = node.name
+            for t in node.reads:
+                self.consumers.setdefault(t, []).append(node.name)
+        self.dag.add_nodes_from(n.name for n in self.nodes)
+        for node in self.nodes:
+            for t in node.reads:
+                src = self.producer.get(t)
+                if src is not None:
+                    edge = self.dag.get_edge_data(src, node.name)
+                    if edge is None:
+                        self.dag.add_edge(src, node.name, tensors=[t])
+                    elif t not in edge["tensors"]:
+                        edge["tensors"].append(t)
+
+    def node(self, name: str) -> Node:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise KeyError(f"no node named {name!r} in {self.name}") from None
+
+    def is_weight(self, tensor: str) -> bool:
+        return tensor in self.initializers
+
+    def tensor_bytes(self, tensor: str) -> int:
+        info = self.tensors.get(tensor)
+        return info.nbytes if info else 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def read_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """A ModelProto from a path, serialized bytes or a ModelProto (copied)."""
+    if isinstance(source, onnx.ModelProto):
+        return copy.deepcopy(source)
+    if isinstance(source, bytes | bytearray):
+        try:
+            return onnx.load_from_string(bytes(source))
+        except Exception as exc:
+            raise ModelLoadError(f"bytes given are not an ONNX model: {_one_line(exc)}") from None
+    path = Path(source)
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
+
+
+def _check(model: onnx.ModelProto, label: str) -> None:
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(f"{label}: IR version {model.ir_version} is newer than this onnx "
+                             f"reads (up to {onnx.IR_VERSION})")
+    newest = onnx.defs.onnx_opset_version()
+    for op in model.opset_import:
+        if op.domain in DEFAULT_DOMAINS and not 1 <= op.version <= newest:
+            raise ModelLoadError(f"{label}: unsupported opset {op.version} of ai.onnx "
+                                 f"(this onnx knows 1..{newest})")
+    try:
+        if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ModelLoadError(f"{label} fails the ONNX checker: {_one_line(exc)}") from None
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give unnamed or clashing nodes stable unique names: `<op>_<index>`."""
+    seen: set[str] = set()
+    taken = {n.name for n in graph.node if n.name}
+    for i, node in enumerate(graph.node):
+        if not node.name or node.name in seen:
+            base = f"{node.name or node.op_type}_{i}"
+            name, k = base, 1
+            while name in taken or name in seen:
+                name, k = f"{base}_{k}", k + 1
+            node.name = name
+        seen.add(node.name)
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _outer_reads(graph: onnx.GraphProto) -> list[str]:
+    """Names a subgraph reads that it does not define itself (outer scope), in order."""
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    local |= {t.values.name for t in graph.sparse_initializer}
+    reads: dict[str, None] = {}
+    for node in graph.node:
+        inner = [r for g in subgraphs(node) for r in _outer_reads(g)]
+        for name in (*node.input, *inner):
+            if name and name not in local:
+                reads[name] = None
+        local.update(node.output)
+    for out in graph.output:
+        if out.name not in local:
+            reads[out.name] = None
+    return list(reads)
+
+
+def _dims(value: onnx.ValueInfoProto) -> tuple[int, tuple[Dim, ...] | None]:
+    t = value.type
+    if not t.HasField("tensor_type"):
+        return 0, None
+    tt = t.tensor_type
+    if not tt.HasField("shape"):
+        return tt.elem_type, None
+    dims: list[Dim] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or None)
+    return tt.elem_type, tuple(dims)
+
+
+def _np_dtype(elem_type: int) -> str | None:
+    if not elem_type:
+        return None
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _bind(dims: tuple[Dim, ...] | None, bindings: Mapping[str, int], default: int) -> tuple[
+        int, ...] | None:
+    if dims is None:
+        return None
+    return tuple(d if isinstance(d, int) else int(bindings.get(d, default)) for d in dims)
+
+
+def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    try:
+        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                data_prop=True)
+    except Exception:  # inference is best effort; unknown shapes cost by fallback
+        inferred = model
+    g = inferred.graph
+    return {v.name: v for v in (*g.value_info, *g.input, *g.output)}
+
+
+def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: int
+                 ) -> onnx.ModelProto:
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    for value in bound.graph.input:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            for d in value.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value"):
+                    d.dim_value = int(bindings.get(d.dim_param, default))
+    return bound
+
+
+def load_graph(source: str | Path | bytes | onnx.ModelProto, *,
+               bindings: Mapping[str, int] | None = None, default_dim: int = 1,
+               name: str | None = None) -> Graph:
+    """Read, check, name and shape a model. `bindings` maps symbolic dims to values."""
+    model = read_model(source)
+    label = str(source) if isinstance(source, str | Path) else "model"
+    _check(model, label)
+    _name_nodes(model.graph)
+    bindings = dict(bindings or {})
+    declared = _infer(model)
+    bound = _infer(_bound_model(model, bindings, default_dim))
+    g = model.graph
+    initializers = {t.name: t for t in g.initializer}
+    tensors: dict[str, Tensor] = {}
+    for tname, init in initializers.items():
+        dtype = _np_dtype(init.data_type)
+        shape = tuple(int(d) for d in init.dims)
+        tensors[tname] = Tensor(tname, dtype, shape, shape, init.data_type)
+    for tname in {*declared, *bound}:
+        if tname in tensors:
+            continue
+        elem, dims = _dims(declared.get(tname) or bound[tname])
+        belem, bdims = _dims(bound.get(tname) or declared[tname])
+        elem = elem or belem
+        shape = _bind(bdims if bdims is not None else dims, bindings, default_dim)
+        tensors[tname] = Tensor(tname, _np_dtype(elem), shape, dims, elem)
+    nodes = []
+    for i, proto in enumerate(g.node):
+        outer = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]
+        outer = tuple(dict.fromkeys(r for r in outer if r not in proto.input))
+        attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+        nodes.append(Node(proto.name, proto.op_type, proto.domain, tuple(proto.input),
+                          tuple(proto.output), attrs, outer, i))
+    opsets = {op.domain or "": op.version for op in model.opset_import}
+    graph_inputs = [v.name for v in g.input if v.name not in initializers]
+    return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
+                 inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
+                 bindings=bindings, name=name or g.name or "network")
+

@@ -1,0 +1,96 @@
+"""Partitioner: graph + devices -> Plan, as a generator of steps a UI can replay.
+
+    steps = partition_steps(graph, devices, "balanced")
+    for step in steps: ...           # each decision, with its reason
+    plan = partition(graph, devices, "balanced")   # or run it to the end
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from runtime.cost import graph_costs
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError
+from runtime.graph import Graph
+from runtime.partition.balanced import balanced_mode
+from runtime.partition.greedy import memory_mode
+from runtime.partition.order import choose_order, model_order
+from runtime.partition.plan import Partition, Plan, Transfer, build_plan
+from runtime.partition.record import Recorder, Steps, finish
+from runtime.partition.segments import Segments
+from runtime.partition.steps import Step, replay
+from runtime.partition.user import read_user_map, user_mode
+from runtime.partition.validate import validate_plan
+from runtime.units import human_bytes, human_seconds
+
+MODES = ("memory", "balanced", "user")
+
+__all__ = ["MODES", "Partition", "Plan", "Step", "Transfer", "canonical_devices", "partition",
+           "partition_steps", "replay", "validate_plan"]
+
+
+def canonical_devices(devices: Sequence[DeviceConfig]) -> list[DeviceConfig]:
+    """Devices by capability, so the order they were listed in never changes a plan."""
+    return sorted(devices, key=lambda d: (
+        -d.memory_bytes, -d.peak_flops, -d.mem_bandwidth, -d.link_bandwidth, d.launch_seconds,
+        d.link_latency, d.backend, d.threads, sorted(d.supported_ops or ()),
+        d.supported_ops is not None, d.name))
+
+
+def _check_devices(devices: Sequence[DeviceConfig]) -> None:
+    if not devices:
+        raise PartitionError("no devices given; a plan needs at least one")
+    names = [d.name for d in devices]
+    if len(set(names)) != len(names):
+        raise PartitionError(f"device names repeat: {names}")
+
+
+def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> None:
+    for i, node in enumerate(seg.nodes):
+        if any(seg.fits(i, i + 1, d) for d in devices):
+            continue
+        able = [d for d in devices if d.can_run(node.op_type)]
+        if not able:
+            raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on any device "
+                                 f"({', '.join(d.name for d in devices)})")
+        largest = max(able, key=lambda d: d.memory_bytes)
+        need = human_bytes(seg.memory(i, i + 1))
+        raise PartitionError(f"node {node.name} needs {need}; the largest device has "
+                             f"{human_bytes(largest.memory_bytes)}")
+
+
+def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
+                    user_map: str | Path | Mapping | None = None) -> Steps[Plan]:
+    """Yield each decision as a Step; return the validated Plan."""
+    if mode not in MODES:
+        raise PartitionError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
+    _check_devices(devices)
+    costs = graph_costs(graph)
+    rec = Recorder()
+    if mode == "user":
+        if user_map is None:
+            raise PartitionError("partition mode 'user' needs a map: a TOML or JSON file")
+        order = model_order(graph)
+        yield rec.step("order", "split along the model order (user map)", nodes=tuple(order))
+        groups = yield from user_mode(graph, devices, read_user_map(user_map), order, rec)
+    else:
+        order, why = choose_order(graph)
+        yield rec.step("order", why, nodes=tuple(order))
+        seg = Segments(graph, costs, order)
+        ordered = canonical_devices(devices)
+        _check_each_node_fits(seg, ordered)
+        run_mode = memory_mode if mode == "memory" else balanced_mode
+        split = yield from run_mode(seg, ordered, rec)
+        groups = [(f"p{i}", d.name, seg.order[a:b]) for i, (a, b, d) in enumerate(split)]
+    plan = build_plan(graph, costs, devices, groups, mode=mode, order=order)
+    validate_plan(plan, graph)
+    yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
+                   f"{human_seconds(plan.bottleneck_seconds)}")
+    return plan
+
+
+def partition(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
+              user_map: str | Path | Mapping | None = None) -> Plan:
+    return finish(partition_steps(graph, devices, mode, user_map=user_map))

@@ -1,0 +1,120 @@
+"""`balanced` mode: the split of an order that minimises the slowest stage, exactly.
+
+F[j, b] is the least bottleneck that puts the first b nodes on the first j devices
+(each device one contiguous segment, possibly empty):
+
+    F[j, b] = min(F[j-1, b], min_a max(F[j-1, a], time_j(a, b)))
+
+time_j(a, b) is the segment's compute on device j plus its incoming copies. For each
+b the copies are kept as a vector over a, updated as b grows: a tensor last read
+before b adds its copy to the starts that come after its producer and previous
+reader. Starts whose compute alone exceeds a known feasible bottleneck (from greedy
+fill or an even split) cannot be on an optimal path and are skipped, so each row
+scans about n / devices starts, not n.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError
+from runtime.partition.greedy import Split, fill
+from runtime.partition.order import cut_bytes
+from runtime.partition.record import Recorder, Steps, finish
+from runtime.partition.segments import Segments
+from runtime.units import human_bytes, human_seconds
+
+
+def _even_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split | None:
+    prefix = seg.prefix_seconds(devices[0])
+    targets = prefix[-1] * np.arange(1, len(devices)) / len(devices)
+    bounds = [0, *np.searchsorted(prefix, targets).tolist(), seg.n]
+    split = [(a, b, d) for a, b, d in zip(bounds, bounds[1:], devices, strict=False) if b > a]
+    return split if all(seg.fits(a, b, d) for a, b, d in split) else None
+
+
+def _upper_bound(seg: Segments, devices: Sequence[DeviceConfig]) -> float:
+    best = np.inf
+    even = _even_split(seg, devices)
+    if even:
+        best = seg.bottleneck([a for a, _, _ in even] + [seg.n], [d for _, _, d in even])
+    try:
+        greedy = finish(fill(seg, devices, Recorder()))
+    except PartitionError:
+        return best
+    return min(best, seg.bottleneck([a for a, _, _ in greedy] + [seg.n],
+                                    [d for _, _, d in greedy]))
+
+
+def optimal_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split:
+    n, k = seg.n, len(devices)
+    if n == 0:
+        return []
+    limit = _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
+    # Rows of consecutive devices that differ only by name share their vectors.
+    runs: list[tuple[int, int, DeviceConfig, np.ndarray, np.ndarray]] = []
+    for i, dev in enumerate(devices):
+        if runs and replace(runs[-1][2], name=dev.name) == dev:
+            runs[-1] = (runs[-1][0], i + 1, *runs[-1][2:])
+        else:
+            runs.append((i, i + 1, dev, seg.prefix_seconds(dev), seg.lowest_start(dev)))
+    best = np.full((k + 1, n + 1), np.inf)
+    best[:, 0] = 0.0
+    choice = np.full((k + 1, n + 1), -1, dtype=np.int64)
+    copy_bytes = np.zeros(n + 1)
+    copy_count = np.zeros(n + 1)
+    for b in range(1, n + 1):
+        for _, size, prev in seg.reads_at[b - 1]:
+            copy_bytes[prev + 1:b] += size
+            copy_count[prev + 1:b] += 1
+        col = np.full(k, np.inf)
+        arg = np.full(k, -1, dtype=np.int64)
+        for i0, i1, dev, prefix, lowest in runs:
+            lo = max(int(lowest[b]), int(np.searchsorted(prefix, prefix[b] - limit)))
+            if lo >= b:
+                continue
+            stage = (prefix[b] - prefix[lo:b]) + copy_count[lo:b] * dev.link_latency \
+                + copy_bytes[lo:b] / dev.link_bandwidth
+            cand = np.maximum(best[i0:i1, lo:b], stage)
+            at = cand.argmin(axis=1)
+            col[i0:i1] = cand[np.arange(i1 - i0), at]
+            arg[i0:i1] = at + lo
+        acc = np.minimum.accumulate(col)
+        before = np.concatenate(([best[0, b]], acc[:-1]))
+        best[1:, b] = np.minimum(acc, before)
+        choice[1:, b] = np.where(col <= before, arg, -1)
+    if not np.isfinite(best[k, n]):
+        raise PartitionError(f"too few devices for {seg.graph.name}: no split of its {n} nodes "
+                             f"over {k} devices fits their memory")
+    split: Split = []
+    b, j = n, k
+    while j > 0:
+        a = int(choice[j, b])
+        if a >= 0:
+            split.append((a, b, devices[j - 1]))
+            b = a
+        j -= 1
+    return split[::-1]
+
+
+def balanced_mode(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder
+                  ) -> Steps[Split]:
+    split = optimal_split(seg, devices)
+    times = [seg.seconds(a, b, d) for a, b, d in split]
+    worst = max(times, default=0.0)
+    cuts = cut_bytes(seg.graph, seg.order)
+    for p, ((a, b, dev), t) in enumerate(zip(split, times, strict=True)):
+        yield rec.step("open", f"open partition {p} on {dev.name}: stage {human_seconds(t)} of the "
+                       f"optimal bottleneck {human_seconds(worst)}", p, dev.name)
+        for i in range(a, b):
+            yield rec.step("assign", f"{seg.order[i]} -> partition {p} (optimal split)", p,
+                           dev.name, (seg.order[i],))
+        if b < seg.n:
+            yield rec.step("close", f"closed partition {p} at {seg.order[b - 1]}: "
+                           f"{human_seconds(t)}, memory {human_bytes(seg.memory(a, b))}; "
+                           f"cut carries {human_bytes(cuts[b])}", p, dev.name)
+    return split

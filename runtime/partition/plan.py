@@ -1,0 +1,201 @@
+"""Plan: a DAG of partitions on devices, with the tensor transfers between them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import networkx as nx
+
+from runtime.cost import NodeCost, device_seconds, transfer_seconds
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError
+from runtime.graph import Graph
+from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
+from runtime.units import human_bytes
+
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac")
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...]
+    device: str
+    backend: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    weights: tuple[str, ...]
+    weight_bytes: int
+    activation_bytes: int
+    est_seconds: float
+    transfer_in_seconds: float = 0.0
+    flops: float = 0.0
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A tensor copied once from its producer's device to one consuming device."""
+
+    tensor: str
+    src: str
+    dst: str
+    bytes: int
+    est_seconds: float
+    src_partition: str
+    dst_partitions: tuple[str, ...]
+
+
+@dataclass
+class Plan:
+    network: str
+    mode: str
+    devices: list[DeviceConfig]
+    partitions: list[Partition]
+    transfers: list[Transfer]
+    bottleneck_seconds: float
+    device_seconds: dict[str, float]
+    order: tuple[str, ...] = ()
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def partition(self, name: str) -> Partition:
+        return next(p for p in self.partitions if p.name == name)
+
+    def partition_of(self, node: str) -> Partition:
+        return next(p for p in self.partitions if node in p.nodes)
+
+    def device(self, name: str) -> DeviceConfig:
+        return next(d for d in self.devices if d.name == name)
+
+    def device_memory(self) -> dict[str, int]:
+        used = dict.fromkeys((d.name for d in self.devices), 0)
+        for p in self.partitions:
+            used[p.device] += p.memory_bytes
+        return used
+
+    def to_dict(self) -> dict:
+        return {
+            "network": self.network,
+            "mode": self.mode,
+            "bottleneck_seconds": self.bottleneck_seconds,
+            "devices": [d.to_dict() for d in self.devices],
+            "device_seconds": self.device_seconds,
+            "partitions": [asdict(p) for p in self.partitions],
+            "transfers": [asdict(t) for t in self.transfers],
+            "order": list(self.order),
+            "reasons": self.reasons,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def colors(self) -> dict[str, str]:
+        return {d.name: PALETTE[i % len(PALETTE)] for i, d in enumerate(self.devices)}
+
+    def to_dot(self, graph: Graph | None = None) -> str:
+        """Graphviz: a cluster per partition coloured by device, a copy node per transfer."""
+        colors = self.colors()
+        q = json.dumps
+        lines = [f"digraph {q(self.network)} {{", "  rankdir=TB;",
+                 '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
+        for p in self.partitions:
+            lines += [f"  subgraph {q('cluster_' + p.name)} {{",
+                      f"    label={q(f'{p.name} @ {p.device}')}; color={q(colors[p.device])};"]
+            for n in p.nodes:
+                op = graph.node(n).op_type if graph else ""
+                label = f"{n}\\n{op}" if op else n
+                lines.append(f"    {q(n)} [label=\"{label}\", fillcolor={q(colors[p.device])}];")
+            lines.append("  }")
+        home = {n: p for p in self.partitions for n in p.nodes}
+        copies = {(t.tensor, t.dst): f"copy:{t.tensor}->{t.dst}" for t in self.transfers}
+        for t in self.transfers:
+            label = f"copy {t.tensor}\\n{human_bytes(t.bytes)} {t.src}->{t.dst}"
+            lines.append(f"  {q(copies[t.tensor, t.dst])} [label=\"{label}\", shape=cds, "
+                         f"fillcolor=\"#dddddd\", style=\"filled,dashed\"];")
+        if graph is not None:
+            drawn = set()
+            for src, dst, data in graph.dag.edges(data=True):
+                for tensor in data["tensors"]:
+                    dev = home[dst].device
+                    copy = copies.get((tensor, dev)) if home[src].device != dev else None
+                    if copy is None:
+                        lines.append(f"  {q(src)} -> {q(dst)} [label={q(tensor)}];")
+                        continue
+                    if copy not in drawn:
+                        lines.append(f"  {q(src)} -> {q(copy)} [style=dashed];")
+                        drawn.add(copy)
+                    lines.append(f"  {q(copy)} -> {q(dst)} [style=dashed];")
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[DeviceConfig],
+               groups: Sequence[tuple[str, str, Sequence[str]]], *, mode: str,
+               order: Sequence[str], reasons: dict[str, str] | None = None) -> Plan:
+    """A Plan from (partition name, device name, node names); partitions run nodes in `order`."""
+    by_device = {d.name: d for d in devices}
+    position = {name: i for i, name in enumerate(order)}
+    home: dict[str, str] = {}
+    members: dict[str, list[str]] = {}
+    for pname, _, names in groups:
+        members[pname] = sorted(names, key=position.__getitem__)
+        home.update(dict.fromkeys(names, pname))
+    device_of = {pname: dname for pname, dname, _ in groups}
+    pdag = nx.DiGraph()
+    pdag.add_nodes_from(members)
+    for src, dst in graph.dag.edges():
+        if home[src] != home[dst]:
+            pdag.add_edge(home[src], home[dst])
+    try:
+        topo = list(nx.lexicographical_topological_sort(
+            pdag, key=lambda p: min(position[n] for n in members[p]) if members[p] else -1))
+    except nx.NetworkXUnfeasible:
+        cycle = " -> ".join(a for a, _ in nx.find_cycle(pdag))
+        raise PartitionError(f"partitions depend on each other in a cycle: {cycle}") from None
+
+    transfers: list[Transfer] = []
+    incoming: dict[str, float] = dict.fromkeys(members, 0.0)
+    for pname in topo:
+        src_dev = device_of[pname]
+        for n in members[pname]:
+            for t in graph.node(n).writes:
+                readers = [home[c] for c in graph.consumers.get(t, ()) if home[c] != pname]
+                for dev in dict.fromkeys(device_of[r] for r in readers if device_of[r] != src_dev):
+                    dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dev))
+                    size = graph.tensor_bytes(t)
+                    seconds = transfer_seconds(size, by_device[dev])
+                    transfers.append(Transfer(t, src_dev, dev, size, seconds, pname, dsts))
+                    first = min(dsts, key=topo.index)
+                    incoming[first] += seconds
+
+    partitions = []
+    for pname in topo:
+        nodes = [graph.node(n) for n in members[pname]]
+        dev = by_device[device_of[pname]]
+        made = {t for n in nodes for t in n.writes}
+        inside = set(members[pname])
+        inputs = dict.fromkeys(t for n in nodes for t in n.reads
+                               if t not in made and not graph.is_weight(t))
+        outputs = dict.fromkeys(t for n in nodes for t in n.writes if t in graph.output_set or any(
+            c not in inside for c in graph.consumers.get(t, ())))
+        partitions.append(Partition(
+            name=pname, nodes=tuple(members[pname]), device=dev.name, backend=dev.backend,
+            inputs=tuple(inputs), outputs=tuple(outputs),
+            weights=tuple(weight_names(graph, nodes)),
+            weight_bytes=weight_bytes(graph, nodes),
+            activation_bytes=peak_activation_bytes(graph, nodes),
+            est_seconds=sum(device_seconds(costs[n.name], dev) for n in nodes),
+            transfer_in_seconds=incoming[pname],
+            flops=sum(costs[n.name].flops for n in nodes)))
+    busy = dict.fromkeys((d.name for d in devices), 0.0)
+    for p in partitions:
+        busy[p.device] += p.est_seconds + p.transfer_in_seconds
+    return Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
+                transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
+                device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}))

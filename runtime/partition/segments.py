@@ -1,0 +1,95 @@
+"""Contiguous segments of a topological order: their memory, time and incoming copies.
+
+A segment [a, b) holds the nodes at positions a..b-1 of the order and runs on one
+device. Its time is the device's roofline time for its nodes plus one copy into the
+device for every activation made before `a` and read inside. Both time and memory
+only grow when a segment grows at either end, which is what makes greedy filling
+and the windowed dynamic programme in `balanced` exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+
+from runtime.cost import NodeCost, device_seconds, transfer_seconds
+from runtime.devices.config import DeviceConfig
+from runtime.graph import Graph
+from runtime.partition.liveness import peak_activation_bytes, weight_bytes
+
+
+class Segments:
+    def __init__(self, graph: Graph, costs: dict[str, NodeCost], order: Sequence[str]):
+        self.graph, self.costs, self.order = graph, costs, list(order)
+        self.nodes = [graph.node(n) for n in self.order]
+        self.n = len(self.order)
+        position = {name: i for i, name in enumerate(self.order)}
+        # Per position: (tensor, bytes, prev) for every activation read there that some
+        # node made; prev = the later of its producer and its previous reader.
+        self.reads_at: list[list[tuple[str, int, int]]] = []
+        last_seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            entries = []
+            for t in node.reads:
+                if t in graph.producer:
+                    prev = last_seen.get(t, position[graph.producer[t]])
+                    entries.append((t, graph.tensor_bytes(t), prev))
+                    last_seen[t] = i
+            self.reads_at.append(entries)
+        touched = [costs[n].weight_bytes + costs[n].bytes_moved for n in self.order]
+        self._upper = np.concatenate([[0], np.cumsum(touched, dtype=np.float64)])
+
+    @cache  # noqa: B019 - one Segments lives for one partitioning run
+    def prefix_seconds(self, device: DeviceConfig) -> np.ndarray:
+        per_node = [device_seconds(self.costs[n], device) for n in self.order]
+        return np.concatenate([[0.0], np.cumsum(per_node)])
+
+    @cache  # noqa: B019
+    def unsupported_before(self, device: DeviceConfig) -> np.ndarray:
+        """u[i] = how many of the first i nodes the device cannot run."""
+        bad = [not device.can_run(node.op_type) for node in self.nodes]
+        return np.concatenate([[0], np.cumsum(bad)])
+
+    def memory(self, a: int, b: int) -> int:
+        nodes = self.nodes[a:b]
+        return weight_bytes(self.graph, nodes) + peak_activation_bytes(self.graph, nodes)
+
+    def runnable(self, a: int, b: int, device: DeviceConfig) -> bool:
+        u = self.unsupported_before(device)
+        return u[b] == u[a]
+
+    def fits(self, a: int, b: int, device: DeviceConfig) -> bool:
+        if not self.runnable(a, b, device):
+            return False
+        if self._upper[b] - self._upper[a] <= device.memory_bytes:
+            return True  # even counting every byte touched, it fits
+        return self.memory(a, b) <= device.memory_bytes
+
+    def incoming(self, a: int, b: int) -> dict[str, int]:
+        """Activations made before a and read in [a, b): tensor -> bytes."""
+        return {t: size for i in range(a, b) for t, size, prev in self.reads_at[i]
+                if prev < a}
+
+    def seconds(self, a: int, b: int, device: DeviceConfig) -> float:
+        if a == b:
+            return 0.0
+        prefix = self.prefix_seconds(device)
+        copies = sum(transfer_seconds(size, device) for size in self.incoming(a, b).values())
+        return float(prefix[b] - prefix[a]) + copies
+
+    def lowest_start(self, device: DeviceConfig) -> np.ndarray:
+        """lo[b] = the smallest a such that [a, b) fits and runs on the device (b if none)."""
+        lo = np.zeros(self.n + 1, dtype=np.int64)
+        a = 0
+        for b in range(1, self.n + 1):
+            while a < b and not self.fits(a, b, device):
+                a += 1
+            lo[b] = a
+        return lo
+
+    def bottleneck(self, bounds: Sequence[int], devices: Sequence[DeviceConfig]) -> float:
+        """The slowest segment of a split given as boundaries [0, b1, ..., n]."""
+        return max((self.seconds(a, b, d) for a, b, d in zip(bounds, bounds[1:], devices,
+                                                             strict=False)), default=0.0)

@@ -1,0 +1,70 @@
+"""`user` mode: a node -> partition map from a TOML or JSON file (or a dict).
+
+    default = "p0"                 # where unmapped nodes go
+    [partitions]                   # partition -> device; omit to use device names
+    p0 = "cpu0"
+    p1 = "cpu1"
+    [nodes]
+    "block2/conv1" = "p1"
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError
+from runtime.graph import Graph
+from runtime.partition.record import Recorder, Steps
+
+Groups = list[tuple[str, str, list[str]]]
+
+
+def read_user_map(source: str | Path | Mapping) -> dict:
+    if isinstance(source, Mapping):
+        return dict(source)
+    path = Path(source)
+    if not path.is_file():
+        raise PartitionError(f"partition map not found: {path}")
+    try:
+        text = path.read_text()
+        return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        raise PartitionError(f"cannot read partition map {path}: {exc}") from None
+
+
+def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, order: list[str],
+              rec: Recorder) -> Steps[Groups]:
+    names = {d.name for d in devices}
+    nodes = dict(mapping.get("nodes", {}))
+    parts = {k: (v["device"] if isinstance(v, Mapping) else v)
+             for k, v in dict(mapping.get("partitions", {})).items()}
+    default = mapping.get("default")
+    for part in {*nodes.values(), *([default] if default else [])}:
+        parts.setdefault(part, part)
+    for part, dev in parts.items():
+        if dev not in names:
+            raise PartitionError(f"partition map: partition {part} names device {dev!r}, "
+                                 f"which is not among {sorted(names)}")
+    unknown = sorted(set(nodes) - set(graph.by_name))
+    if unknown:
+        raise PartitionError(f"partition map names nodes not in {graph.name}: "
+                             f"{', '.join(unknown[:5])}")
+    unmapped = [n for n in order if n not in nodes]
+    if unmapped and not default:
+        raise PartitionError(f"partition map leaves {len(unmapped)} nodes unmapped "
+                             f"(first: {unmapped[0]}) and names no default")
+    index = {part: i for i, part in enumerate(parts)}
+    members: dict[str, list[str]] = {part: [] for part in parts}
+    for part, dev in parts.items():
+        yield rec.step("open", f"open partition {part} on {dev} (from the map)", index[part],
+                       dev)
+    for n in order:
+        part = nodes.get(n, default)
+        members[part].append(n)
+        why = "mapped" if n in nodes else f"unmapped, default {default}"
+        yield rec.step("assign", f"{n} -> {part} ({why})", index[part], parts[part], (n,))
+    return [(part, parts[part], m) for part, m in members.items() if m]

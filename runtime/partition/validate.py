@@ -1,0 +1,39 @@
+"""A plan is checked before use: every node once, partitions acyclic, memory respected."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from runtime.errors import PartitionError
+from runtime.graph import Graph
+from runtime.partition.plan import Plan
+from runtime.units import human_bytes
+
+
+def validate_plan(plan: Plan, graph: Graph) -> None:
+    counts = Counter(n for p in plan.partitions for n in p.nodes)
+    missing = [n.name for n in graph.nodes if not counts[n.name]]
+    twice = [n for n, c in counts.items() if c > 1]
+    strangers = [n for n in counts if n not in graph.by_name]
+    for problem, names in (("is in no partition", missing), ("is in several partitions", twice),
+                           ("is not in the graph", strangers)):
+        if names:
+            raise PartitionError(f"invalid plan: node {names[0]} {problem} "
+                                 f"({len(names)} such nodes)")
+    made_in = {t: i for i, p in enumerate(plan.partitions) for n in p.nodes
+               for t in graph.node(n).writes}
+    for i, p in enumerate(plan.partitions):
+        late = [t for t in p.inputs if made_in.get(t, -1) >= i]
+        if late:
+            raise PartitionError(f"invalid plan: partition {p.name} reads {late[0]} from a "
+                                 f"partition that is not before it (partition DAG has a cycle)")
+        device = plan.device(p.device)
+        for n in p.nodes:
+            if not device.can_run(graph.node(n).op_type):
+                raise PartitionError(f"invalid plan: {p.device} cannot run {n} "
+                                     f"({graph.node(n).op_type})")
+    for name, used in plan.device_memory().items():
+        cap = plan.device(name).memory_bytes
+        if used > cap:
+            raise PartitionError(f"invalid plan: device {name} needs {human_bytes(used)}, "
+                                 f"has {human_bytes(cap)}")
