@@ -35,6 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--dot", metavar="FILE", help="write the plan as Graphviz to FILE")
     part.add_argument("--steps", action="store_true", help="print every partitioner step")
     part.set_defaults(handler="app.partition_cmd:run")
+
+    run = sub.add_parser("run", help="run a model under load and report latency")
+    _add_model_args(run)
+    run.add_argument("--requests", type=int, default=100, metavar="N")
+    run.add_argument("--concurrency", type=int, default=4, metavar="C",
+                     help="clients, each waiting for its answer (closed loop)")
+    run.add_argument("--check", action="store_true",
+                     help="compare every answer with the whole model in plain onnxruntime")
+    run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
+    run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
+    run.set_defaults(handler="app.run_cmd:run")
     return parser
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from app.loading import load, mode_and_map
 from runtime.partition import Plan, partition_steps
-from runtime.partition.record import finish
+from runtime.partition.record import finish, tap
 from runtime.units import human_bytes, human_seconds
 
 
@@ -41,14 +41,9 @@ def run(args: argparse.Namespace) -> int:
     graph, devices = load(args)
     steps = partition_steps(graph, devices, mode, user_map=user_map)
     if args.steps and not args.json:
-        def show():
-            for step in steps:
-                console.print(f"[dim]{step.index:>5}[/] {step.kind:<8} {step.reason}",
-                              highlight=False)
-                yield step
-        plan = finish(show())
-    else:
-        plan = finish(steps)
+        steps = tap(steps, lambda step: console.print(
+            f"[dim]{step.index:>5}[/] {step.kind:<8} {step.reason}", highlight=False))
+    plan = finish(steps)
     if args.dot:
         Path(args.dot).write_text(plan.to_dot(graph))
     if args.json:

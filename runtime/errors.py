@@ -15,3 +15,43 @@ class DeviceSpecError(PrismError):
 
 class PartitionError(PrismError):
     """No valid plan exists for this model on these devices, or a plan is invalid."""
+
+
+class DeviceMemoryError(PrismError):
+    """A load does not fit a device: says bytes needed and free."""
+
+
+class ProvisionError(PrismError):
+    """A partition could not be compiled or loaded onto a device."""
+
+
+class ExecutionError(PrismError):
+    """A run failed; names network, partition, device and cause."""
+
+
+class InvalidInputError(PrismError):
+    """Feeds do not match the network's inputs: wrong name, dtype or shape."""
+
+
+class QueueFullError(PrismError):
+    """The host's request queue is at `max_queue`."""
+
+
+class NetworkNotFoundError(PrismError):
+    """No network of that name is loaded."""
+
+
+class NetworkExistsError(PrismError):
+    """A network of that name is already loaded."""
+
+
+class NetworkBusyError(PrismError):
+    """The network still has requests outstanding."""
+
+
+class RequestTimeoutError(PrismError):
+    """A request passed its timeout, queued or running."""
+
+
+class HostClosedError(PrismError):
+    """The host is closed or closing and takes no more requests."""

@@ -67,7 +67,8 @@ class Node:
 
 @dataclass
 class Graph:
-    """The loaded network. `model` is the checked model with every node named."""
+    """The loaded network. `model` is the checked model with every node named;
+    `types` holds each tensor's declared ONNX type (symbolic dims kept)."""
 
     model: onnx.ModelProto
     nodes: list[Node]
@@ -78,6 +79,7 @@ class Graph:
     opsets: dict[str, int]
     bindings: dict[str, int]
     name: str = "network"
+    types: dict[str, onnx.TypeProto] = field(default_factory=dict)
     producer: dict[str, str] = field(default_factory=dict)
     consumers: dict[str, list[str]] = field(default_factory=dict)
     dag: nx.DiGraph = field(default_factory=nx.DiGraph)
@@ -283,7 +285,8 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto, *,
                           tuple(proto.output), attrs, outer, i))
     opsets = {op.domain or "": op.version for op in model.opset_import}
     graph_inputs = [v.name for v in g.input if v.name not in initializers]
+    types = {t: v.type for t, v in declared.items() if v.type.WhichOneof("value")}
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
-                 bindings=bindings, name=name or g.name or "network")
+                 bindings=bindings, name=name or g.name or "network", types=types)
 

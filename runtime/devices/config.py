@@ -64,8 +64,13 @@ class DeviceConfig:
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
         for key in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
-            if getattr(self, key) <= 0:
-                raise DeviceSpecError(f"device {self.name}: {key} must be positive")
+            value = getattr(self, key)
+            if not 0 < value < float("inf") or (key == "memory_bytes" and value < 1):
+                raise DeviceSpecError(f"device {self.name}: {key} must be positive and "
+                                      f"finite, got {value!r}")
+        for key in ("launch_seconds", "link_latency"):
+            if not 0 <= getattr(self, key) < float("inf"):
+                raise DeviceSpecError(f"device {self.name}: {key} must be >= 0")
         object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
         if self.supported_ops is not None:
             object.__setattr__(self, "supported_ops", frozenset(self.supported_ops))

@@ -18,13 +18,24 @@ _KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
 
 def parse_size(text: str | int | float) -> float:
     """'64MB' -> 64e6, '1GiB' -> 2**30, '2.5T' -> 2.5e12; plain numbers pass through."""
-    if isinstance(text, int | float):
-        return text
-    match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match and match.group(2).lower().removesuffix("/s")
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)?\s*([a-zA-Z]*)(/s)?\s*",
+                         str(text), re.IGNORECASE)
+    unit = match and match.group(3).lower()
     if not match or unit not in _UNITS:
         raise DeviceSpecError(f"cannot read size {text!r}; write e.g. 512MB, 2GiB or 1e9")
-    return float(match.group(1)) * _UNITS[unit]
+    return float(match.group(1) + (match.group(2) or "")) * _UNITS[unit]
+
+
+def _number(name: str, key: str, value: object, kind: type) -> float | int:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise DeviceSpecError(f"device {name}: {key} must be a number, got {value!r}") from None
+    if number < 0:
+        raise DeviceSpecError(f"device {name}: {key} must not be negative, got {value!r}")
+    return number
 
 
 def _device_fields(name: str, options: dict) -> dict:
@@ -32,13 +43,17 @@ def _device_fields(name: str, options: dict) -> dict:
     for key, value in options.items():
         target = _KEYS.get(key, key)
         if target == "supported_ops":
-            out[target] = value if isinstance(value, list) else str(value).split("+")
+            ops = value if isinstance(value, list) else str(value).split("+")
+            out[target] = [str(op) for op in ops if str(op)]
         elif target == "threads":
+            if isinstance(value, float) or not str(value).isdigit():
+                raise DeviceSpecError(f"device {name}: threads must be a whole number, "
+                                      f"got {value!r}")
             out[target] = int(value)
         elif target in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
             out[target] = parse_size(value)
         elif target in ("launch_seconds", "link_latency"):
-            out[target] = float(value)
+            out[target] = _number(name, key, value, float)
         elif target != "backend":
             raise DeviceSpecError(f"device {name}: unknown option {key!r}")
     return out
@@ -50,6 +65,8 @@ def _from_toml(path: Path) -> list[DeviceConfig]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise DeviceSpecError(f"cannot read device file {path}: {exc}") from None
     tables = tables.get("devices", tables)
+    if not isinstance(tables, dict):
+        raise DeviceSpecError(f"{path}: expected one [table] per device")
     devices = []
     for name, table in tables.items():
         if not isinstance(table, dict):

@@ -63,7 +63,7 @@ def rebalance(seg: Segments, split: Split, rec: Recorder, limit: int = 2000) -> 
     bounds = [a for a, _, _ in split] + [seg.n]
     devs = [d for _, _, d in split]
     times = [seg.seconds(a, b, d) for a, b, d in zip(bounds, bounds[1:], devs, strict=False)]
-    for _ in range(limit):
+    for _ in range(limit if times else 0):
         s = max(range(len(times)), key=times.__getitem__)
         best = None
         for nb, cut, new_cut in ((s + 1, s + 1, bounds[s + 1] - 1), (s - 1, s, bounds[s] + 1)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TypeVar
 
 from runtime.partition.steps import Step
@@ -29,3 +29,14 @@ def finish(steps: Steps[T]) -> T:
         except StopIteration as done:
             return done.value
 
+
+
+def tap(steps: Steps[T], see: Callable[[Step], None]) -> Steps[T]:
+    """The same steps, each shown to `see` on its way through; returns what `steps` returns."""
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as done:
+            return done.value
+        see(step)
+        yield step

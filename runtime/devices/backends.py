@@ -1,0 +1,86 @@
+"""Backend registry: backend name -> compiler and supported-op list.
+
+Each backend module registers itself on import (like onnx.reference's op registry);
+`compiler` and `supported_ops` import the backend modules on first use, so importing
+this module stays cheap and free of cycles.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import onnx
+
+from runtime.devices.config import BACKENDS, DeviceConfig
+from runtime.errors import ProvisionError
+
+
+class Function(Protocol):
+    """A model compiled for one device: `run` returns every output, by name."""
+
+    output_names: tuple[str, ...]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+Compiler = Callable[[onnx.ModelProto, DeviceConfig, float], Function]
+OpsLister = Callable[[], frozenset[str] | None]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    compile: Compiler
+    ops: OpsLister
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(name: str, compile: Compiler, ops: OpsLister) -> None:
+    _REGISTRY[name] = Backend(name, compile, ops)
+
+
+def _backend(name: str) -> Backend:
+    if name not in _REGISTRY and name in BACKENDS:
+        importlib.import_module(f"runtime.devices.{name}")
+    if name not in _REGISTRY:
+        raise ProvisionError(f"no backend named {name!r}; known: {', '.join(BACKENDS)}")
+    return _REGISTRY[name]
+
+
+def compiler(name: str) -> Compiler:
+    return _backend(name).compile
+
+
+@functools.cache
+def supported_ops(name: str) -> frozenset[str] | None:
+    """Default-domain op names the backend runs; None means no fixed list (config decides)."""
+    return _backend(name).ops()
+
+
+def first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()),
+                type(exc).__name__)
+
+
+def schema_function_ops(max_opset: int | None = None) -> frozenset[str]:
+    """Default-domain ops that onnx defines as a function of other ops.
+
+    Runtimes that lack a kernel for such an op inline its body instead, so both
+    onnxruntime and the reference evaluator run them.
+    """
+    out = set()
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain not in ("", "ai.onnx"):
+            continue
+        if not (schema.has_function or schema.has_context_dependent_function):
+            continue
+        if max_opset is None or schema.since_version <= max_opset:
+            out.add(schema.name)
+    return frozenset(out)

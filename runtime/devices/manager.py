@@ -1,0 +1,296 @@
+"""DeviceManager: one per device. Owns its memory account, its loaded functions and the
+in-order execution of runs on it.
+
+Runs go one at a time in arrival order. A run submitted to an idle device from an
+ordinary thread executes right there (a thread hand-off costs tens of microseconds);
+otherwise it queues for the device's own worker thread. A thread executing a run,
+worker or inline caller, counts as a device thread until the run's future is settled,
+so a done-callback that submits onward queues on the next device instead of running
+the whole chain inline on one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from runtime.devices.backends import Function, compiler, first_line
+from runtime.devices.config import DeviceConfig
+from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from runtime.units import human_bytes
+
+log = logging.getLogger(__name__)
+
+Outputs = dict[str, np.ndarray]
+
+_local = threading.local()
+_IDLE_POLL = 0.5  # bound on each worker wait; close() also wakes it
+
+
+def on_device_thread() -> bool:
+    """True on a device worker, and on a caller while it runs a job inline."""
+    return getattr(_local, "device", False)
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    name: str
+    backend: str
+    runs: int
+    busy_seconds: float
+    queue_length: int
+    used_bytes: int
+    total_bytes: int
+
+
+@dataclass
+class _Loaded:
+    function: Function
+    nbytes: int
+
+
+@dataclass
+class _Job:
+    key: str
+    feeds: dict[str, np.ndarray]
+    tag: dict | None
+    future: Future = field(default_factory=Future)
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class DeviceManager:
+    def __init__(self, config: DeviceConfig, bus=None):
+        self.config = config
+        self.name = config.name
+        self._bus = bus
+        self._cond = threading.Condition(threading.Lock())
+        self._loaded: dict[str, _Loaded] = {}
+        self._pending: set[str] = set()  # keys being compiled; their bytes count as used
+        self._used = 0
+        self._queue: deque[_Job] = deque()
+        self._busy = False
+        self._closed = False
+        self._worker: threading.Thread | None = None
+        self._runs = 0
+        self._busy_seconds = 0.0
+
+    def __repr__(self) -> str:
+        return f"DeviceManager({self.name}, {self.config.backend})"
+
+    # memory account
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @property
+    def free_bytes(self) -> int:
+        return self.config.memory_bytes - self._used
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        with self._cond:
+            return tuple(self._loaded)
+
+    def load(self, key: str, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
+             est_seconds: float = 0.0) -> None:
+        """Compile `model` for this device and account its bytes; refuse before compiling."""
+        unsupported = sorted({n.op_type for n in model.graph.node
+                              if not self.config.can_run(n.op_type)})
+        compile_ = compiler(self.config.backend)
+
+        def build() -> Function:
+            if unsupported:
+                raise ProvisionError(f"{key} uses {', '.join(unsupported)}, which "
+                                     f"{self.name} does not support")
+            return compile_(model, self.config, est_seconds)
+
+        self._install(key, build, int(weight_bytes) + int(activation_bytes))
+
+    def load_function(self, key: str, function: Function, weight_bytes: int = 0,
+                      activation_bytes: int = 0) -> None:
+        """Account and install an already compiled function (custom backends, tests)."""
+        self._install(key, lambda: function, int(weight_bytes) + int(activation_bytes))
+
+    def _install(self, key: str, build: Callable[[], Function], nbytes: int) -> None:
+        if nbytes < 0:
+            raise ProvisionError(f"{key}: negative byte count {nbytes} for {self.name}")
+        with self._cond:
+            if self._closed:
+                raise ProvisionError(f"cannot load {key}: device {self.name} is closed")
+            if key in self._loaded or key in self._pending:
+                raise ProvisionError(f"{key} is already loaded on {self.name}")
+            free = self.config.memory_bytes - self._used
+            if nbytes > free:
+                raise DeviceMemoryError(
+                    f"{key} needs {human_bytes(nbytes)} on {self.name}, {human_bytes(free)} "
+                    f"free of {human_bytes(self.config.memory_bytes)}")
+            self._pending.add(key)
+            self._used += nbytes
+        try:
+            function = build()
+        except BaseException:
+            with self._cond:
+                self._pending.discard(key)
+                self._used -= nbytes
+            raise
+        with self._cond:
+            self._pending.discard(key)
+            self._loaded[key] = _Loaded(function, nbytes)
+        self._publish_memory()
+
+    def evict(self, key: str) -> int:
+        """Forget `key` and free its bytes; returns the bytes freed (0 if not loaded)."""
+        with self._cond:
+            item = self._loaded.pop(key, None)
+            if item is None:
+                return 0
+            self._used -= item.nbytes
+        self._publish_memory()
+        return item.nbytes
+
+    # execution
+
+    def submit(self, key: str, feeds: dict[str, np.ndarray],
+               tag: dict | None = None) -> Future:
+        """Queue one run; the future gives every output by name or fails with ExecutionError.
+
+        Never raises: a closed device returns an already-failed future, so a done-callback
+        chaining runs across devices always gets an answer.
+        """
+        job = _Job(key, feeds, tag)
+        with self._cond:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                inline = not self._busy and not self._queue and not on_device_thread()
+                if inline:
+                    self._busy = True
+                else:
+                    self._queue.append(job)
+                    self._ensure_worker()
+                    self._cond.notify_all()
+        if closed:
+            job.future.set_running_or_notify_cancel()
+            job.future.set_exception(ExecutionError(f"device {self.name} closed"))
+        elif inline:
+            _local.device = True
+            try:
+                self._execute(job)
+            finally:
+                _local.device = False
+        return job.future
+
+    def run(self, key: str, feeds: dict[str, np.ndarray],
+            timeout: float | None = None) -> Outputs:
+        future = self.submit(key, feeds)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise ExecutionError(f"{self.name}: {key} did not finish within {timeout} s") from None
+
+    def stats(self) -> DeviceStats:
+        with self._cond:
+            return DeviceStats(self.name, self.config.backend, self._runs, self._busy_seconds,
+                               len(self._queue), self._used, self.config.memory_bytes)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop taking runs, fail queued ones, let the running one finish (within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closed = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+            worker = self._worker
+        for job in dropped:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(ExecutionError(f"device {self.name} closed"))
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:  # an inline run on some caller's thread
+            while self._busy and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name=f"prism-{self.name}",
+                                            daemon=True)
+            self._worker.start()
+
+    def _work(self) -> None:
+        _local.device = True
+        while True:
+            with self._cond:
+                while not self._closed and (self._busy or not self._queue):
+                    self._cond.wait(_IDLE_POLL)
+                if not self._queue:
+                    return  # closed and drained
+                job = self._queue.popleft()
+                self._busy = True
+            self._execute(job)
+
+    def _execute(self, job: _Job) -> None:
+        """Run one job with `_busy` held; clears it, then settles the future (lock not held)."""
+        if not job.future.set_running_or_notify_cancel():
+            self._idle(0.0, ran=False)
+            return
+        tagged = job.tag is not None and self._bus_active()
+        start = time.perf_counter()
+        if tagged:
+            self._publish("partition.run.started", **{**job.tag, "device": self.name})
+        with self._cond:
+            item = self._loaded.get(job.key)
+        error: ExecutionError | None = None
+        outputs: Outputs | None = None
+        try:
+            if item is None:
+                raise LookupError(f"{job.key} is not loaded")
+            outputs = item.function.run(job.feeds)
+        except Exception as exc:
+            error = ExecutionError(f"{self.name} failed running {job.key}: {first_line(exc)}")
+            error.__cause__ = exc
+        end = time.perf_counter()
+        self._idle(end - start, ran=True)
+        if tagged:
+            self._publish("partition.run.finished", **{
+                **job.tag, "device": self.name, "queue_wait": start - job.submitted,
+                "run_seconds": end - start, "ok": error is None})
+        if error is None:
+            job.future.set_result(outputs)
+        else:
+            job.future.set_exception(error)
+
+    def _idle(self, seconds: float, *, ran: bool) -> None:
+        with self._cond:
+            self._busy = False
+            self._runs += ran
+            self._busy_seconds += seconds
+            self._cond.notify_all()
+
+    # events
+
+    def _bus_active(self) -> bool:
+        return self._bus is not None and bool(getattr(self._bus, "active", False))
+
+    def _publish_memory(self) -> None:
+        if self._bus_active():
+            self._publish("device.memory", device=self.name, used_bytes=self._used,
+                          total_bytes=self.config.memory_bytes)
+
+    def _publish(self, kind: str, **fields) -> None:
+        try:
+            self._bus.publish(kind, **fields)
+        except Exception:  # a broken subscriber must not stall the device
+            log.exception("event %s from %s failed to publish", kind, self.name)

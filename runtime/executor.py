@@ -1,0 +1,99 @@
+"""Executor: runs one request over one provisioned copy of a plan.
+
+A partition starts on its device as soon as every tensor it reads exists; its outputs
+may start children. Many requests are in flight at once, so different requests'
+stages overlap on different devices: that is the pipelining. Tensors stay in host
+memory and pass by reference; the plan's transfers model what a real copy would
+cost (and `sim` devices are held for it). The first error wins and ends the request;
+its other partitions are abandoned.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+
+import numpy as np
+from onnx import numpy_helper
+
+from runtime.graph import Graph
+from runtime.provision import LoadedPartition
+from runtime.requests import Request
+
+Done = Callable[[Request, dict[str, np.ndarray] | None, BaseException | None], None]
+
+
+class _Run:
+    __slots__ = ("failed", "landed", "lock", "missing", "values")
+
+    def __init__(self, values: dict[str, np.ndarray], missing: list[int]):
+        self.values, self.missing = values, missing
+        self.landed = 0
+        self.failed = False
+        self.lock = threading.Lock()
+
+
+class Executor:
+    def __init__(self, graph: Graph, loaded: list[LoadedPartition], network: str):
+        self.network, self.parts = network, loaded
+        self.outputs = list(graph.outputs)
+        self.constants = {t: numpy_helper.to_array(graph.initializers[t])
+                          for t in self.outputs if t in graph.initializers}
+        fed = set(graph.inputs)
+        self.readers: dict[str, list[int]] = {}
+        self.missing: list[int] = []
+        for i, lp in enumerate(loaded):
+            inputs = dict.fromkeys(lp.partition.inputs)
+            for t in inputs:
+                self.readers.setdefault(t, []).append(i)
+            self.missing.append(sum(t not in fed for t in inputs))
+        self.outstanding = 0  # requests in flight on this copy; the host balances on it
+
+    def start(self, request: Request, done: Done) -> None:
+        run = _Run({**request.feeds, **self.constants}, list(self.missing))
+        if not self.parts:
+            done(request, {t: run.values[t] for t in self.outputs}, None)
+            return
+        # Collect first: a partition that runs inline may make others ready meanwhile.
+        for i in [i for i, count in enumerate(run.missing) if count == 0]:
+            self._launch(run, request, i, done)
+
+    def _launch(self, run: _Run, request: Request, i: int, done: Done) -> None:
+        if run.failed or request.ended:
+            return
+        lp = self.parts[i]
+        feeds = {t: run.values[t] for t in lp.partition.inputs}
+        tag = {"network": self.network, "request": request.id, "partition": lp.partition.name}
+        future = lp.device.submit(lp.key, feeds, tag=tag)
+        future.add_done_callback(partial(self._landed, run, request, i, done))
+
+    def _landed(self, run: _Run, request: Request, i: int, done: Done, future: Future) -> None:
+        if run.failed or request.ended:
+            return
+        error = future.exception()
+        if error is None:
+            try:
+                self._advance(run, request, future.result(), done)
+                return
+            except Exception as exc:  # a bug here must still end the request
+                error = exc
+        run.failed = True
+        done(request, None, error)
+
+    def _advance(self, run: _Run, request: Request, outputs: dict, done: Done) -> None:
+        ready = []
+        with run.lock:
+            for t, value in outputs.items():
+                run.values[t] = value
+                for r in self.readers.get(t, ()):
+                    run.missing[r] -= 1
+                    if run.missing[r] == 0:
+                        ready.append(r)
+            run.landed += 1
+            finished = run.landed == len(self.parts)
+        for r in ready:
+            self._launch(run, request, r, done)
+        if finished:
+            done(request, {t: run.values[t] for t in self.outputs}, None)

@@ -1,0 +1,323 @@
+"""HostManager: the public face. Adds and removes networks, queues and runs requests.
+
+Requests wait in one bounded priority queue (lower number first, FIFO among equals)
+until fewer than `max_active` are in flight; then the executor runs them. Every
+accepted request ends exactly once: outputs, an error, a timeout, a cancellation, or
+HostClosedError. `remove_network` waits (bounded) for the network's outstanding
+requests, or with `wait=False` refuses with NetworkBusyError while any remain.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from runtime.deadlines import Deadlines
+from runtime.devices.config import DeviceConfig
+from runtime.devices.manager import DeviceManager
+from runtime.errors import (
+    HostClosedError,
+    NetworkBusyError,
+    NetworkExistsError,
+    NetworkNotFoundError,
+    PrismError,
+    QueueFullError,
+    RequestTimeoutError,
+)
+from runtime.events import EventBus
+from runtime.executor import Executor
+from runtime.graph import Graph, load_graph
+from runtime.inputs import InputSpec, check_feeds, input_specs
+from runtime.partition import MODES, Plan, partition_steps
+from runtime.partition.record import finish, tap
+from runtime.provision import LoadedPartition, provision, unload
+from runtime.requests import Request, RequestQueue
+
+ModelSource = str | Path | bytes | onnx.ModelProto
+
+
+@dataclass(eq=False)
+class Network:
+    name: str
+    graph: Graph
+    plan: Plan
+    specs: list[InputSpec]
+    loaded: list[list[LoadedPartition]]
+    copies: list[Executor]
+    outstanding: int = 0
+    removing: bool = False
+    running: set[Request] = field(default_factory=set)
+
+
+def _mode(partition: str | Path | Mapping) -> tuple[str, str | Path | Mapping | None]:
+    if isinstance(partition, Mapping) or (
+            not isinstance(partition, str) or partition not in MODES):
+        return "user", partition
+    return partition, None
+
+
+class HostManager:
+    def __init__(self, devices: Sequence[DeviceConfig], *, max_queue: int = 100,
+                 max_active: int | None = None, bus: EventBus | None = None):
+        if not devices:
+            raise PrismError("HostManager needs at least one device")
+        self.bus = bus or EventBus()
+        self.devices = {d.name: DeviceManager(d, self.bus) for d in devices}
+        if len(self.devices) != len(devices):
+            raise PrismError(f"device names repeat: {[d.name for d in devices]}")
+        self.max_queue = max_queue
+        self.max_active = max_active or max(2, 2 * len(devices))
+        self._networks: dict[str, Network | None] = {}
+        self._queue = RequestQueue()
+        self._active = 0
+        self._closed = False
+        self._cv = threading.Condition()
+        self._deadlines = Deadlines(self._expire)
+
+    # -- networks ----------------------------------------------------------------------
+
+    def add_network(self, name: str, model: ModelSource, partition: str | Path | Mapping =
+                    "balanced", annotations: Mapping | None = None, fallback: str | None = None,
+                    replicas: int | str = 1, batching: Mapping | None = None,
+                    bindings: Mapping[str, int] | None = None) -> Plan:
+        """Load, partition, provision. Returns the plan; raises with nothing left loaded."""
+        for feature, value in (("annotations", annotations), ("fallback", fallback),
+                               ("batching", batching)):
+            if value is not None:
+                raise PrismError(f"{feature} are not supported yet")
+        if replicas != 1:
+            raise PrismError("replicas other than 1 are not supported yet")
+        with self._cv:
+            if self._closed:
+                raise HostClosedError("host is closed")
+            if name in self._networks:
+                raise NetworkExistsError(f"a network named {name!r} is already added")
+            self._networks[name] = None  # reserved while it loads
+        try:
+            net = self._load(name, model, partition, bindings)
+        except BaseException:
+            with self._cv:
+                del self._networks[name]
+            raise
+        with self._cv:
+            self._networks[name] = net
+        self._publish("network.loaded", network=name, mode=net.plan.mode,
+                      partitions=len(net.plan.partitions),
+                      devices=sorted({p.device for p in net.plan.partitions}),
+                      nodes=len(net.graph.nodes))
+        return net.plan
+
+    def _load(self, name: str, model: ModelSource, partition: str | Path | Mapping,
+              bindings: Mapping[str, int] | None) -> Network:
+        graph = load_graph(model, bindings=bindings, name=name)
+        mode, user_map = _mode(partition)
+        steps = partition_steps(graph, [m.config for m in self.devices.values()], mode,
+                                user_map=user_map)
+        plan = finish(tap(steps, lambda step: self._publish(
+            "partition.step", network=name, **step.to_dict())))
+        self._publish("partition.planned", network=name, mode=plan.mode,
+                      bottleneck_seconds=plan.bottleneck_seconds,
+                      partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
+                                   "est_seconds": p.est_seconds} for p in plan.partitions])
+        loaded = provision(graph, plan, self.devices, network=name, bus=self.bus)
+        return Network(name, graph, plan, input_specs(graph), [loaded],
+                       [Executor(graph, loaded, name)])
+
+    def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
+        """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
+        with self._cv:
+            net = self._network(name)
+            if net.outstanding and not wait:
+                raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
+                                       f"remove_network(wait=True) waits for them")
+            net.removing = True
+            if not self._cv.wait_for(lambda: net.outstanding == 0, timeout):
+                net.removing = False
+                raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
+                                       f"{timeout:g} s; not removed")
+            del self._networks[name]
+        for loaded in net.loaded:
+            unload(loaded, network=name, bus=self.bus)
+
+    def plan(self, name: str) -> Plan:
+        with self._cv:
+            return self._network(name).plan
+
+    def graph(self, name: str) -> Graph:
+        with self._cv:
+            return self._network(name).graph
+
+    def networks(self) -> list[str]:
+        with self._cv:
+            return [n for n, net in self._networks.items() if net is not None]
+
+    def _network(self, name: str) -> Network:
+        net = self._networks.get(name)
+        if net is None or net.removing:
+            state = "is being removed" if net else "is not loaded"
+            known = ", ".join(n for n, v in self._networks.items() if v) or "none"
+            raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
+        return net
+
+    # -- requests ----------------------------------------------------------------------
+
+    def run(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
+            timeout: float | None = None) -> Future:
+        """Queue one request; the future resolves to {output name: array}."""
+        with self._cv:
+            net = self._network(name)
+        request = Request(name, check_feeds(name, net.specs, feeds), priority,
+                          queued_at=time.monotonic())
+        if timeout is not None:
+            request.deadline = request.queued_at + timeout
+        with self._cv:
+            if self._closed:
+                raise HostClosedError("host is closed; it takes no more requests")
+            net = self._network(name)
+            start_now = self._active < self.max_active and not len(self._queue)
+            if not start_now and len(self._queue) >= self.max_queue:
+                raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
+                                     f"retry later or raise max_queue")
+            net.outstanding += 1
+            if start_now:
+                self._active += 1
+                request.slot = request.inline = True
+            else:
+                self._queue.push(request)
+            depth = len(self._queue)
+        request.future.add_done_callback(lambda f: f.cancelled() and self._cancelled(request))
+        self._publish("request.queued", network=name, request=request.id, priority=priority,
+                      queue_depth=depth)
+        self._deadlines.add(request)
+        if start_now:
+            self._begin(request, net)
+        else:
+            self._publish("queue.depth", depth=depth, active=self._active)
+        return request.future
+
+    def infer(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
+              timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Blocking `run`."""
+        return self.run(name, feeds, priority, timeout).result()
+
+    def _begin(self, request: Request, net: Network) -> None:
+        if not request.future.set_running_or_notify_cancel():
+            return  # cancelled while queued: its cancel callback releases it
+        request.started_at = time.monotonic()
+        with self._cv:
+            copy = min(net.copies, key=lambda c: c.outstanding)
+            copy.outstanding += 1
+            request.copy = copy
+            net.running.add(request)
+        self._publish("request.started", network=net.name, request=request.id,
+                      queue_wait=request.started_at - request.queued_at,
+                      batch_size=request.batch_size)
+        copy.start(request, self._finished)
+
+    def _finished(self, request: Request, outputs: dict | None, error: BaseException | None
+                  ) -> None:
+        if request.end(outputs, error):
+            self._report(request, error)
+            self._release(request)
+
+    def _expire(self, request: Request) -> None:
+        where = "running" if request.started_at else "in the queue"
+        waited = time.monotonic() - request.queued_at
+        error = RequestTimeoutError(f"request {request.id} to {request.network} timed out "
+                                    f"after {waited:.3g} s {where}")
+        if request.end(error=error):
+            self._report(request, error)
+            self._release(request)
+
+    def _cancelled(self, request: Request) -> None:
+        if request.end():
+            self._report(request, "cancelled")
+            self._release(request)
+
+    def _report(self, request: Request, error: BaseException | str | None) -> None:
+        now = time.monotonic()
+        if error is None:
+            self._publish("request.finished", network=request.network, request=request.id,
+                          latency=now - request.queued_at,
+                          queue_wait=request.started_at - request.queued_at,
+                          run_seconds=now - request.started_at, batch_size=request.batch_size)
+        else:
+            self._publish("request.failed", network=request.network, request=request.id,
+                          error=str(error), partition=None, device=None)
+
+    def _release(self, request: Request) -> None:
+        """Give back an ended request's place; start whatever the queue lets start."""
+        ready: list[tuple[Request, Network]] = []
+        with self._cv:
+            if request.copy is not None:
+                request.copy.outstanding -= 1
+            net = self._networks.get(request.network)
+            if net is not None:
+                net.running.discard(request)
+                net.outstanding -= 1
+            if request.slot:
+                request.slot = False
+                self._active -= 1
+            else:
+                self._queue.discard(request)
+            while self._active < self.max_active and not self._closed_hard:
+                nxt = self._queue.pop()
+                if nxt is None:
+                    break
+                if nxt.ended:
+                    continue
+                self._active += 1
+                nxt.slot = True
+                ready.append((nxt, self._networks[nxt.network]))
+            depth, active = len(self._queue), self._active
+            self._cv.notify_all()
+        self._publish("queue.depth", depth=depth, active=active)
+        for nxt, nxt_net in ready:
+            self._begin(nxt, nxt_net)
+
+    _closed_hard = False
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest."""
+        with self._cv:
+            if self._closed_hard:
+                return
+            self._closed = True
+            self._cv.wait_for(lambda: self._active == 0 and not len(self._queue), timeout)
+            self._closed_hard = True
+            leftovers = self._queue.drain()
+            for net in self._networks.values():
+                if net is not None:
+                    leftovers.extend(net.running)
+        for request in leftovers:
+            error = HostClosedError(f"host closed before request {request.id} to "
+                                    f"{request.network} finished")
+            if request.end(error=error):
+                self._report(request, error)
+        self._deadlines.close()
+        for manager in self.devices.values():
+            manager.close()
+        for name, net in list(self._networks.items()):
+            if net is not None:
+                for loaded in net.loaded:
+                    unload(loaded, network=name, bus=self.bus)
+        self._networks.clear()
+
+    def __enter__(self) -> HostManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _publish(self, kind: str, /, **fields) -> None:
+        if self.bus.active:
+            self.bus.publish(kind, **fields)

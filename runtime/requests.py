@@ -1,0 +1,90 @@
+"""A request's record, and the bounded priority queue requests wait in."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import threading
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    network: str
+    feeds: dict[str, np.ndarray]
+    priority: int = 0
+    deadline: float | None = None
+    queued_at: float = 0.0
+    started_at: float = 0.0
+    batch_size: int = 1
+    slot: bool = False  # holds one of the host's max_active places
+    inline: bool = False  # may run on the caller's thread
+    copy: Any = None  # the executor (plan copy) running it
+    id: int = field(default_factory=lambda: next(_ids))
+    future: Future = field(default_factory=Future)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ended: bool = False
+
+    def end(self, outputs: dict[str, np.ndarray] | None = None,
+            error: BaseException | None = None) -> bool:
+        """End the request once: True for the one caller that ends it. A future already
+        cancelled keeps its cancellation."""
+        with self._lock:
+            if self._ended:
+                return False
+            self._ended = True
+        if not self.future.done():
+            with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+                if error is None:
+                    self.future.set_result(outputs)
+                else:
+                    self.future.set_exception(error)
+        return True
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+
+class RequestQueue:
+    """Lower priority number first, FIFO among equals. Not thread-safe: the host locks."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Request]] = []
+        self._seq = itertools.count()
+        self._gone: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._heap) - len(self._gone)
+
+    def push(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.priority, next(self._seq), request))
+
+    def discard(self, request: Request) -> bool:
+        """Remove lazily; True if it was waiting here."""
+        if request.id in self._gone or all(r is not request for _, _, r in self._heap):
+            return False
+        self._gone.add(request.id)
+        return True
+
+    def pop(self) -> Request | None:
+        while self._heap:
+            _, _, request = heapq.heappop(self._heap)
+            if request.id in self._gone:
+                self._gone.discard(request.id)
+                continue
+            return request
+        return None
+
+    def drain(self) -> list[Request]:
+        out = []
+        while (request := self.pop()) is not None:
+            out.append(request)
+        return out
