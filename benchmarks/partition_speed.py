@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from benchmarks.common import result
 from runtime import load_graph, parse_devices
 from runtime.partition import partition
 
@@ -56,7 +57,6 @@ def run(quick: bool = False) -> list[dict]:
         plan = partition(graph, devices, "balanced")
         times.append(time.perf_counter() - start)
     assert len(plan.partitions) == 8 and sum(len(p.nodes) for p in plan.partitions) == n
-    return [{"name": f"partition {n}-node DAG into 8 balanced stages",
-             "value": min(times), "unit": "s", "target": "< 2 s", "ok": min(times) < 2.0,
-             "detail": f"best of {len(times)}; bottleneck "
-                       f"{plan.bottleneck_seconds * 1e3:.3f} ms"}]
+    return [result(f"partition {n}-node DAG into 8 balanced stages", min(times), "s", "< 2 s",
+                   min(times) < 2.0, f"best of {len(times)}; bottleneck "
+                   f"{plan.bottleneck_seconds * 1e3:.3f} ms")]

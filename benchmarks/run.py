@@ -10,9 +10,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import partition_speed
+from benchmarks import overhead, partition_speed, pipeline
 
-SUITES = {"partition": partition_speed.run}
+SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run}
 HERE = Path(__file__).parent
 
 

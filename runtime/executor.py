@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 from onnx import numpy_helper
 
+from runtime.errors import ExecutionError
 from runtime.graph import Graph
 from runtime.provision import LoadedPartition
 from runtime.requests import Request
@@ -36,8 +37,8 @@ class _Run:
 
 
 class Executor:
-    def __init__(self, graph: Graph, loaded: list[LoadedPartition], network: str):
-        self.network, self.parts = network, loaded
+    def __init__(self, graph: Graph, loaded: list[LoadedPartition], network: str, bus=None):
+        self.network, self.parts, self.bus = network, loaded, bus
         self.outputs = list(graph.outputs)
         self.constants = {t: numpy_helper.to_array(graph.initializers[t])
                           for t in self.outputs if t in graph.initializers}
@@ -52,6 +53,9 @@ class Executor:
         self.outstanding = 0  # requests in flight on this copy; the host balances on it
 
     def start(self, request: Request, done: Done) -> None:
+        if request.inline and len(self.parts) == 1 and not self.constants:
+            self._start_single(request, done)
+            return
         run = _Run({**request.feeds, **self.constants}, list(self.missing))
         if not self.parts:
             done(request, {t: run.values[t] for t in self.outputs}, None)
@@ -60,40 +64,72 @@ class Executor:
         for i in [i for i, count in enumerate(run.missing) if count == 0]:
             self._launch(run, request, i, done)
 
+    def _start_single(self, request: Request, done: Done) -> None:
+        """One partition on an idle device: no per-request state, no locks of ours."""
+        lp = self.parts[0]
+        try:
+            outputs = lp.device.run_now(lp.key, request.feeds, self._tag(request, lp))
+        except ExecutionError as exc:
+            done(request, None, exc)
+            return
+        if outputs is None:  # busy after all: the general path queues it
+            run = _Run(dict(request.feeds), list(self.missing))
+            self._launch(run, request, 0, done)
+        else:
+            done(request, {t: outputs[t] for t in self.outputs}, None)
+
+    def _tag(self, request: Request, lp: LoadedPartition) -> dict | None:
+        if self.bus is None or not self.bus.active:
+            return None
+        return {"network": self.network, "request": request.id, "partition": lp.partition.name}
+
     def _launch(self, run: _Run, request: Request, i: int, done: Done) -> None:
         if run.failed or request.ended:
             return
         lp = self.parts[i]
         feeds = {t: run.values[t] for t in lp.partition.inputs}
-        tag = {"network": self.network, "request": request.id, "partition": lp.partition.name}
-        future = lp.device.submit(lp.key, feeds, tag=tag)
-        future.add_done_callback(partial(self._landed, run, request, i, done))
+        tag = self._tag(request, lp)
+        if request.inline:  # an idle device runs it right here, with no hand-off
+            try:
+                outputs = lp.device.run_now(lp.key, feeds, tag)
+            except ExecutionError as exc:
+                self._fail(run, request, done, exc)
+                return
+            if outputs is not None:
+                self._advance(run, request, outputs, done)
+                return
+        future = lp.device.submit(lp.key, feeds, tag=tag, inline=False)
+        future.add_done_callback(partial(self._landed, run, request, done))
 
-    def _landed(self, run: _Run, request: Request, i: int, done: Done, future: Future) -> None:
-        if run.failed or request.ended:
-            return
+    def _landed(self, run: _Run, request: Request, done: Done, future: Future) -> None:
         error = future.exception()
         if error is None:
-            try:
-                self._advance(run, request, future.result(), done)
-                return
-            except Exception as exc:  # a bug here must still end the request
-                error = exc
-        run.failed = True
-        done(request, None, error)
+            self._advance(run, request, future.result(), done)
+        else:
+            self._fail(run, request, done, error)
+
+    def _fail(self, run: _Run, request: Request, done: Done, error: BaseException) -> None:
+        if not run.failed and not request.ended:
+            run.failed = True
+            done(request, None, error)
 
     def _advance(self, run: _Run, request: Request, outputs: dict, done: Done) -> None:
-        ready = []
-        with run.lock:
-            for t, value in outputs.items():
-                run.values[t] = value
-                for r in self.readers.get(t, ()):
-                    run.missing[r] -= 1
-                    if run.missing[r] == 0:
-                        ready.append(r)
-            run.landed += 1
-            finished = run.landed == len(self.parts)
-        for r in ready:
-            self._launch(run, request, r, done)
-        if finished:
-            done(request, {t: run.values[t] for t in self.outputs}, None)
+        if run.failed or request.ended:
+            return
+        try:
+            ready = []
+            with run.lock:
+                for t, value in outputs.items():
+                    run.values[t] = value
+                    for r in self.readers.get(t, ()):
+                        run.missing[r] -= 1
+                        if run.missing[r] == 0:
+                            ready.append(r)
+                run.landed += 1
+                finished = run.landed == len(self.parts)
+            for r in ready:
+                self._launch(run, request, r, done)
+            if finished:
+                done(request, {t: run.values[t] for t in self.outputs}, None)
+        except Exception as exc:  # a bug here must still end the request
+            self._fail(run, request, done, exc)

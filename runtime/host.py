@@ -78,6 +78,7 @@ class HostManager:
         self._queue = RequestQueue()
         self._active = 0
         self._closed = False
+        self._waiters = 0  # threads in close() or remove_network() waiting on _cv
         self._cv = threading.Condition()
         self._deadlines = Deadlines(self._expire)
 
@@ -128,7 +129,7 @@ class HostManager:
                                    "est_seconds": p.est_seconds} for p in plan.partitions])
         loaded = provision(graph, plan, self.devices, network=name, bus=self.bus)
         return Network(name, graph, plan, input_specs(graph), [loaded],
-                       [Executor(graph, loaded, name)])
+                       [Executor(graph, loaded, name, self.bus)])
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
         """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
@@ -138,7 +139,7 @@ class HostManager:
                 raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
                                        f"remove_network(wait=True) waits for them")
             net.removing = True
-            if not self._cv.wait_for(lambda: net.outstanding == 0, timeout):
+            if not self._wait_for(lambda: net.outstanding == 0, timeout):
                 net.removing = False
                 raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
                                        f"{timeout:g} s; not removed")
@@ -170,9 +171,15 @@ class HostManager:
 
     def run(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
             timeout: float | None = None) -> Future:
-        """Queue one request; the future resolves to {output name: array}."""
-        with self._cv:
-            net = self._network(name)
+        """Queue one request; the future resolves to {output name: array}.
+
+        When a place is free and nothing waits, the request starts at once, and its
+        partitions run right on this thread on whichever devices are idle.
+        """
+        net = self._networks.get(name)
+        if net is None or net.removing:
+            with self._cv:
+                net = self._network(name)
         request = Request(name, check_feeds(name, net.specs, feeds), priority,
                           queued_at=time.monotonic())
         if timeout is not None:
@@ -181,24 +188,27 @@ class HostManager:
             if self._closed:
                 raise HostClosedError("host is closed; it takes no more requests")
             net = self._network(name)
-            start_now = self._active < self.max_active and not len(self._queue)
-            if not start_now and len(self._queue) >= self.max_queue:
+            start_now = self._active < self.max_active and not self._queue.size
+            if not start_now and self._queue.size >= self.max_queue:
                 raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
                                      f"retry later or raise max_queue")
             net.outstanding += 1
             if start_now:
-                self._active += 1
-                request.slot = request.inline = True
+                self._take_place(request, net)
+                request.inline = True
             else:
                 self._queue.push(request)
-            depth = len(self._queue)
-        request.future.add_done_callback(lambda f: f.cancelled() and self._cancelled(request))
-        self._publish("request.queued", network=name, request=request.id, priority=priority,
-                      queue_depth=depth)
-        self._deadlines.add(request)
+            depth = self._queue.size
+        if self.bus.active:
+            self.bus.publish("request.queued", network=name, request=request.id,
+                             priority=priority, queue_depth=depth)
+        if request.deadline is not None:
+            self._deadlines.add(request)
         if start_now:
             self._begin(request, net)
         else:
+            request.future.add_done_callback(
+                lambda f: f.cancelled() and self._cancelled(request))
             self._publish("queue.depth", depth=depth, active=self._active)
         return request.future
 
@@ -207,19 +217,23 @@ class HostManager:
         """Blocking `run`."""
         return self.run(name, feeds, priority, timeout).result()
 
+    def _take_place(self, request: Request, net: Network) -> None:
+        """Under the lock: one of max_active places, and the least busy plan copy."""
+        self._active += 1
+        request.slot = True
+        request.copy = min(net.copies, key=lambda c: c.outstanding)
+        request.copy.outstanding += 1
+        net.running.add(request)
+
     def _begin(self, request: Request, net: Network) -> None:
         if not request.future.set_running_or_notify_cancel():
             return  # cancelled while queued: its cancel callback releases it
         request.started_at = time.monotonic()
-        with self._cv:
-            copy = min(net.copies, key=lambda c: c.outstanding)
-            copy.outstanding += 1
-            request.copy = copy
-            net.running.add(request)
-        self._publish("request.started", network=net.name, request=request.id,
-                      queue_wait=request.started_at - request.queued_at,
-                      batch_size=request.batch_size)
-        copy.start(request, self._finished)
+        if self.bus.active:
+            self.bus.publish("request.started", network=net.name, request=request.id,
+                             queue_wait=request.started_at - request.queued_at,
+                             batch_size=request.batch_size)
+        request.copy.start(request, self._finished)
 
     def _finished(self, request: Request, outputs: dict | None, error: BaseException | None
                   ) -> None:
@@ -242,6 +256,8 @@ class HostManager:
             self._release(request)
 
     def _report(self, request: Request, error: BaseException | str | None) -> None:
+        if not self.bus.active:
+            return
         now = time.monotonic()
         if error is None:
             self._publish("request.finished", network=request.network, request=request.id,
@@ -267,18 +283,20 @@ class HostManager:
                 self._active -= 1
             else:
                 self._queue.discard(request)
-            while self._active < self.max_active and not self._closed_hard:
+            while self._queue.size and self._active < self.max_active and not self._closed_hard:
                 nxt = self._queue.pop()
                 if nxt is None:
                     break
                 if nxt.ended:
                     continue
-                self._active += 1
-                nxt.slot = True
-                ready.append((nxt, self._networks[nxt.network]))
-            depth, active = len(self._queue), self._active
-            self._cv.notify_all()
-        self._publish("queue.depth", depth=depth, active=active)
+                nxt_net = self._networks[nxt.network]
+                self._take_place(nxt, nxt_net)
+                ready.append((nxt, nxt_net))
+            depth, active = self._queue.size, self._active
+            if self._waiters:
+                self._cv.notify_all()
+        if self.bus.active:
+            self.bus.publish("queue.depth", depth=depth, active=active)
         for nxt, nxt_net in ready:
             self._begin(nxt, nxt_net)
 
@@ -292,7 +310,7 @@ class HostManager:
             if self._closed_hard:
                 return
             self._closed = True
-            self._cv.wait_for(lambda: self._active == 0 and not len(self._queue), timeout)
+            self._wait_for(lambda: self._active == 0 and not self._queue.size, timeout)
             self._closed_hard = True
             leftovers = self._queue.drain()
             for net in self._networks.values():
@@ -311,6 +329,14 @@ class HostManager:
                 for loaded in net.loaded:
                     unload(loaded, network=name, bus=self.bus)
         self._networks.clear()
+
+    def _wait_for(self, predicate, timeout: float) -> bool:
+        """Under the lock: wait for `predicate`, at most `timeout` seconds."""
+        self._waiters += 1
+        try:
+            return self._cv.wait_for(predicate, timeout)
+        finally:
+            self._waiters -= 1
 
     def __enter__(self) -> HostManager:
         return self

@@ -42,21 +42,22 @@ def _shape_ok(dims: tuple[Dim, ...] | None, shape: tuple[int, ...]) -> bool:
 def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object]
                 ) -> dict[str, np.ndarray]:
     """Feeds as arrays, or InvalidInputError naming the input, expected vs given."""
-    if not isinstance(feeds, Mapping):
+    if type(feeds) is not dict and not isinstance(feeds, Mapping):
         raise InvalidInputError(f"feeds for {network} must be a dict of input name -> array, "
                                 f"got {type(feeds).__name__}")
-    known = {s.name for s in specs}
-    extra = [k for k in feeds if k not in known]
-    if extra:
-        raise InvalidInputError(f"{network} has no input {extra[0]!r}; inputs are "
-                                f"{', '.join(sorted(known))}")
+    if len(feeds) != len(specs):
+        known = {s.name for s in specs}
+        extra = [k for k in feeds if k not in known]
+        if extra:
+            raise InvalidInputError(f"{network} has no input {extra[0]!r}; inputs are "
+                                    f"{', '.join(sorted(known))}")
     out = {}
     for spec in specs:
-        if spec.name not in feeds:
+        value = feeds.get(spec.name)
+        if value is None:
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
-        value = feeds[spec.name]
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        array = value if type(value) is np.ndarray else np.asarray(value)
         if (spec.dtype is not None and array.dtype != spec.dtype) or not _shape_ok(
                 spec.dims, array.shape):
             raise InvalidInputError(
@@ -79,10 +80,23 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 16, shape).astype(dtype)
+            feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng)
         elif dtype.kind == "b":
             feeds[spec.name] = rng.random(shape) < 0.5
         else:
             feeds[spec.name] = np.full(shape, "x", dtype=object) if dtype.kind in "OUS" else \
                 np.zeros(shape, dtype)
     return feeds
+
+
+def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator
+              ) -> np.ndarray:
+    """Integer inputs as text models expect them: masks of ones, segment ids of zero,
+    positions counting up, anything else (token ids) small non-negative numbers."""
+    if "mask" in name:
+        return np.ones(shape, dtype)
+    if "type" in name or "segment" in name:
+        return np.zeros(shape, dtype)
+    if "position" in name and shape:
+        return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+    return rng.integers(0, 16, shape).astype(dtype)

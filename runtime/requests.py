@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
-import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +13,7 @@ import numpy as np
 _ids = itertools.count(1)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     network: str
     feeds: dict[str, np.ndarray]
@@ -29,28 +27,28 @@ class Request:
     copy: Any = None  # the executor (plan copy) running it
     id: int = field(default_factory=lambda: next(_ids))
     future: Future = field(default_factory=Future)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _ended: bool = False
+    _token: list = field(default_factory=lambda: [True], repr=False)  # pop() is atomic
 
     def end(self, outputs: dict[str, np.ndarray] | None = None,
             error: BaseException | None = None) -> bool:
         """End the request once: True for the one caller that ends it. A future already
         cancelled keeps its cancellation."""
-        with self._lock:
-            if self._ended:
-                return False
-            self._ended = True
-        if not self.future.done():
-            with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
-                if error is None:
-                    self.future.set_result(outputs)
-                else:
-                    self.future.set_exception(error)
+        try:
+            self._token.pop()
+        except IndexError:
+            return False
+        try:
+            if error is None:
+                self.future.set_result(outputs)
+            else:
+                self.future.set_exception(error)
+        except InvalidStateError:  # cancelled while queued: the cancellation stands
+            pass
         return True
 
     @property
     def ended(self) -> bool:
-        return self._ended
+        return not self._token
 
 
 class RequestQueue:
@@ -60,18 +58,21 @@ class RequestQueue:
         self._heap: list[tuple[int, int, Request]] = []
         self._seq = itertools.count()
         self._gone: set[int] = set()
+        self.size = 0  # requests waiting (what len() gives)
 
     def __len__(self) -> int:
-        return len(self._heap) - len(self._gone)
+        return self.size
 
     def push(self, request: Request) -> None:
         heapq.heappush(self._heap, (request.priority, next(self._seq), request))
+        self.size += 1
 
     def discard(self, request: Request) -> bool:
         """Remove lazily; True if it was waiting here."""
         if request.id in self._gone or all(r is not request for _, _, r in self._heap):
             return False
         self._gone.add(request.id)
+        self.size -= 1
         return True
 
     def pop(self) -> Request | None:
@@ -80,6 +81,7 @@ class RequestQueue:
             if request.id in self._gone:
                 self._gone.discard(request.id)
                 continue
+            self.size -= 1
             return request
         return None
 

@@ -28,7 +28,7 @@ def session_options(threads: int) -> ort.SessionOptions:
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4
     return opts
 
 

@@ -25,6 +25,7 @@ import onnx
 
 from runtime.devices.backends import Function, compiler, first_line
 from runtime.devices.config import DeviceConfig
+from runtime.devices.sim import hold_until
 from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
 from runtime.units import human_bytes
 
@@ -82,6 +83,7 @@ class DeviceManager:
         self._worker: threading.Thread | None = None
         self._runs = 0
         self._busy_seconds = 0.0
+        self._free_at = 0.0  # when a modelled device's last run ends on its timeline
 
     def __repr__(self) -> str:
         return f"DeviceManager({self.name}, {self.config.backend})"
@@ -160,9 +162,30 @@ class DeviceManager:
 
     # execution
 
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: dict | None = None
+                ) -> Outputs | None:
+        """Run on the caller's thread if the device is idle, else None (then `submit`).
+
+        No future, no hand-off: the cheapest way through an idle device. Raises
+        ExecutionError if the run fails.
+        """
+        with self._cond:
+            if self._closed or self._busy or self._queue or on_device_thread():
+                return None
+            self._busy = True
+        _local.device = True
+        try:
+            outputs, error = self._call(key, feeds, tag, time.perf_counter())
+        finally:
+            _local.device = False
+        if error is not None:
+            raise error
+        return outputs
+
     def submit(self, key: str, feeds: dict[str, np.ndarray],
-               tag: dict | None = None) -> Future:
+               tag: dict | None = None, inline: bool = True) -> Future:
         """Queue one run; the future gives every output by name or fails with ExecutionError.
+        `inline=False` never runs it on the caller's thread.
 
         Never raises: a closed device returns an already-failed future, so a done-callback
         chaining runs across devices always gets an answer.
@@ -173,7 +196,8 @@ class DeviceManager:
                 closed = True
             else:
                 closed = False
-                inline = not self._busy and not self._queue and not on_device_thread()
+                inline = (inline and not self._busy and not self._queue
+                          and not on_device_thread())
                 if inline:
                     self._busy = True
                 else:
@@ -242,35 +266,47 @@ class DeviceManager:
             self._execute(job)
 
     def _execute(self, job: _Job) -> None:
-        """Run one job with `_busy` held; clears it, then settles the future (lock not held)."""
+        """Run one queued job with `_busy` held, then settle its future (lock not held)."""
         if not job.future.set_running_or_notify_cancel():
             self._idle(0.0, ran=False)
             return
-        tagged = job.tag is not None and self._bus_active()
+        outputs, error = self._call(job.key, job.feeds, job.tag, job.submitted)
+        if error is None:
+            job.future.set_result(outputs)
+        else:
+            job.future.set_exception(error)
+
+    def _call(self, key: str, feeds: dict[str, np.ndarray], tag: dict | None,
+              submitted: float) -> tuple[Outputs | None, ExecutionError | None]:
+        """Run with `_busy` held; clears it and publishes the run's events."""
+        tagged = tag is not None and self._bus_active()
         start = time.perf_counter()
         if tagged:
-            self._publish("partition.run.started", **{**job.tag, "device": self.name})
-        with self._cond:
-            item = self._loaded.get(job.key)
+            self._publish("partition.run.started", **{**tag, "device": self.name})
+        item = self._loaded.get(key)
         error: ExecutionError | None = None
         outputs: Outputs | None = None
         try:
             if item is None:
-                raise LookupError(f"{job.key} is not loaded")
-            outputs = item.function.run(job.feeds)
+                raise LookupError(f"{key} is not loaded")
+            outputs = item.function.run(feeds)
+            modelled = getattr(item.function, "modelled_seconds", None)
+            if modelled is not None:  # a modelled device: busy on its own timeline
+                end_at = max(submitted, self._free_at) + modelled
+                # Waking late is the host's lag, not device time: the next run may
+                # start at end_at. Only real compute past end_at moves the device on.
+                self._free_at = max(end_at, time.perf_counter())
+                hold_until(end_at)
         except Exception as exc:
-            error = ExecutionError(f"{self.name} failed running {job.key}: {first_line(exc)}")
+            error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")
             error.__cause__ = exc
         end = time.perf_counter()
         self._idle(end - start, ran=True)
         if tagged:
             self._publish("partition.run.finished", **{
-                **job.tag, "device": self.name, "queue_wait": start - job.submitted,
+                **tag, "device": self.name, "queue_wait": start - submitted,
                 "run_seconds": end - start, "ok": error is None})
-        if error is None:
-            job.future.set_result(outputs)
-        else:
-            job.future.set_exception(error)
+        return outputs, error
 
     def _idle(self, seconds: float, *, ran: bool) -> None:
         with self._cond:
