@@ -28,6 +28,9 @@ class ProvisionError(PrismError):
 class ExecutionError(PrismError):
     """A run failed; names network, partition, device and cause."""
 
+    partition: str | None = None  # set by the executor: where the first error came from
+    device: str | None = None
+
 
 class InvalidInputError(PrismError):
     """Feeds do not match the network's inputs: wrong name, dtype or shape."""

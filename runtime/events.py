@@ -22,7 +22,7 @@ from runtime.errors import PrismError
 
 EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "network.loaded": ("network", "mode", "partitions", "devices", "nodes"),
-    "partition.step": ("network", "index", "kind", "reason", "partition", "device", "nodes"),
+    "partition.step": ("network", "index", "step", "reason", "partition", "device", "nodes"),
     "partition.planned": ("network", "mode", "partitions", "bottleneck_seconds"),
     "provision.loaded": ("network", "partition", "device", "weight_bytes", "activation_bytes",
                          "seconds"),

@@ -70,6 +70,7 @@ class Executor:
         try:
             outputs = lp.device.run_now(lp.key, request.feeds, self._tag(request, lp))
         except ExecutionError as exc:
+            exc.partition, exc.device = lp.partition.name, lp.device.name
             done(request, None, exc)
             return
         if outputs is None:  # busy after all: the general path queues it
@@ -89,28 +90,36 @@ class Executor:
         lp = self.parts[i]
         feeds = {t: run.values[t] for t in lp.partition.inputs}
         tag = self._tag(request, lp)
-        if request.inline:  # an idle device runs it right here, with no hand-off
+        if request.inline:
+            # The caller's thread runs the first stage on an idle device, with no hand-off;
+            # later stages go to the devices' own threads, so a caller sending many
+            # requests gets them pipelined rather than run one after another.
+            request.inline = False
             try:
                 outputs = lp.device.run_now(lp.key, feeds, tag)
             except ExecutionError as exc:
-                self._fail(run, request, done, exc)
+                self._fail(run, request, done, exc, lp)
                 return
             if outputs is not None:
                 self._advance(run, request, outputs, done)
                 return
         future = lp.device.submit(lp.key, feeds, tag=tag, inline=False)
-        future.add_done_callback(partial(self._landed, run, request, done))
+        future.add_done_callback(partial(self._landed, run, request, done, lp))
 
-    def _landed(self, run: _Run, request: Request, done: Done, future: Future) -> None:
+    def _landed(self, run: _Run, request: Request, done: Done, lp: LoadedPartition,
+                future: Future) -> None:
         error = future.exception()
         if error is None:
             self._advance(run, request, future.result(), done)
         else:
-            self._fail(run, request, done, error)
+            self._fail(run, request, done, error, lp)
 
-    def _fail(self, run: _Run, request: Request, done: Done, error: BaseException) -> None:
+    def _fail(self, run: _Run, request: Request, done: Done, error: BaseException,
+              lp: LoadedPartition | None = None) -> None:
         if not run.failed and not request.ended:
             run.failed = True
+            if lp is not None and isinstance(error, ExecutionError):
+                error.partition, error.device = lp.partition.name, lp.device.name
             done(request, None, error)
 
     def _advance(self, run: _Run, request: Request, outputs: dict, done: Done) -> None:

@@ -122,7 +122,9 @@ class HostManager:
         steps = partition_steps(graph, [m.config for m in self.devices.values()], mode,
                                 user_map=user_map)
         plan = finish(tap(steps, lambda step: self._publish(
-            "partition.step", network=name, **step.to_dict())))
+            "partition.step", network=name, index=step.index, step=step.kind,
+            reason=step.reason, partition=step.partition, device=step.device,
+            nodes=list(step.nodes))))
         self._publish("partition.planned", network=name, mode=plan.mode,
                       bottleneck_seconds=plan.bottleneck_seconds,
                       partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
@@ -177,8 +179,10 @@ class HostManager:
         partitions run right on this thread on whichever devices are idle.
         """
         net = self._networks.get(name)
-        if net is None or net.removing:
+        if net is None or net.removing or self._closed:
             with self._cv:
+                if self._closed:
+                    raise HostClosedError("host is closed; it takes no more requests")
                 net = self._network(name)
         request = Request(name, check_feeds(name, net.specs, feeds), priority,
                           queued_at=time.monotonic())
@@ -266,7 +270,8 @@ class HostManager:
                           run_seconds=now - request.started_at, batch_size=request.batch_size)
         else:
             self._publish("request.failed", network=request.network, request=request.id,
-                          error=str(error), partition=None, device=None)
+                          error=str(error), partition=getattr(error, "partition", None),
+                          device=getattr(error, "device", None))
 
     def _release(self, request: Request) -> None:
         """Give back an ended request's place; start whatever the queue lets start."""

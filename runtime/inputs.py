@@ -45,16 +45,15 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
     if type(feeds) is not dict and not isinstance(feeds, Mapping):
         raise InvalidInputError(f"feeds for {network} must be a dict of input name -> array, "
                                 f"got {type(feeds).__name__}")
-    if len(feeds) != len(specs):
-        known = {s.name for s in specs}
-        extra = [k for k in feeds if k not in known]
-        if extra:
-            raise InvalidInputError(f"{network} has no input {extra[0]!r}; inputs are "
-                                    f"{', '.join(sorted(known))}")
     out = {}
     for spec in specs:
         value = feeds.get(spec.name)
         if value is None:
+            known = {s.name for s in specs}
+            extra = [k for k in feeds if k not in known]
+            if extra:
+                raise InvalidInputError(f"{network} has no input {extra[0]!r}; inputs are "
+                                        f"{', '.join(map(repr, sorted(known)))}")
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
         array = value if type(value) is np.ndarray else np.asarray(value)
@@ -64,6 +63,10 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
                 f"input {spec.name!r} of {network}: expected {spec.describe()}, got "
                 f"{array.dtype} [{', '.join(map(str, array.shape))}]")
         out[spec.name] = array
+    if len(feeds) != len(out):
+        extra = sorted(k for k in feeds if k not in out)
+        raise InvalidInputError(f"{network} has no input {extra[0]!r}; inputs are "
+                                f"{', '.join(map(repr, sorted(out)))}")
     return out
 
 

@@ -523,3 +523,18 @@ def total_bytes(graph: Graph) -> int:
 def close(a: float, b: float, rel: float = 1e-9) -> bool:
     """Equal up to float summation order."""
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+def order_of(graph, devices, mode: str) -> list[str]:
+    """The order a failing partitioning run split along (model order if it failed before
+    choosing one, e.g. in placement)."""
+    from runtime.partition import partition_steps
+
+    order = [n.name for n in graph.nodes]
+    try:
+        for step in partition_steps(graph, devices, mode):
+            if step.kind == "order":
+                order = list(step.nodes)
+    except Exception:
+        pass
+    return order

@@ -8,10 +8,10 @@ import networkx as nx
 import numpy as np
 import onnx
 import pytest
-from dags import SAMPLE_NAMES, SAMPLES_DIR, dag_models, random_dag_model, reads_of
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
+from dags import SAMPLE_NAMES, SAMPLES_DIR, dag_models, random_dag_model, reads_of
 from runtime.cost import node_cost
 from runtime.errors import ModelLoadError
 from runtime.graph import Graph, load_graph

@@ -6,11 +6,11 @@ import re
 
 import numpy as np
 import pytest
-from dags import Reference, biggest_node, sample_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from dags import Reference, biggest_node, sample_graph
 from runtime.devices import DeviceConfig, parse_devices, parse_size
 from runtime.errors import DeviceSpecError, PartitionError, PrismError
 from runtime.graph import Graph, load_graph

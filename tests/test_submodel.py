@@ -10,9 +10,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import sample_graph
-from dags import SAMPLE_NAMES, SAMPLES_DIR
 from onnx import TensorProto, helper
 
+from dags import SAMPLE_NAMES, SAMPLES_DIR
 from runtime.cost import graph_costs
 from runtime.devices.spec import parse_devices
 from runtime.errors import ProvisionError

@@ -17,8 +17,10 @@ from runtime.graph import Graph
 from runtime.partition.balanced import balanced_mode
 from runtime.partition.greedy import memory_mode
 from runtime.partition.order import choose_order, model_order
+from runtime.partition.placement import Annotations, Placement, place, read_annotations
 from runtime.partition.plan import Partition, Plan, Transfer, build_plan
-from runtime.partition.record import Recorder, Steps, finish
+from runtime.partition.record import Recorder, Steps, finish, tap
+from runtime.partition.regions import placement_order, region_split
 from runtime.partition.segments import Segments
 from runtime.partition.steps import Step, replay
 from runtime.partition.user import read_user_map, user_mode
@@ -51,7 +53,7 @@ def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> Non
     for i, node in enumerate(seg.nodes):
         if any(seg.fits(i, i + 1, d) for d in devices):
             continue
-        able = [d for d in devices if d.can_run(node.op_type)]
+        able = [d for d in devices if seg.runnable(i, i + 1, d)]
         if not able:
             raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on any device "
                                  f"({', '.join(d.name for d in devices)})")
@@ -61,14 +63,30 @@ def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> Non
                              f"{human_bytes(largest.memory_bytes)}")
 
 
+def _attempt(run) -> tuple[list[Step], object] | PartitionError:
+    """Run a mode to the end on a recorder of its own: (steps, result), or the error."""
+    steps: list[Step] = []
+    try:
+        return steps, finish(tap(run(Recorder()), steps.append))
+    except PartitionError as exc:
+        return exc
+
+
 def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
-                    user_map: str | Path | Mapping | None = None) -> Steps[Plan]:
-    """Yield each decision as a Step; return the validated Plan."""
+                    user_map: str | Path | Mapping | None = None,
+                    annotations: str | Path | Mapping | Annotations | None = None,
+                    fallback: str | None = None) -> Steps[Plan]:
+    """Yield each decision as a Step (placement first); return the validated Plan."""
     if mode not in MODES:
         raise PartitionError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
     _check_devices(devices)
     costs = graph_costs(graph)
+    placement = place(graph, devices, read_annotations(annotations, fallback))
     rec = Recorder()
+    for node in graph.nodes:
+        yield rec.step("place", f"{node.name} ({node.op_type}): {placement.reasons[node.name]}"
+                       f" -> {', '.join(sorted(placement.allowed[node.name]))}",
+                       nodes=(node.name,))
     if mode == "user":
         if user_map is None:
             raise PartitionError("partition mode 'user' needs a map: a TOML or JSON file")
@@ -76,21 +94,60 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         yield rec.step("order", "split along the model order (user map)", nodes=tuple(order))
         groups = yield from user_mode(graph, devices, read_user_map(user_map), order, rec)
     else:
+        ordered = canonical_devices(devices)
+        options = []
         order, why = choose_order(graph)
         yield rec.step("order", why, nodes=tuple(order))
-        seg = Segments(graph, costs, order)
-        ordered = canonical_devices(devices)
+        seg = Segments(graph, costs, order, placement.allowed)
         _check_each_node_fits(seg, ordered)
         run_mode = memory_mode if mode == "memory" else balanced_mode
-        split = yield from run_mode(seg, ordered, rec)
-        groups = [(f"p{i}", d.name, seg.order[a:b]) for i, (a, b, d) in enumerate(split)]
-    plan = build_plan(graph, costs, devices, groups, mode=mode, order=order)
-    validate_plan(plan, graph)
+        options.append((order, why, seg, _attempt(lambda r: run_mode(seg, ordered, r))))
+        if not placement.unconstrained:
+            alike = placement_order(graph, placement.allowed)
+            regional = Segments(graph, costs, alike, placement.allowed)
+            why = "split along an order that keeps nodes placed alike together"
+            # balanced also weighs memory's choices, so it is never the worse of the two
+            for style in ("memory",) if mode == "memory" else ("balanced", "memory"):
+                options.append((alike, why, regional, _attempt(
+                    lambda r, style=style: region_split(regional, ordered, style, r))))
+        done = [(o, w, sg, r) for o, w, sg, r in options if not isinstance(r, PartitionError)]
+        if not done:
+            raise options[0][3]
+        scored = []
+        for along, why, sg, (steps, split) in done:
+            groups = [(f"p{i}", d.name, sg.order[a:b]) for i, (a, b, d) in enumerate(split)]
+            trial = build_plan(graph, costs, devices, groups, mode=mode, order=along)
+            key = (len(trial.partitions), trial.bottleneck_seconds) if mode == "memory" else (
+                trial.bottleneck_seconds, len(trial.partitions))
+            scored.append((key, along, why, steps, groups))
+        _, chosen, why, steps, groups = min(scored, key=lambda s: s[0])
+        if chosen != order:
+            order = chosen
+            yield rec.step("order", why, nodes=tuple(order))
+        for step in steps:
+            yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
+    plan = build_plan(graph, costs, devices, groups, mode=mode, order=order,
+                      reasons=_explained(placement, groups, mode))
+    validate_plan(plan, graph, placement.allowed)
     yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
                    f"{human_seconds(plan.bottleneck_seconds)}")
     return plan
 
 
+def _explained(placement: Placement, groups, mode: str) -> dict[str, str]:
+    """Placement's reason per node, with where the mode put the ones it was free to."""
+    where = {n: (part, dev) for part, dev, nodes in groups for n in nodes}
+    out = {}
+    for node, why in placement.reasons.items():
+        part, dev = where[node]
+        out[node] = (f"cheapest: the {mode} split put it in {part} on {dev}" if why == "cheapest"
+                     else f"{why}; in {part} on {dev}")
+    return out
+
+
 def partition(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
-              user_map: str | Path | Mapping | None = None) -> Plan:
-    return finish(partition_steps(graph, devices, mode, user_map=user_map))
+              user_map: str | Path | Mapping | None = None,
+              annotations: str | Path | Mapping | Annotations | None = None,
+              fallback: str | None = None) -> Plan:
+    return finish(partition_steps(graph, devices, mode, user_map=user_map,
+                                  annotations=annotations, fallback=fallback))

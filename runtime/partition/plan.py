@@ -74,10 +74,14 @@ class Plan:
         return next(d for d in self.devices if d.name == name)
 
     def device_memory(self) -> dict[str, int]:
-        used = dict.fromkeys((d.name for d in self.devices), 0)
+        """Bytes each device needs: every partition's weights, plus one activation arena
+        as large as its largest partition's (a device runs one partition at a time)."""
+        weights = dict.fromkeys((d.name for d in self.devices), 0)
+        arena = dict(weights)
         for p in self.partitions:
-            used[p.device] += p.memory_bytes
-        return used
+            weights[p.device] += p.weight_bytes
+            arena[p.device] = max(arena[p.device], p.activation_bytes)
+        return {name: weights[name] + arena[name] for name in weights}
 
     def to_dict(self) -> dict:
         return {

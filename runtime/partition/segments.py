@@ -9,7 +9,7 @@ and the windowed dynamic programme in `balanced` exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 
 import numpy as np
@@ -21,8 +21,10 @@ from runtime.partition.liveness import peak_activation_bytes, weight_bytes
 
 
 class Segments:
-    def __init__(self, graph: Graph, costs: dict[str, NodeCost], order: Sequence[str]):
+    def __init__(self, graph: Graph, costs: dict[str, NodeCost], order: Sequence[str],
+                 allowed: Mapping[str, frozenset[str]] | None = None):
         self.graph, self.costs, self.order = graph, costs, list(order)
+        self.allowed = allowed  # node -> devices placement lets it run on (None: any)
         self.nodes = [graph.node(n) for n in self.order]
         self.n = len(self.order)
         position = {name: i for i, name in enumerate(self.order)}
@@ -47,9 +49,10 @@ class Segments:
         return np.concatenate([[0.0], np.cumsum(per_node)])
 
     @cache  # noqa: B019
-    def unsupported_before(self, device: DeviceConfig) -> np.ndarray:
-        """u[i] = how many of the first i nodes the device cannot run."""
-        bad = [not device.can_run(node.op_type) for node in self.nodes]
+    def blocked_before(self, device: DeviceConfig) -> np.ndarray:
+        """u[i] = how many of the first i nodes placement keeps off the device."""
+        allowed = self.allowed or {}
+        bad = [n in allowed and device.name not in allowed[n] for n in self.order]
         return np.concatenate([[0], np.cumsum(bad)])
 
     def memory(self, a: int, b: int) -> int:
@@ -57,7 +60,7 @@ class Segments:
         return weight_bytes(self.graph, nodes) + peak_activation_bytes(self.graph, nodes)
 
     def runnable(self, a: int, b: int, device: DeviceConfig) -> bool:
-        u = self.unsupported_before(device)
+        u = self.blocked_before(device)
         return u[b] == u[a]
 
     def fits(self, a: int, b: int, device: DeviceConfig) -> bool:

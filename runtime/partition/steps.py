@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-STEP_KINDS = ("order", "open", "assign", "close", "move", "merge", "skip", "planned")
+STEP_KINDS = ("place", "order", "open", "assign", "close", "move", "merge", "skip", "planned")
 
 
 @dataclass(frozen=True)

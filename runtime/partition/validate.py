@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from runtime.errors import PartitionError
 from runtime.graph import Graph
@@ -10,7 +11,9 @@ from runtime.partition.plan import Plan
 from runtime.units import human_bytes
 
 
-def validate_plan(plan: Plan, graph: Graph) -> None:
+def validate_plan(plan: Plan, graph: Graph,
+                  allowed: Mapping[str, frozenset[str]] | None = None) -> None:
+    """Raise PartitionError unless the plan is sound and honours placement (`allowed`)."""
     counts = Counter(n for p in plan.partitions for n in p.nodes)
     missing = [n.name for n in graph.nodes if not counts[n.name]]
     twice = [n for n, c in counts.items() if c > 1]
@@ -27,11 +30,11 @@ def validate_plan(plan: Plan, graph: Graph) -> None:
         if late:
             raise PartitionError(f"invalid plan: partition {p.name} reads {late[0]} from a "
                                  f"partition that is not before it (partition DAG has a cycle)")
-        device = plan.device(p.device)
         for n in p.nodes:
-            if not device.can_run(graph.node(n).op_type):
+            if allowed is not None and p.device not in allowed[n]:
                 raise PartitionError(f"invalid plan: {p.device} cannot run {n} "
-                                     f"({graph.node(n).op_type})")
+                                     f"({graph.node(n).op_type}) by placement; allowed: "
+                                     f"{', '.join(sorted(allowed[n]))}")
     for name, used in plan.device_memory().items():
         cap = plan.device(name).memory_bytes
         if used > cap:

@@ -1,0 +1,126 @@
+"""Placement: which devices may run each node, and why, before any partitioning mode.
+
+Precedence (after TVM's annotations, without Glow's dependence on device order):
+a node-name annotation, then an op-type annotation, then every device able to run the
+node ("cheapest": the mode picks among them by the cost model). A node whose preferred
+device cannot run it goes to the fallback device; if that cannot either, placement
+fails at once naming the node, its op, what was asked for and what could run it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.devices.backends import supported_ops
+from runtime.devices.config import BACKENDS, DeviceConfig
+from runtime.errors import PartitionError
+from runtime.graph import DEFAULT_DOMAINS, Graph, Node
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """node name -> device or kind; op type -> device or kind; a fallback device."""
+
+    nodes: Mapping[str, str] = field(default_factory=dict)
+    ops: Mapping[str, str] = field(default_factory=dict)
+    fallback: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.nodes and not self.ops and self.fallback is None
+
+
+def read_annotations(source: str | Path | Mapping | Annotations | None,
+                     fallback: str | None = None) -> Annotations:
+    """From a dict or TOML file: `fallback = "cpu0"`, `[nodes]`, `[ops]` tables."""
+    if isinstance(source, Annotations):
+        table = {"nodes": source.nodes, "ops": source.ops, "fallback": source.fallback}
+    elif source is None:
+        table = {}
+    elif isinstance(source, Mapping):
+        table = dict(source)
+    else:
+        path = Path(source)
+        try:
+            table = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise PartitionError(f"cannot read annotations {path}: {exc}") from None
+    unknown = set(table) - {"nodes", "ops", "fallback"}
+    if unknown:
+        raise PartitionError(f"annotations: unknown key(s) {sorted(unknown)}; "
+                             f"use [nodes], [ops] and fallback")
+    return Annotations(dict(table.get("nodes") or {}), dict(table.get("ops") or {}),
+                       fallback or table.get("fallback"))
+
+
+def can_run(device: DeviceConfig, node: Node) -> bool:
+    """The backend's op list narrowed by the device's own `supported_ops`."""
+    if node.domain not in DEFAULT_DOMAINS:  # custom domains: onnxruntime's own kernels
+        if device.backend == "cpu":
+            return device.can_run(node.op_type)
+        return device.supported_ops is not None and node.op_type in device.supported_ops
+    ops = supported_ops(device.backend)
+    return (ops is None or node.op_type in ops) and device.can_run(node.op_type)
+
+
+@dataclass
+class Placement:
+    allowed: dict[str, frozenset[str]]  # node -> device names it may run on
+    reasons: dict[str, str]
+
+    @property
+    def unconstrained(self) -> bool:
+        names = set().union(*self.allowed.values()) if self.allowed else set()
+        return all(a == names for a in self.allowed.values())
+
+
+def _targets(what: str, devices: Sequence[DeviceConfig], where: str) -> list[str]:
+    named = [d.name for d in devices if d.name == what]
+    if named:
+        return named
+    kind = [d.name for d in devices if d.backend == what]
+    if kind:
+        return kind
+    hint = "a device" if what not in BACKENDS else "a kind with no device here"
+    raise PartitionError(f"annotation {where} names {what!r}, which is not {hint} "
+                         f"(devices: {', '.join(d.name for d in devices)})")
+
+
+def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> Placement:
+    by_name = {d.name: d for d in devices}
+    if notes.fallback is not None and notes.fallback not in by_name:
+        raise PartitionError(f"fallback device {notes.fallback!r} is not among the devices "
+                             f"({', '.join(by_name)})")
+    missing = sorted(set(notes.nodes) - set(graph.by_name))
+    if missing:
+        raise PartitionError(f"annotations name nodes not in {graph.name}: "
+                             f"{', '.join(missing[:5])}")
+    capable = {n.name: [d.name for d in devices if can_run(d, n)] for n in graph.nodes}
+    allowed, reasons = {}, {}
+    for node in graph.nodes:
+        if node.name in notes.nodes:
+            asked = notes.nodes[node.name]
+            wanted = _targets(asked, devices, f"for node {node.name}")
+            why = f"annotated {asked} (node)"
+        elif node.op_type in notes.ops:
+            asked = notes.ops[node.op_type]
+            wanted = _targets(asked, devices, f"for op {node.op_type}")
+            why = f"annotated {asked} (op {node.op_type})"
+        else:
+            wanted, why = [d.name for d in devices], "cheapest"
+            asked = f"any device ({', '.join(wanted)})"
+        able = [d for d in wanted if d in capable[node.name]]
+        if not able:
+            fallback = notes.fallback
+            if fallback is not None and fallback in capable[node.name]:
+                able, why = [fallback], f"unsupported on {asked} -> fallback {fallback}"
+            else:
+                could = ", ".join(capable[node.name]) or "none"
+                raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on "
+                                     f"{asked}; devices that can: {could}")
+        allowed[node.name] = frozenset(able)
+        reasons[node.name] = why
+    return Placement(allowed, reasons)

@@ -1,0 +1,193 @@
+"""`prism partition` and `prism run`, called in-process, plus the console script once."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import app.run_cmd
+from app.cli import main
+from dags import SAMPLES_DIR
+from runtime.devices import parse_devices
+from runtime.events import read_jsonl
+from runtime.graph import load_graph
+from runtime.partition import partition_steps
+from runtime.partition.steps import STEP_KINDS
+
+TRANSFORMER = str(SAMPLES_DIR / "transformer.onnx")
+MLP = str(SAMPLES_DIR / "mlp.onnx")
+PRISM = Path(sys.executable).with_name("prism")
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich must not wrap the lines we read
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code != 0, out
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# -- prism partition ---------------------------------------------------------------------------
+
+
+def test_partition_json_holds_every_node_once(capsys):
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:4", "--partition", "balanced",
+                 "--json"]) == 0
+    out, _ = capsys.readouterr()
+    plan = json.loads(out)
+    assert len(plan["partitions"]) == 4
+    nodes = [n for p in plan["partitions"] for n in p["nodes"]]
+    graph_nodes = [n.name for n in load_graph(TRANSFORMER).nodes]
+    assert Counter(nodes) == Counter(graph_nodes)
+    assert {p["device"] for p in plan["partitions"]} <= {"cpu0", "cpu1", "cpu2", "cpu3"}
+    for p in plan["partitions"]:
+        for field in ("name", "nodes", "device", "backend", "inputs", "outputs",
+                      "weight_bytes", "activation_bytes", "est_seconds"):
+            assert field in p
+    assert plan["bottleneck_seconds"] > 0 and plan["transfers"]
+
+
+def test_partition_table(capsys):
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:2", "--partition", "memory"]) == 0
+    out, _ = capsys.readouterr()
+    assert "memory plan" in out and "bottleneck" in out
+
+
+@pytest.mark.parametrize("case", ["missing", "not_onnx", "bad_devices", "too_big",
+                                  "unknown_mode"])
+def test_partition_errors_are_one_line(capsys, tmp_path, case):
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("this is not a model\n")
+    argv = {
+        "missing": ["partition", str(tmp_path / "missing.onnx"), "--devices", "cpu:2"],
+        "not_onnx": ["partition", str(junk), "--devices", "cpu:2"],
+        "bad_devices": ["partition", MLP, "--devices", "gpu:2"],
+        "too_big": ["partition", MLP, "--devices", "cpu:2:mem=100KB"],
+        "unknown_mode": ["partition", MLP, "--devices", "cpu:2", "--partition", "fastest"],
+    }[case]
+    line = one_line_error(capsys, argv)
+    assert "error" in line
+    expect = {"missing": "missing.onnx", "not_onnx": "junk.onnx", "bad_devices": "gpu",
+              "too_big": "needs", "unknown_mode": "fastest"}[case]
+    assert expect in line, line
+    assert "internal error" not in line
+
+
+def test_partition_dot_has_a_cluster_per_partition(capsys, tmp_path):
+    dot = tmp_path / "plan.dot"
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:3", "--json", "--dot",
+                 str(dot)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    text = dot.read_text()
+    assert text.startswith("digraph") and text.rstrip().endswith("}")
+    clusters = re.findall(r'subgraph "cluster_([^"]+)"', text)
+    assert sorted(clusters) == sorted(p["name"] for p in plan["partitions"])
+    assert len(clusters) == 3
+    for p in plan["partitions"]:
+        for n in p["nodes"]:
+            assert json.dumps(n) in text
+
+
+def test_partition_steps_prints_every_step(capsys):
+    devices = parse_devices("cpu:3")
+    steps = list(partition_steps(load_graph(TRANSFORMER), devices, "balanced"))
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:3", "--steps"]) == 0
+    out, _ = capsys.readouterr()
+    pattern = re.compile(rf"^\s*(\d+)\s+({'|'.join(STEP_KINDS)})\b", re.MULTILINE)
+    printed = pattern.findall(out)
+    assert [(int(i), k) for i, k in printed] == [(s.index, s.kind) for s in steps]
+    assert printed[-1][1] == "planned"
+
+
+# -- prism run ---------------------------------------------------------------------------------
+
+
+def test_run_check_prints_tables(capsys):
+    code = main(["run", TRANSFORMER, "--devices", "cpu:3", "--requests", "200",
+                 "--concurrency", "8", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Traceback" not in out + err
+    for title in ("requests", "partitions", "devices"):
+        assert title in out
+    for device in ("cpu0", "cpu1", "cpu2"):
+        assert device in out
+    assert re.search(r"^\s*200\s+0\s+0\b", out, re.MULTILINE), out  # done, failed, rejected
+    assert re.search(r"^check:", out, re.MULTILINE)
+
+
+def test_run_record_writes_every_request(capsys, tmp_path):
+    record = tmp_path / "events.jsonl"
+    code = main(["run", MLP, "--devices", "cpu:2", "--requests", "100", "--concurrency", "4",
+                 "--record", str(record)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    events = list(read_jsonl(record))
+    assert events
+    queued = {e["request"] for e in events if e.kind == "request.queued"}
+    finished = Counter(e["request"] for e in events if e.kind == "request.finished")
+    assert len(queued) == 100
+    assert set(finished) == queued and set(finished.values()) == {1}
+    assert any(e.kind == "partition.run.finished" for e in events)
+
+
+def test_run_failed_check_names_output_and_error(capsys, monkeypatch):
+    real = app.run_cmd.cpu_session
+
+    class Perturbed:
+        def __init__(self, session):
+            self.session = session
+
+        def get_outputs(self):
+            return self.session.get_outputs()
+
+        def run(self, names, feeds):
+            return [np.asarray(v) + 0.5 for v in self.session.run(names, feeds)]
+
+    monkeypatch.setattr(app.run_cmd, "cpu_session", lambda *a, **k: Perturbed(real(*a, **k)))
+    code = main(["run", TRANSFORMER, "--devices", "cpu:2", "--requests", "10",
+                 "--concurrency", "2", "--check"])
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert "Traceback" not in out + err
+    assert "'hidden'" in err and "0.5" in err, err
+    assert not re.search(r"^check:", out, re.MULTILINE)
+
+
+def test_run_bad_devices_is_one_line(capsys):
+    line = one_line_error(capsys, ["run", MLP, "--devices", "cpu:0x"])
+    assert "error" in line
+
+
+# -- the console script ------------------------------------------------------------------------
+
+
+def test_console_script(tmp_path):
+    assert PRISM.exists()
+    done = subprocess.run([str(PRISM), "partition", MLP, "--devices", "cpu:2", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert sorted(n for p in plan["partitions"] for n in p["nodes"]) == sorted(
+        n.name for n in load_graph(MLP).nodes)
+    bad = subprocess.run([str(PRISM), "partition", str(tmp_path / "nope.onnx"), "--devices",
+                          "cpu:2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+    assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    helped = subprocess.run([str(PRISM), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0
+    assert "partition" in helped.stdout and "run" in helped.stdout
