@@ -23,6 +23,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                              "(user mode); default balanced")
     parser.add_argument("--bind", action="append", default=[], metavar="DIM=N",
                         help="value of a symbolic dimension for costing (default 1)")
+    parser.add_argument("--annotate", metavar="FILE.toml",
+                        help="placement: [nodes] name = device/kind, [ops] op = device/kind, "
+                             "fallback = device")
+    parser.add_argument("--fallback", metavar="DEVICE",
+                        help="device for nodes their preferred device cannot run")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--json", action="store_true", help="print the plan as JSON")
     part.add_argument("--dot", metavar="FILE", help="write the plan as Graphviz to FILE")
     part.add_argument("--steps", action="store_true", help="print every partitioner step")
+    part.add_argument("--explain", metavar="NODE", action="append", default=[],
+                      help="print where NODE went and why")
+    part.add_argument("--memory-plan", action="store_true",
+                      help="print each device's activation memory plan")
     part.set_defaults(handler="app.partition_cmd:run")
 
     run = sub.add_parser("run", help="run a model under load and report latency")
@@ -45,7 +54,57 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compare every answer with the whole model in plain onnxruntime")
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
     run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
+    run.add_argument("--rate", type=float, metavar="R",
+                     help="open loop: Poisson arrivals at R requests/s instead of clients")
+    run.add_argument("--max-batch", type=int, metavar="N", help="dynamic batching: batch size")
+    run.add_argument("--max-delay-ms", type=float, default=1.0, metavar="D",
+                     help="dynamic batching: longest wait for a fuller batch (default 1)")
+    run.add_argument("--replicas", default="1", metavar="N|saturate",
+                     help="whole copies of the plan on twin devices")
     run.set_defaults(handler="app.run_cmd:run")
+
+    tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
+                                     "through the partitioner")
+    tui.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled "
+                                              "sample CNN)")
+    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB)")
+    tui.add_argument("--partition", default="balanced", choices=("balanced", "memory"),
+                     metavar="MODE", help="balanced (default) or memory")
+    tui_load = tui.add_mutually_exclusive_group()
+    tui_load.add_argument("--rate", type=float, metavar="R",
+                          help="open-loop load, requests per second (default 150)")
+    tui_load.add_argument("--concurrency", type=int, metavar="C",
+                          help="closed-loop load: C clients, each waiting for its answer")
+    tui.add_argument("--replay", metavar="FILE.jsonl",
+                     help="show a recorded run instead of running (MODEL and --devices "
+                          "should be those it was recorded with)")
+    tui.add_argument("--seed", type=int, default=None, help="seed for the load's inputs")
+    tui.set_defaults(handler="app.tui_cmd:run")
+
+    web = sub.add_parser("web", help="the live dashboard in a browser (Streamlit)")
+    web.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled sample)")
+    web.add_argument("--devices", metavar="SPEC",
+                     help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
+    web.add_argument("--port", type=int, default=0, metavar="P",
+                     help="port on 127.0.0.1 (default: a free one)")
+    web.set_defaults(handler="app.web_cmd:run")
+
+    conf = sub.add_parser("conformance", help="ONNX's backend test suite through Prism, "
+                                              "onnxruntime and the reference evaluator")
+    conf.add_argument("--suite", default="all",
+                      choices=("node", "simple", "pytorch-converted", "pytorch-operator",
+                               "real", "all"), help="which tests (default all)")
+    conf.add_argument("--devices", metavar="SPEC",
+                      help="Prism's devices (default cpu:2 plus a reference fallback)")
+    conf.add_argument("--json", action="store_true", help="print results as JSON")
+    conf.add_argument("-k", metavar="PATTERN", help="only tests whose name matches (regex)")
+    conf.add_argument("--runtimes", default="prism,onnxruntime,reference", metavar="LIST",
+                      help="comma list of prism, onnxruntime, reference (default all three)")
+    conf.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                      help="seconds a test may take before it counts as failed (default 20)")
+    conf.add_argument("--failures", action="store_true",
+                      help="list every test Prism fails, with its error")
+    conf.set_defaults(handler="app.conformance_cmd:run")
     return parser
 
 

@@ -1,6 +1,11 @@
 """Load generator: closed loop (N clients, each waits for its answer) or open loop
 (Poisson arrivals at a rate), with random inputs of the right shape.
 
+A closed-loop client is a chain of callbacks, not a thread: when its answer arrives it
+sends its next request, so exactly N are outstanding, as with Triton's perf_analyzer.
+Blocked client threads would each pay a wake-up and a GIL hand-off per request, and
+the generator would end up measuring itself.
+
 Used by `prism run`, `prism bench` and the dashboards, which pause, resume and change
 the load while it runs.
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,6 +26,7 @@ from runtime.errors import PrismError, QueueFullError
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
 
+POOL = 64  # distinct random feed sets per generator
 OnResult = Callable[[dict, dict | None, BaseException | None, float], None]
 
 
@@ -54,6 +61,9 @@ class LoadGenerator:
         self.bindings = dict(bindings or {})
         self.fixed_feeds = dict(feeds) if feeds is not None else None
         self.rng = np.random.default_rng(seed)
+        # A pool drawn once per run: drawing per request would cost more than a small
+        # network's run, and the generator would measure itself.
+        self.pool = [random_feeds(self.specs, self.rng, self.bindings) for _ in range(POOL)]
         self.stats = LoadStats()
         self._lock = threading.Lock()
         self._running = threading.Event()
@@ -61,24 +71,45 @@ class LoadGenerator:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._outstanding: set[Future] = set()
+        self._idle: list[int] = []  # closed-loop clients parked by pause()
+        self._ready: deque[int] = deque()  # closed-loop clients to send for now
+        self._ready_cv = threading.Condition()
 
     # -- controls ---------------------------------------------------------------------
 
     def start(self) -> LoadGenerator:
-        if self.concurrency is None:
-            self._threads = [threading.Thread(target=self._arrivals, name="prism-load",
-                                              daemon=True)]
-        else:
-            self._threads = [self._client_thread(i) for i in range(self.concurrency)]
-        for t in self._threads:
-            t.start()
+        target = self._arrivals if self.concurrency is None else self._serve_ready
+        self._threads = [threading.Thread(target=target, name="prism-load", daemon=True)]
+        if self.concurrency is not None:
+            self._wake(range(self.concurrency))
+        self._threads[0].start()
         return self
+
+    def _wake(self, clients) -> None:
+        with self._ready_cv:
+            self._ready.extend(clients)
+            self._ready_cv.notify()
+
+    def _serve_ready(self) -> None:
+        """Closed loop: send for clients whose answer came at once (or who just started),
+        round robin; answers that take time continue their chain from the callback."""
+        while not self._stop.is_set():
+            with self._ready_cv:
+                while not self._ready and not self._stop.is_set():
+                    self._ready_cv.wait(0.1)
+                if self._stop.is_set():
+                    return
+                client = self._ready.popleft()
+            self._send(client)
 
     def pause(self) -> None:
         self._running.clear()
 
     def resume(self) -> None:
         self._running.set()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        self._wake(idle)
 
     @property
     def paused(self) -> bool:
@@ -92,15 +123,14 @@ class LoadGenerator:
             new = max(1, round(self.concurrency * factor))
             if new == self.concurrency and factor > 1:
                 new += 1
-            for i in range(self.concurrency, new):
-                thread = self._client_thread(i)
-                self._threads.append(thread)
-                thread.start()
-            self.concurrency = new  # clients above the count stop by themselves
+            old, self.concurrency = self.concurrency, new  # clients above it stop themselves
+            self._wake(range(old, new))
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._running.set()
+        with self._ready_cv:
+            self._ready_cv.notify_all()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -121,9 +151,10 @@ class LoadGenerator:
 
     # -- loops -------------------------------------------------------------------------
 
-    def _claim(self) -> dict | None:
+    def _claim(self, wait: bool = True) -> dict | None:
         """Feeds for the next request, or None when the budget is spent or we stop."""
-        self._running.wait()
+        if wait:
+            self._running.wait()
         with self._lock:
             if self._stop.is_set() or (self.requests is not None and
                                        self.stats.sent >= self.requests):
@@ -131,22 +162,39 @@ class LoadGenerator:
             self.stats.sent += 1
             if self.fixed_feeds is not None:
                 return self.fixed_feeds
-            return random_feeds(self.specs, self.rng, self.bindings)
+            return self.pool[self.stats.sent % POOL]
 
-    def _client_thread(self, index: int) -> threading.Thread:
-        return threading.Thread(target=self._client, args=(index,), name=f"prism-load-{index}",
-                                daemon=True)
+    def _send(self, client: int) -> None:
+        """Send client's next request. An answer that is there at once (the device was
+        idle and ran it on this thread) puts the client back in the ready queue."""
+        if client >= self.concurrency or self._stop.is_set():
+            return
+        if self.paused:
+            with self._lock:
+                self._idle.append(client)
+            return
+        feeds = self._claim(wait=False)
+        if feeds is None:
+            return
+        start = time.perf_counter()
+        try:
+            future = self.host.run(self.network, feeds, timeout=self.timeout)
+        except Exception as exc:
+            self._record(feeds, None, exc, start)
+            self._wake([client])
+            return
+        with self._lock:
+            self._outstanding.add(future)
+        future.add_done_callback(lambda f, fd=feeds, s=start: self._answered(f, client, fd, s))
 
-    def _client(self, index: int) -> None:
-        while (feeds := self._claim()) is not None:
-            start = time.perf_counter()
-            try:
-                outputs = self.host.run(self.network, feeds, timeout=self.timeout).result()
-                self._record(feeds, outputs, None, start)
-            except Exception as exc:
-                self._record(feeds, None, exc, start)
-            if self.concurrency is not None and index >= self.concurrency:
-                return
+    def _answered(self, future: Future, client: int, feeds: dict, start: float) -> None:
+        with self._lock:
+            self._outstanding.discard(future)
+        self._settle(future, feeds, start)
+        if threading.current_thread() in self._threads:
+            self._wake([client])  # answered at once on our own thread: no recursion
+        else:
+            self._send(client)
 
     def _arrivals(self) -> None:
         next_at = time.perf_counter()
@@ -174,6 +222,9 @@ class LoadGenerator:
     def _landed(self, future: Future, feeds: dict, start: float) -> None:
         with self._lock:
             self._outstanding.discard(future)
+        self._settle(future, feeds, start)
+
+    def _settle(self, future: Future, feeds: dict, start: float) -> None:
         if future.cancelled():
             self._record(feeds, None, PrismError("cancelled"), start)
         elif future.exception() is not None:

@@ -101,11 +101,17 @@ def run(args: argparse.Namespace) -> int:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
         name = Path(args.model).stem
-        host.add_network(name, args.model, partition=user_map or mode, bindings=binds)
+        batching = None if not args.max_batch else {
+            "max_batch_size": args.max_batch, "max_queue_delay_ms": args.max_delay_ms}
+        replicas = args.replicas if args.replicas == "saturate" else int(args.replicas)
+        host.add_network(name, args.model, partition=user_map or mode, bindings=binds,
+                         annotations=args.annotate, fallback=args.fallback, replicas=replicas,
+                         batching=batching)
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = JsonlRecorder(host.bus, args.record) if args.record else nullcontext()
-        load = LoadGenerator(host, name, concurrency=args.concurrency, requests=args.requests,
-                             bindings=binds, feeds=feeds, on_result=check)
+        load = LoadGenerator(host, name, concurrency=None if args.rate else args.concurrency,
+                             rate=args.rate, requests=args.requests, bindings=binds,
+                             feeds=feeds, on_result=check)
         with recorder, Progress(TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                                 transient=True) as progress:

@@ -51,9 +51,15 @@ class Executor:
                 self.readers.setdefault(t, []).append(i)
             self.missing.append(sum(t not in fed for t in inputs))
         self.outstanding = 0  # requests in flight on this copy; the host balances on it
+        # The one-partition fast path hands over the feeds as given and returns its outputs:
+        # only when it reads exactly the graph inputs and makes every graph output.
+        self.single = len(loaded) == 1 and not self.constants and set(
+            loaded[0].partition.inputs) == fed and set(self.outputs) <= set(
+            loaded[0].partition.outputs)
+        self.last_used = 0
 
     def start(self, request: Request, done: Done) -> None:
-        if request.inline and len(self.parts) == 1 and not self.constants:
+        if request.inline and self.single:
             self._start_single(request, done)
             return
         run = _Run({**request.feeds, **self.constants}, list(self.missing))

@@ -14,11 +14,13 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from runtime.batching import Batcher, BatchingConfig, check_batchable, concatenate, split
 from runtime.deadlines import Deadlines
 from runtime.devices.config import DeviceConfig
 from runtime.devices.manager import DeviceManager
@@ -27,6 +29,7 @@ from runtime.errors import (
     NetworkBusyError,
     NetworkExistsError,
     NetworkNotFoundError,
+    PartitionError,
     PrismError,
     QueueFullError,
     RequestTimeoutError,
@@ -36,8 +39,10 @@ from runtime.executor import Executor
 from runtime.graph import Graph, load_graph
 from runtime.inputs import InputSpec, check_feeds, input_specs
 from runtime.partition import MODES, Plan, partition_steps
+from runtime.partition import partition as partition_plan
 from runtime.partition.record import finish, tap
 from runtime.provision import LoadedPartition, provision, unload
+from runtime.replicas import plan_devices, twin_maps
 from runtime.requests import Request, RequestQueue
 
 ModelSource = str | Path | bytes | onnx.ModelProto
@@ -54,6 +59,7 @@ class Network:
     outstanding: int = 0
     removing: bool = False
     running: set[Request] = field(default_factory=set)
+    batcher: Batcher | None = None
 
 
 def _mode(partition: str | Path | Mapping) -> tuple[str, str | Path | Mapping | None]:
@@ -78,6 +84,7 @@ class HostManager:
         self._queue = RequestQueue()
         self._active = 0
         self._closed = False
+        self._uses = 0  # counts copy choices, for least-recently-used
         self._waiters = 0  # threads in close() or remove_network() waiting on _cv
         self._cv = threading.Condition()
         self._deadlines = Deadlines(self._expire)
@@ -85,16 +92,19 @@ class HostManager:
     # -- networks ----------------------------------------------------------------------
 
     def add_network(self, name: str, model: ModelSource, partition: str | Path | Mapping =
-                    "balanced", annotations: Mapping | None = None, fallback: str | None = None,
+                    "balanced", annotations: str | Path | Mapping | None = None,
+                    fallback: str | None = None,
                     replicas: int | str = 1, batching: Mapping | None = None,
                     bindings: Mapping[str, int] | None = None) -> Plan:
-        """Load, partition, provision. Returns the plan; raises with nothing left loaded."""
-        for feature, value in (("annotations", annotations), ("fallback", fallback),
-                               ("batching", batching)):
-            if value is not None:
-                raise PrismError(f"{feature} are not supported yet")
-        if replicas != 1:
-            raise PrismError("replicas other than 1 are not supported yet")
+        """Load, partition, provision. Returns the plan; raises with nothing left loaded.
+
+        `replicas`: N whole copies of the plan, or "saturate" (as many as twin devices
+        allow); each request goes to the copy with the fewest outstanding requests.
+        `batching`: {"max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes"}.
+
+        `annotations`: {"nodes": {name: device or kind}, "ops": {op: device or kind},
+        "fallback": device} or a TOML file of the same; `fallback` overrides its fallback.
+        """
         with self._cv:
             if self._closed:
                 raise HostClosedError("host is closed")
@@ -102,7 +112,8 @@ class HostManager:
                 raise NetworkExistsError(f"a network named {name!r} is already added")
             self._networks[name] = None  # reserved while it loads
         try:
-            net = self._load(name, model, partition, bindings)
+            net = self._load(name, model, partition, bindings, annotations, fallback, replicas,
+                             BatchingConfig.of(batching))
         except BaseException:
             with self._cv:
                 del self._networks[name]
@@ -116,22 +127,49 @@ class HostManager:
         return net.plan
 
     def _load(self, name: str, model: ModelSource, partition: str | Path | Mapping,
-              bindings: Mapping[str, int] | None) -> Network:
+              bindings: Mapping[str, int] | None, annotations: str | Path | Mapping | None,
+              fallback: str | None, replicas: int | str, batching: BatchingConfig | None
+              ) -> Network:
         graph = load_graph(model, bindings=bindings, name=name)
+        if batching is not None:
+            check_batchable(graph)
         mode, user_map = _mode(partition)
-        steps = partition_steps(graph, [m.config for m in self.devices.values()], mode,
-                                user_map=user_map)
-        plan = finish(tap(steps, lambda step: self._publish(
-            "partition.step", network=name, index=step.index, step=step.kind,
-            reason=step.reason, partition=step.partition, device=step.device,
-            nodes=list(step.nodes))))
+        options = {"user_map": user_map, "annotations": annotations, "fallback": fallback}
+        devices = [m.config for m in self.devices.values()]
+        if replicas != 1:
+            def fits(some: list[DeviceConfig]) -> bool:
+                try:
+                    return bool(partition_plan(graph, some, mode, **options))
+                except PartitionError:
+                    return False
+            devices = plan_devices(devices, replicas, fits)
+        plan = finish(tap(partition_steps(graph, devices, mode, **options),
+                          lambda step: self._publish(
+                              "partition.step", network=name, index=step.index, step=step.kind,
+                              reason=step.reason, partition=step.partition,
+                              device=step.device, nodes=list(step.nodes))))
         self._publish("partition.planned", network=name, mode=plan.mode,
                       bottleneck_seconds=plan.bottleneck_seconds,
                       partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
                                    "est_seconds": p.est_seconds} for p in plan.partitions])
-        loaded = provision(graph, plan, self.devices, network=name, bus=self.bus)
-        return Network(name, graph, plan, input_specs(graph), [loaded],
-                       [Executor(graph, loaded, name, self.bus)])
+        maps = [] if replicas == 1 else twin_maps(
+            plan, [m.config for m in self.devices.values()],
+            None if replicas == "saturate" else int(replicas) - 1)
+        loaded = [provision(graph, plan, self.devices, network=name, bus=self.bus)]
+        try:
+            for r, place in enumerate(maps, 1):
+                loaded.append(provision(graph, plan, self.devices, network=name, tag=f"#{r}",
+                                        bus=self.bus, place=place))
+        except BaseException:
+            for copy in loaded:
+                unload(copy, network=name, bus=self.bus)
+            raise
+        net = Network(name, graph, plan, input_specs(graph), loaded,
+                      [Executor(graph, copy, name, self.bus) for copy in loaded])
+        if batching is not None:
+            net.batcher = Batcher(name, batching, self._take_place_for_batch,
+                                  self._free_place, partial(self._launch_batch, net))
+        return net
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
         """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
@@ -146,8 +184,15 @@ class HostManager:
                 raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
                                        f"{timeout:g} s; not removed")
             del self._networks[name]
+        if net.batcher is not None:
+            net.batcher.close()
         for loaded in net.loaded:
             unload(loaded, network=name, bus=self.bus)
+
+    def copies(self, name: str) -> int:
+        """How many copies of the network's plan are loaded (replicas)."""
+        with self._cv:
+            return len(self._network(name).copies)
 
     def plan(self, name: str) -> Plan:
         with self._cv:
@@ -192,17 +237,19 @@ class HostManager:
             if self._closed:
                 raise HostClosedError("host is closed; it takes no more requests")
             net = self._network(name)
-            start_now = self._active < self.max_active and not self._queue.size
-            if not start_now and self._queue.size >= self.max_queue:
+            waiting = len(net.batcher) if net.batcher is not None else self._queue.size
+            start_now = (net.batcher is None and self._active < self.max_active
+                         and not self._queue.size)
+            if not start_now and waiting >= self.max_queue:
                 raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
                                      f"retry later or raise max_queue")
             net.outstanding += 1
             if start_now:
                 self._take_place(request, net)
                 request.inline = True
-            else:
+            elif net.batcher is None:
                 self._queue.push(request)
-            depth = self._queue.size
+            depth = waiting + (not start_now)
         if self.bus.active:
             self.bus.publish("request.queued", network=name, request=request.id,
                              priority=priority, queue_depth=depth)
@@ -210,10 +257,11 @@ class HostManager:
             self._deadlines.add(request)
         if start_now:
             self._begin(request, net)
-        else:
-            request.future.add_done_callback(
-                lambda f: f.cancelled() and self._cancelled(request))
-            self._publish("queue.depth", depth=depth, active=self._active)
+            return request.future
+        request.future.add_done_callback(lambda f: f.cancelled() and self._cancelled(request))
+        if net.batcher is not None:
+            net.batcher.push(request)
+        self._publish("queue.depth", depth=depth, active=self._active)
         return request.future
 
     def infer(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
@@ -225,9 +273,16 @@ class HostManager:
         """Under the lock: one of max_active places, and the least busy plan copy."""
         self._active += 1
         request.slot = True
-        request.copy = min(net.copies, key=lambda c: c.outstanding)
-        request.copy.outstanding += 1
+        request.copy = self._least_busy(net)
         net.running.add(request)
+
+    def _least_busy(self, net: Network) -> Executor:
+        """Under the lock: the copy with the fewest outstanding, least recently used on ties."""
+        copy = min(net.copies, key=lambda c: (c.outstanding, c.last_used))
+        copy.outstanding += 1
+        self._uses += 1
+        copy.last_used = self._uses
+        return copy
 
     def _begin(self, request: Request, net: Network) -> None:
         if not request.future.set_running_or_notify_cancel():
@@ -275,35 +330,96 @@ class HostManager:
 
     def _release(self, request: Request) -> None:
         """Give back an ended request's place; start whatever the queue lets start."""
-        ready: list[tuple[Request, Network]] = []
         with self._cv:
-            if request.copy is not None:
-                request.copy.outstanding -= 1
             net = self._networks.get(request.network)
             if net is not None:
                 net.running.discard(request)
                 net.outstanding -= 1
-            if request.slot:
+            freed = request.slot
+            if freed:
                 request.slot = False
-                self._active -= 1
+                ready = self._free_place_locked(request.copy)
             else:
                 self._queue.discard(request)
-            while self._queue.size and self._active < self.max_active and not self._closed_hard:
-                nxt = self._queue.pop()
-                if nxt is None:
-                    break
-                if nxt.ended:
-                    continue
-                nxt_net = self._networks[nxt.network]
-                self._take_place(nxt, nxt_net)
-                ready.append((nxt, nxt_net))
-            depth, active = self._queue.size, self._active
-            if self._waiters:
-                self._cv.notify_all()
+        if net is not None and net.batcher is not None and not request.started_at:
+            net.batcher.discard(request)
+        if freed:  # a queued or batched request only gave back its own waiting
+            self._after_release(ready)
+
+    def _free_place_locked(self, copy: Executor | None) -> list[tuple[Request, Network]]:
+        """Under the lock: one place given back; the queued requests it lets start."""
+        if copy is not None:
+            copy.outstanding -= 1
+        self._active -= 1
+        ready: list[tuple[Request, Network]] = []
+        while self._queue.size and self._active < self.max_active and not self._closed_hard:
+            nxt = self._queue.pop()
+            if nxt is None or nxt.ended:
+                continue
+            nxt_net = self._networks[nxt.network]
+            self._take_place(nxt, nxt_net)
+            ready.append((nxt, nxt_net))
+        if self._waiters:
+            self._cv.notify_all()
+        return ready
+
+    def _after_release(self, ready: list[tuple[Request, Network]]) -> None:
         if self.bus.active:
-            self.bus.publish("queue.depth", depth=depth, active=active)
+            self.bus.publish("queue.depth", depth=self._queue.size, active=self._active)
         for nxt, nxt_net in ready:
             self._begin(nxt, nxt_net)
+        for net in list(self._networks.values()):
+            if net is not None and net.batcher is not None:
+                net.batcher.place_freed()
+
+    def _free_place(self, copy: Executor | None = None) -> None:
+        with self._cv:
+            ready = self._free_place_locked(copy)
+        self._after_release(ready)
+
+    # -- batches ---------------------------------------------------------------------
+
+    def _take_place_for_batch(self) -> bool:
+        with self._cv:
+            if self._active >= self.max_active or self._closed_hard:
+                return False
+            self._active += 1
+            return True
+
+    def _launch_batch(self, net: Network, members: list[Request]) -> None:
+        """Run waiting requests as one: concatenate, run once, split (batcher's thread)."""
+        live = [m for m in members if m.future.set_running_or_notify_cancel()]
+        if not live:
+            self._free_place()
+            return
+        batch = Request(net.name, concatenate(live), batch_size=len(live), slot=True,
+                        queued_at=min(m.queued_at for m in live))
+        now = time.monotonic()
+        with self._cv:
+            batch.copy = self._least_busy(net)
+            net.running.update(live)
+        for m in live:
+            m.started_at, m.batch_size = now, len(live)
+            if self.bus.active:
+                self.bus.publish("request.started", network=net.name, request=m.id,
+                                 queue_wait=now - m.queued_at, batch_size=len(live))
+        batch.started_at = now
+        batch.copy.start(batch, partial(self._batch_finished, live))
+
+    def _batch_finished(self, members: list[Request], batch: Request, outputs: dict | None,
+                        error: BaseException | None) -> None:
+        if batch.end(outputs, error):
+            parts = split(outputs, members) if error is None else [None] * len(members)
+            ended = [m for m, part in zip(members, parts, strict=True) if m.end(part, error)]
+            with self._cv:  # one lock for the whole batch's bookkeeping
+                net = self._networks.get(batch.network)
+                if net is not None:
+                    net.running.difference_update(ended)
+                    net.outstanding -= len(ended)
+                ready = self._free_place_locked(batch.copy)
+            for member in ended:
+                self._report(member, error)
+            self._after_release(ready)
 
     _closed_hard = False
 
@@ -315,12 +431,19 @@ class HostManager:
             if self._closed_hard:
                 return
             self._closed = True
-            self._wait_for(lambda: self._active == 0 and not self._queue.size, timeout)
+            self._wait_for(lambda: self._active == 0 and not self._queue.size and not any(
+                net.batcher for net in self._networks.values()
+                if net is not None and net.batcher is not None), timeout)
             self._closed_hard = True
             leftovers = self._queue.drain()
+            batchers = []
             for net in self._networks.values():
                 if net is not None:
                     leftovers.extend(net.running)
+                    if net.batcher is not None:
+                        batchers.append(net.batcher)
+        for batcher in batchers:
+            leftovers.extend(batcher.close())
         for request in leftovers:
             error = HostClosedError(f"host closed before request {request.id} to "
                                     f"{request.network} finished")

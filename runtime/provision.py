@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from runtime.devices.config import DeviceConfig
 from runtime.devices.manager import DeviceManager
 from runtime.errors import DeviceMemoryError, PrismError, ProvisionError
 from runtime.graph import Graph
@@ -26,17 +27,23 @@ class LoadedPartition:
     device: DeviceManager
 
 
+def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
+    """Same figures, whatever the names."""
+    return replace(a, name=b.name) == b
+
+
 def _candidates(devices: Mapping[str, DeviceManager], name: str) -> list[DeviceManager]:
     """The named device, then its twins (same figures but the name), by most free bytes."""
     want = devices[name].config
-    twins = [m for m in devices.values()
-             if m.config.name != name and replace(m.config, name=name) == want]
-    return [devices[name], *sorted(twins, key=lambda m: -m.free_bytes)]
+    others = [m for m in devices.values() if m.config.name != name and twins(m.config, want)]
+    return [devices[name], *sorted(others, key=lambda m: -m.free_bytes)]
 
 
 def provision(graph: Graph, plan: Plan, devices: Mapping[str, DeviceManager], *,
-              network: str, tag: str = "", bus=None) -> list[LoadedPartition]:
-    """Load every partition of `plan`, in plan order, or none of them."""
+              network: str, tag: str = "", bus=None,
+              place: Mapping[str, str] | None = None) -> list[LoadedPartition]:
+    """Load every partition of `plan`, in plan order, or none of them. `place` maps the
+    plan's devices to others (a replica's twins)."""
     loaded: list[LoadedPartition] = []
     try:
         for part in plan.partitions:
@@ -46,16 +53,17 @@ def provision(graph: Graph, plan: Plan, devices: Mapping[str, DeviceManager], *,
             model = extract(graph, part)
             key = f"{network}{tag}/{part.name}"
             start = time.perf_counter()
-            for manager in _candidates(devices, part.device):
+            target = (place or {}).get(part.device, part.device)
+            for manager in _candidates(devices, target):
                 if manager.free_bytes >= part.memory_bytes:
                     est = part.est_seconds + part.transfer_in_seconds
                     manager.load(key, model, part.weight_bytes, part.activation_bytes, est)
                     break
             else:
-                m = devices[part.device]
+                m = devices[target]
                 raise DeviceMemoryError(
                     f"{network}/{part.name} needs {human_bytes(part.memory_bytes)} on "
-                    f"{part.device}, {human_bytes(m.free_bytes)} free of "
+                    f"{target}, {human_bytes(m.free_bytes)} free of "
                     f"{human_bytes(m.config.memory_bytes)}")
             loaded.append(LoadedPartition(part, key, manager))
             if bus is not None and bus.active:

@@ -75,6 +75,11 @@ class RequestQueue:
         self.size -= 1
         return True
 
+    def oldest(self) -> Request | None:
+        """The waiting request queued earliest (what a batch delay counts from)."""
+        return min((r for _, _, r in self._heap if r.id not in self._gone),
+                   key=lambda r: r.queued_at, default=None)
+
     def pop(self) -> Request | None:
         while self._heap:
             _, _, request = heapq.heappop(self._heap)

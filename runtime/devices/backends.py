@@ -11,13 +11,16 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import onnx
 
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.errors import ProvisionError
+
+if TYPE_CHECKING:
+    from runtime.graph import Graph, Node
 
 
 class Function(Protocol):
@@ -30,6 +33,8 @@ class Function(Protocol):
 
 Compiler = Callable[[onnx.ModelProto, DeviceConfig, float], Function]
 OpsLister = Callable[[], frozenset[str] | None]
+# (node, its graph) -> None if the backend can run the node there, else why not
+Acceptor = Callable[["Node", "Graph"], str | None]
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,15 @@ class Backend:
     name: str
     compile: Compiler
     ops: OpsLister
+    accepts: Acceptor | None = None
 
 
 _REGISTRY: dict[str, Backend] = {}
 
 
-def register(name: str, compile: Compiler, ops: OpsLister) -> None:
-    _REGISTRY[name] = Backend(name, compile, ops)
+def register(name: str, compile: Compiler, ops: OpsLister,
+             accepts: Acceptor | None = None) -> None:
+    _REGISTRY[name] = Backend(name, compile, ops, accepts)
 
 
 def _backend(name: str) -> Backend:
@@ -62,6 +69,13 @@ def compiler(name: str) -> Compiler:
 def supported_ops(name: str) -> frozenset[str] | None:
     """Default-domain op names the backend runs; None means no fixed list (config decides)."""
     return _backend(name).ops()
+
+
+def node_problem(name: str, node: Node, graph: Graph) -> str | None:
+    """Why backend `name` cannot run `node` of `graph` (its opset, types, domain), or None.
+    Backends without a node check accept every node their op list allows."""
+    accepts = _backend(name).accepts
+    return None if accepts is None else accepts(node, graph)
 
 
 def first_line(exc: BaseException) -> str:

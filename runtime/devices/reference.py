@@ -18,8 +18,15 @@ class ReferenceFunction:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.evaluator.run(None, feeds)
-        return {name: np.asarray(value)
+        return {name: _value(value)
                 for name, value in zip(self.output_names, results, strict=True)}
+
+
+def _value(value: object) -> object:
+    """Scalars as 0-d arrays; sequences (lists), maps and empty optionals (None) as they are."""
+    if value is None or isinstance(value, np.ndarray | list | tuple | dict):
+        return value
+    return np.asarray(value)
 
 
 def compile_reference(model: onnx.ModelProto, config: DeviceConfig,

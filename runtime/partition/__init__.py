@@ -33,12 +33,16 @@ __all__ = ["MODES", "Partition", "Plan", "Step", "Transfer", "canonical_devices"
            "partition_steps", "replay", "validate_plan"]
 
 
-def canonical_devices(devices: Sequence[DeviceConfig]) -> list[DeviceConfig]:
-    """Devices by capability, so the order they were listed in never changes a plan."""
+def canonical_devices(devices: Sequence[DeviceConfig],
+                      pinned: Mapping[str, tuple[int, ...]] | None = None) -> list[DeviceConfig]:
+    """Devices by capability, so neither the order they were listed in nor their names
+    change a plan. Twins are told apart by the nodes pinned to them (`pinned`: device ->
+    positions of nodes placement allows only there) before their names."""
+    pinned = pinned or {}
     return sorted(devices, key=lambda d: (
         -d.memory_bytes, -d.peak_flops, -d.mem_bandwidth, -d.link_bandwidth, d.launch_seconds,
         d.link_latency, d.backend, d.threads, sorted(d.supported_ops or ()),
-        d.supported_ops is not None, d.name))
+        d.supported_ops is not None, pinned.get(d.name, ()), d.name))
 
 
 def _check_devices(devices: Sequence[DeviceConfig]) -> None:
@@ -94,7 +98,11 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         yield rec.step("order", "split along the model order (user map)", nodes=tuple(order))
         groups = yield from user_mode(graph, devices, read_user_map(user_map), order, rec)
     else:
-        ordered = canonical_devices(devices)
+        pins: dict[str, list[int]] = {}
+        for i, node in enumerate(graph.nodes):
+            if len(placement.allowed[node.name]) == 1:
+                pins.setdefault(next(iter(placement.allowed[node.name])), []).append(i)
+        ordered = canonical_devices(devices, {d: tuple(v) for d, v in pins.items()})
         options = []
         order, why = choose_order(graph)
         yield rec.step("order", why, nodes=tuple(order))
@@ -106,6 +114,8 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             alike = placement_order(graph, placement.allowed)
             regional = Segments(graph, costs, alike, placement.allowed)
             why = "split along an order that keeps nodes placed alike together"
+            options.append((alike, why, regional, _attempt(
+                lambda r: run_mode(regional, ordered, r))))
             # balanced also weighs memory's choices, so it is never the worse of the two
             for style in ("memory",) if mode == "memory" else ("balanced", "memory"):
                 options.append((alike, why, regional, _attempt(
@@ -116,10 +126,17 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         scored = []
         for along, why, sg, (steps, split) in done:
             groups = [(f"p{i}", d.name, sg.order[a:b]) for i, (a, b, d) in enumerate(split)]
-            trial = build_plan(graph, costs, devices, groups, mode=mode, order=along)
+            try:
+                trial = build_plan(graph, costs, devices, groups, mode=mode, order=along)
+                validate_plan(trial, graph, placement.allowed)
+            except PartitionError as exc:
+                options.append((along, why, sg, exc))
+                continue
             key = (len(trial.partitions), trial.bottleneck_seconds) if mode == "memory" else (
                 trial.bottleneck_seconds, len(trial.partitions))
             scored.append((key, along, why, steps, groups))
+        if not scored:
+            raise options[0][3] if isinstance(options[0][3], PartitionError) else options[-1][3]
         _, chosen, why, steps, groups = min(scored, key=lambda s: s[0])
         if chosen != order:
             order = chosen

@@ -21,7 +21,7 @@ from runtime.partition.greedy import Split
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes
 from runtime.partition.record import Recorder, Steps
 from runtime.partition.segments import Segments
-from runtime.units import human_bytes, human_seconds
+from runtime.units import human_seconds
 
 
 def placement_order(graph: Graph, allowed: Mapping[str, frozenset[str]]) -> list[str]:
@@ -59,31 +59,36 @@ class _Devices:
     def __init__(self, seg: Segments, devices: Sequence[DeviceConfig]):
         self.seg = seg
         self.load = {d.name: 0.0 for d in devices}
-        self.weights = {d.name: 0 for d in devices}
-        self.activations = {d.name: 0 for d in devices}
+        self.parts: dict[str, list[tuple[int, int]]] = {d.name: [] for d in devices}
         self.at: dict[str, DeviceConfig] = {}  # tensor -> device it was made on
         self.sent: set[tuple[str, str]] = set()
 
-    def cost(self, a: int, b: int, device: DeviceConfig) -> tuple[float, int, int]:
-        """(seconds on device incl. new copies in, weight bytes, activation bytes)."""
+    def seconds(self, a: int, b: int, device: DeviceConfig) -> float:
+        """Compute on the device plus copies in not already sent there."""
         prefix = self.seg.prefix_seconds(device)
         copies = sum(transfer_seconds(size, device)
                      for t, size in self.seg.incoming(a, b).items()
                      if self.at.get(t, device) is not device and (t, device.name) not in self.sent)
-        nodes = self.seg.nodes[a:b]
-        return (float(prefix[b] - prefix[a]) + copies, weight_bytes(self.seg.graph, nodes),
-                peak_activation_bytes(self.seg.graph, nodes))
+        return float(prefix[b] - prefix[a]) + copies
 
-    def fits(self, device: DeviceConfig, weights: int, activations: int) -> bool:
-        need = self.weights[device.name] + weights + max(self.activations[device.name],
-                                                         activations)
+    def fits(self, device: DeviceConfig, a: int, b: int, merge: bool) -> bool:
+        """Would the device hold its partitions with [a, b) added (or merged into its last)?"""
+        parts = list(self.parts[device.name])
+        if merge:
+            a = parts.pop()[0]
+        parts.append((a, b))
+        graph, nodes = self.seg.graph, self.seg.nodes
+        need = sum(weight_bytes(graph, nodes[x:y]) for x, y in parts) + max(
+            peak_activation_bytes(graph, nodes[x:y]) for x, y in parts)
         return need <= device.memory_bytes
 
-    def take(self, a: int, b: int, device: DeviceConfig, cost: tuple[float, int, int]) -> None:
-        seconds, weights, activations = cost
+    def take(self, a: int, b: int, device: DeviceConfig, seconds: float, merge: bool) -> None:
         self.load[device.name] += seconds
-        self.weights[device.name] += weights
-        self.activations[device.name] = max(self.activations[device.name], activations)
+        parts = self.parts[device.name]
+        if merge:
+            parts[-1] = (parts[-1][0], b)
+        else:
+            parts.append((a, b))
         for t in self.seg.incoming(a, b):
             if self.at.get(t) is not device:
                 self.sent.add((t, device.name))
@@ -99,21 +104,22 @@ def region_split(seg: Segments, devices: Sequence[DeviceConfig], mode: str, rec:
     for a, b, allowed in _regions(seg):
         options = []
         for dev in (d for d in devices if d.name in allowed):
-            cost = state.cost(a, b, dev)
-            if state.fits(dev, cost[1], cost[2]):
-                busiest = max(state.load[dev.name] + cost[0],
+            same = bool(split) and split[-1][2] is dev
+            if state.fits(dev, a, b, same):
+                seconds = state.seconds(a, b, dev)
+                busiest = max(state.load[dev.name] + seconds,
                               *(v for k, v in state.load.items() if k != dev.name))
-                same = bool(split) and split[-1][2] is dev
                 key = (not same, busiest) if mode == "memory" else (busiest, not same)
-                options.append((key, dev, cost))
+                options.append((key, dev, seconds))
         if not options:
             names = ", ".join(sorted(allowed))
             raise PartitionError(
                 f"too few devices for {seg.graph.name}: nodes {seg.order[a]}..{seg.order[b - 1]} "
                 f"may run only on {names}, and none has room left")
-        _, dev, cost = min(options, key=lambda o: o[0])
-        state.take(a, b, dev, cost)
-        if split and split[-1][2] is dev:
+        _, dev, seconds = min(options, key=lambda o: o[0])
+        same = bool(split) and split[-1][2] is dev
+        state.take(a, b, dev, seconds, same)
+        if same:
             split[-1] = (split[-1][0], b, dev)
             p = len(split) - 1
         else:
@@ -123,6 +129,6 @@ def region_split(seg: Segments, devices: Sequence[DeviceConfig], mode: str, rec:
                            f"on {', '.join(sorted(allowed))}", p, dev.name)
         for i in range(a, b):
             yield rec.step("assign", f"{seg.order[i]} -> partition {p} on {dev.name} "
-                           f"(+{human_seconds(cost[0])}, {human_bytes(cost[1])} weights)", p,
-                           dev.name, (seg.order[i],))
+                           f"(region adds {human_seconds(seconds)})", p, dev.name,
+                           (seg.order[i],))
     return split

@@ -1,0 +1,90 @@
+"""Serving under load: batching, replication and pipelining, each against its baseline
+measured in the same run."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import onnx
+
+from app.loadgen import LoadGenerator
+from benchmarks.common import result
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.host import HostManager
+from runtime.inputs import input_specs, random_feeds
+from runtime.submodel import cpu_session, loadable
+
+
+def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests: int,
+                **network) -> tuple[float, float]:
+    """(requests/s, p99 latency in s) of Prism with `clients` closed-loop clients."""
+    with HostManager(devices, max_queue=4 * clients, max_active=max(2, clients)) as host:
+        host.add_network("m", model, **network)
+        LoadGenerator(host, "m", concurrency=clients, requests=clients * 2).start().wait(60)
+        load = LoadGenerator(host, "m", concurrency=clients, requests=requests)
+        start = time.perf_counter()
+        load.start().wait(300)
+        wall = time.perf_counter() - start
+        load.stop()
+        if load.stats.failed:
+            raise RuntimeError(f"{load.stats.failed} requests failed: {load.stats.errors[:1]}")
+    return load.stats.ok / wall, float(np.percentile(load.stats.latencies, 99))
+
+
+def plain_closed_loop(model: str, threads: int, clients: int, requests: int) -> float:
+    """Requests/s of one plain onnxruntime session fed by `clients` threads."""
+    proto = onnx.load(model)
+    session = cpu_session(loadable(proto), threads=threads)
+    specs = input_specs_of(proto)
+    count = iter(range(requests + clients * 2))
+    rng = np.random.default_rng()
+    feeds = [random_feeds(specs, rng) for _ in range(64)]
+
+    def client() -> None:
+        for i in count:
+            session.run(None, feeds[i % len(feeds)])
+
+    workers = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return (requests + clients * 2) / (time.perf_counter() - start)
+
+
+def input_specs_of(model: onnx.ModelProto):
+    from runtime.graph import load_graph
+
+    return input_specs(load_graph(model))
+
+
+def run(quick: bool = False) -> list[dict]:
+    scale = 1 if quick else 4
+    out = []
+    cpu1 = [DeviceConfig(name="cpu0", backend="cpu", threads=1)]
+    plain, p99_plain = closed_loop(cpu1, "sample_models/mlp.onnx", 64, 1000 * scale)
+    batched, p99_batched = closed_loop(
+        cpu1, "sample_models/mlp.onnx", 64, 1000 * scale,
+        batching={"max_batch_size": 64, "max_queue_delay_ms": 2})
+    ratio = batched / plain
+    out.append(result("mlp, 64 clients: batched / unbatched throughput", ratio, "x", ">= 4x",
+                      ratio >= 4, f"{batched:.0f}/s vs {plain:.0f}/s; p99 batched "
+                      f"{p99_batched * 1e3:.2f} ms, unbatched {p99_plain * 1e3:.2f} ms"))
+    sims = parse_devices("sim:4:flops=10G:bw=10G")
+    one, _ = closed_loop(sims, "sample_models/cnn.onnx", 16, 250 * scale, replicas=1,
+                         partition="memory")
+    four, _ = closed_loop(sims, "sample_models/cnn.onnx", 16, 250 * scale, replicas=4)
+    ratio = four / one
+    out.append(result("cnn on 4 sim devices: 4 replicas / 1 copy throughput", ratio, "x",
+                      ">= 3.6x", ratio >= 3.6, f"{four:.0f}/s vs {one:.0f}/s"))
+    cpus = parse_devices("cpu:2")
+    piped, _ = closed_loop(cpus, "sample_models/cnn.onnx", 8, 500 * scale)
+    plain2 = plain_closed_loop("sample_models/cnn.onnx", 2, 8, 500 * scale)
+    ratio = piped / plain2
+    out.append(result("cnn, 8 in flight: Prism on 2 cpu devices (1 thread) / onnxruntime "
+                      "with 2 threads", ratio, "x", ">= 0.95x", ratio >= 0.95,
+                      f"{piped:.0f}/s vs {plain2:.0f}/s"))
+    return out

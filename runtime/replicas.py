@@ -1,0 +1,58 @@
+"""Replication (Glow's saturateHost): whole copies of a plan on free twin devices.
+
+With `replicas=N` the plan is made over the first 1/N of the devices (in canonical
+order) and copied N-1 times onto twins: devices with the same figures. With
+"saturate" the plan uses the fewest devices it fits on, and is copied onto as many
+twin groups as remain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError, PrismError
+from runtime.partition import Plan, canonical_devices
+from runtime.provision import twins
+
+
+def plan_devices(devices: Sequence[DeviceConfig], replicas: int | str,
+                 fits: Callable[[list[DeviceConfig]], bool]) -> list[DeviceConfig]:
+    """The devices one copy is planned over. `fits(devices)` tries to plan on them."""
+    ordered = canonical_devices(devices)
+    if replicas == "saturate":
+        for k in range(1, len(ordered) + 1):
+            if fits(ordered[:k]):
+                return ordered[:k]
+        return ordered
+    if not isinstance(replicas, int) or replicas < 1:
+        raise PrismError(f"replicas must be a whole number >= 1 or 'saturate', got {replicas!r}")
+    if replicas > len(ordered):
+        raise PrismError(f"replicas={replicas} needs at least {replicas} devices; "
+                         f"the host has {len(ordered)}")
+    return ordered[: len(ordered) // replicas]
+
+
+def twin_maps(plan: Plan, devices: Sequence[DeviceConfig], wanted: int | None
+              ) -> list[dict[str, str]]:
+    """For each further copy, plan device -> a twin not used by any copy yet."""
+    used = {p.device for p in plan.partitions}
+    logical = sorted(used)
+    maps: list[dict[str, str]] = []
+    free = [d for d in canonical_devices(devices) if d.name not in used]
+    while wanted is None or len(maps) < wanted:
+        mapping = {}
+        for name in logical:
+            config = next(d for d in devices if d.name == name)
+            twin = next((d for d in free if twins(d, config)), None)
+            if twin is None:
+                break
+            mapping[name] = twin.name
+            free.remove(twin)
+        if len(mapping) < len(logical):
+            break
+        maps.append(mapping)
+    if wanted is not None and len(maps) < wanted:
+        raise PartitionError(f"only {len(maps) + 1} copies of {plan.network} fit: the plan "
+                             f"uses {', '.join(logical)} and too few twin devices remain")
+    return maps
