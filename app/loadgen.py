@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -225,12 +225,14 @@ class LoadGenerator:
         self._settle(future, feeds, start)
 
     def _settle(self, future: Future, feeds: dict, start: float) -> None:
-        if future.cancelled():
+        try:
+            outputs = future.result(0)
+        except CancelledError:
             self._record(feeds, None, PrismError("cancelled"), start)
-        elif future.exception() is not None:
-            self._record(feeds, None, future.exception(), start)
+        except Exception as exc:
+            self._record(feeds, None, exc, start)
         else:
-            self._record(feeds, future.result(), None, start)
+            self._record(feeds, outputs, None, start)
 
     def _record(self, feeds: dict, outputs: dict | None, error: BaseException | None,
                 start: float) -> None:

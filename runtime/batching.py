@@ -56,6 +56,11 @@ def check_batchable(graph: Graph) -> None:
                                  f"dynamic batching needs a symbolic batch dimension")
 
 
+def rows(request: Request) -> int:
+    """A request's share of a batch: its first dimension."""
+    return len(next(iter(request.feeds.values()))) if request.feeds else 1
+
+
 def signature(feeds: Mapping[str, np.ndarray]) -> tuple:
     """What must agree for requests to share a batch: all but the first dimension."""
     return tuple((k, v.dtype.str, v.shape[1:]) for k, v in sorted(feeds.items()))
@@ -76,9 +81,11 @@ class Batcher:
     """Gathers one network's requests; `launch` runs a batch once a place is free."""
 
     def __init__(self, name: str, config: BatchingConfig, take_place: Callable[[], bool],
-                 give_back: Callable[[], None], launch: Callable[[list[Request]], None]):
+                 give_back: Callable[[], None], launch: Callable[[list[Request]], None],
+                 failed: Callable[[list[Request], BaseException], None]):
         self.name, self.config = name, config
         self._take_place, self._give_back, self._launch = take_place, give_back, launch
+        self._failed = failed
         self._queue = RequestQueue()
         self._cv = threading.Condition()
         self._closed = False
@@ -123,10 +130,18 @@ class Batcher:
         if not waiting:
             return []
         key = signature(waiting[0].feeds)
-        alike = [r for r in waiting if signature(r.feeds) == key][: self.config.max_batch_size]
-        fitting = [s for s in self.config.preferred_batch_sizes if s <= len(alike)]
-        if fitting and len(alike) < self.config.max_batch_size:
-            alike = alike[: fitting[-1]]
+        alike, total = [], 0
+        for r in waiting:  # in priority order; rows, not requests, count against the maximum
+            if signature(r.feeds) != key:
+                continue
+            if alike and total + rows(r) > self.config.max_batch_size:
+                break  # never let a later request jump one that does not fit
+            alike.append(r)
+            total += rows(r)
+        fitting = [s for s in self.config.preferred_batch_sizes if s <= total]
+        if fitting and total < self.config.max_batch_size:
+            while total > fitting[-1] and len(alike) > 1:
+                total -= rows(alike.pop())
         chosen = set(map(id, alike))
         for r in waiting:
             if id(r) not in chosen:
@@ -147,10 +162,13 @@ class Batcher:
                     self._cv.wait(min(wait, 0.05))
                 else:
                     return
-            if batch:
-                self._launch(batch)
-            else:  # everything waiting had ended meanwhile
+            if not batch:  # everything waiting had ended meanwhile
                 self._give_back()
+                continue
+            try:
+                self._launch(batch)
+            except Exception as exc:  # the batcher must outlive any one batch
+                self._failed(batch, exc)
 
     def close(self, timeout: float = 2.0) -> list[Request]:
         """Stop; returns the requests still waiting."""

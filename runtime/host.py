@@ -60,6 +60,23 @@ class Network:
     removing: bool = False
     running: set[Request] = field(default_factory=set)
     batcher: Batcher | None = None
+    batches: int = 0  # batches in flight
+
+    @property
+    def stages(self) -> int:
+        """Batches worth having in flight: one per partition of every copy."""
+        return sum(max(1, len(copy.parts)) for copy in self.copies)
+
+
+def _start_future(request: Request) -> bool:
+    """Mark a batched request running; False if it was cancelled or has already ended
+    (timed out between forming the batch and launching it)."""
+    if request.ended:
+        return False
+    try:
+        return request.future.set_running_or_notify_cancel()
+    except RuntimeError:  # finished meanwhile
+        return False
 
 
 def _mode(partition: str | Path | Mapping) -> tuple[str, str | Path | Mapping | None]:
@@ -167,8 +184,10 @@ class HostManager:
         net = Network(name, graph, plan, input_specs(graph), loaded,
                       [Executor(graph, copy, name, self.bus) for copy in loaded])
         if batching is not None:
-            net.batcher = Batcher(name, batching, self._take_place_for_batch,
-                                  self._free_place, partial(self._launch_batch, net))
+            net.batcher = Batcher(name, batching, partial(self._take_place_for_batch, net),
+                                  partial(self._batch_place_back, net),
+                                  partial(self._launch_batch, net),
+                                  partial(self._batch_failed, net))
         return net
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
@@ -258,7 +277,7 @@ class HostManager:
         if start_now:
             self._begin(request, net)
             return request.future
-        request.future.add_done_callback(lambda f: f.cancelled() and self._cancelled(request))
+        request.future.on_cancel = partial(self._cancelled, request)
         if net.batcher is not None:
             net.batcher.push(request)
         self._publish("queue.depth", depth=depth, active=self._active)
@@ -285,8 +304,8 @@ class HostManager:
         return copy
 
     def _begin(self, request: Request, net: Network) -> None:
-        if not request.future.set_running_or_notify_cancel():
-            return  # cancelled while queued: its cancel callback releases it
+        if not _start_future(request):
+            return  # cancelled or timed out while queued: that path released it
         request.started_at = time.monotonic()
         if self.bus.active:
             self.bus.publish("request.started", network=net.name, request=request.id,
@@ -379,18 +398,28 @@ class HostManager:
 
     # -- batches ---------------------------------------------------------------------
 
-    def _take_place_for_batch(self) -> bool:
+    def _take_place_for_batch(self, net: Network) -> bool:
+        """A place for a batch, if one is free and the network has a stage idle: like
+        Triton, keep gathering while every instance is busy rather than queue a batch."""
         with self._cv:
-            if self._active >= self.max_active or self._closed_hard:
+            if (self._active >= self.max_active or self._closed_hard
+                    or net.batches >= net.stages):
                 return False
             self._active += 1
+            net.batches += 1
             return True
+
+    def _batch_place_back(self, net: Network, copy: Executor | None = None) -> None:
+        with self._cv:
+            net.batches -= 1
+            ready = self._free_place_locked(copy)
+        self._after_release(ready)
 
     def _launch_batch(self, net: Network, members: list[Request]) -> None:
         """Run waiting requests as one: concatenate, run once, split (batcher's thread)."""
-        live = [m for m in members if m.future.set_running_or_notify_cancel()]
+        live = [m for m in members if _start_future(m)]
         if not live:
-            self._free_place()
+            self._batch_place_back(net)
             return
         batch = Request(net.name, concatenate(live), batch_size=len(live), slot=True,
                         queued_at=min(m.queued_at for m in live))
@@ -404,18 +433,26 @@ class HostManager:
                 self.bus.publish("request.started", network=net.name, request=m.id,
                                  queue_wait=now - m.queued_at, batch_size=len(live))
         batch.started_at = now
-        batch.copy.start(batch, partial(self._batch_finished, live))
+        batch.copy.start(batch, partial(self._batch_finished, net, live))
 
-    def _batch_finished(self, members: list[Request], batch: Request, outputs: dict | None,
-                        error: BaseException | None) -> None:
+    def _batch_failed(self, net: Network, members: list[Request], error: BaseException
+                      ) -> None:
+        """A batch that could not even start: its requests fail, its place comes back."""
+        for member in members:
+            if member.end(error=error):
+                self._report(member, error)
+                self._release(member)
+        self._batch_place_back(net)
+
+    def _batch_finished(self, net: Network, members: list[Request], batch: Request,
+                        outputs: dict | None, error: BaseException | None) -> None:
         if batch.end(outputs, error):
             parts = split(outputs, members) if error is None else [None] * len(members)
             ended = [m for m, part in zip(members, parts, strict=True) if m.end(part, error)]
             with self._cv:  # one lock for the whole batch's bookkeeping
-                net = self._networks.get(batch.network)
-                if net is not None:
-                    net.running.difference_update(ended)
-                    net.outstanding -= len(ended)
+                net.running.difference_update(ended)
+                net.outstanding -= len(ended)
+                net.batches -= 1
                 ready = self._free_place_locked(batch.copy)
             for member in ended:
                 self._report(member, error)

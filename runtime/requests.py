@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,19 @@ from typing import Any
 import numpy as np
 
 _ids = itertools.count(1)
+
+
+class RequestFuture(Future):
+    """A Future that tells its host when it is cancelled (cheaper than a callback on every
+    request). Only a queued request can be cancelled; a started one cannot."""
+
+    on_cancel: Callable[[], None] | None = None
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled and self.on_cancel is not None:
+            self.on_cancel()
+        return cancelled
 
 
 @dataclass(eq=False, slots=True)
@@ -26,7 +40,7 @@ class Request:
     inline: bool = False  # may run on the caller's thread
     copy: Any = None  # the executor (plan copy) running it
     id: int = field(default_factory=lambda: next(_ids))
-    future: Future = field(default_factory=Future)
+    future: RequestFuture = field(default_factory=RequestFuture)
     _token: list = field(default_factory=lambda: [True], repr=False)  # pop() is atomic
 
     def end(self, outputs: dict[str, np.ndarray] | None = None,
