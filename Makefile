@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/prism partition sample_models/transformer.onnx --devices cpu:2,sim:2 --partition balanced
+	$(VENV)/bin/prism tui
 
 test: $(STAMP)
 	$(PY) -m ruff check .

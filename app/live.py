@@ -163,16 +163,23 @@ class LiveRuntime:
     # -- controls ---------------------------------------------------------------------
 
     def toggle_pause(self) -> None:
-        if self.load is not None:
-            self.load.resume() if self.load.paused else self.load.pause()
+        if self.load is None:
+            if self.host is not None:  # started without load: start it now
+                self._start_load()
+            return
+        self.load.resume() if self.load.paused else self.load.pause()
 
     def faster(self) -> None:
-        if self.load is not None:
-            self.load.scale(1.5)
+        self._scale(1.5)
 
     def slower(self) -> None:
+        self._scale(1 / 1.5)
+
+    def _scale(self, factor: float) -> None:
+        """Change the load and remember it, so a re-partition keeps the new speed."""
         if self.load is not None:
-            self.load.scale(1 / 1.5)
+            self.load.scale(factor)
+            self.rate, self.concurrency = self.load.rate, self.load.concurrency
 
     def next_mode(self) -> str:
         return "memory" if self.mode == "balanced" else "balanced"

@@ -1,0 +1,1 @@
+"""The dashboard, the partition stepper and the devices prompt."""

@@ -1,0 +1,1 @@
+"""Dashboard and stepper widgets; each draws one part of a LiveView or a Stepper."""
