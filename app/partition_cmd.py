@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rich import box
@@ -10,7 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from app.loading import load, mode_and_map
+from runtime.errors import PrismError
+from runtime.graph import Graph
 from runtime.partition import Plan, partition_steps
+from runtime.partition.memory_plan import DeviceMemoryPlan, memory_plans, memory_plans_dict
 from runtime.partition.record import finish, tap
 from runtime.units import human_bytes, human_seconds
 
@@ -35,21 +39,81 @@ def plan_table(plan: Plan) -> Table:
     return table
 
 
+def copies_table(plan: Plan) -> Table:
+    table = Table(title="copies between devices (per request)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for col in ("tensor", "from", "to", "bytes", "time"):
+        table.add_column(col, justify="right" if col in ("bytes", "time") else "left")
+    for t in plan.transfers:
+        table.add_row(t.tensor, f"{t.src_partition}@{t.src}",
+                      f"{','.join(t.dst_partitions)}@{t.dst}", human_bytes(t.bytes),
+                      human_seconds(t.est_seconds))
+    return table
+
+
+def memory_plan_table(mp: DeviceMemoryPlan) -> Table:
+    """One device's activation tensors: where each sits in the arena and when it is live."""
+    table = Table(title=f"memory plan {mp.device} (peak {human_bytes(mp.peak_bytes)})",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("tensor", "partition", "storage", "offset", "size", "first", "last"):
+        table.add_column(col, justify="left" if col in ("tensor", "partition") else "right")
+    for e in sorted(mp.entries, key=lambda e: (e.start, e.offset, e.tensor)):
+        table.add_row(e.tensor, ",".join(e.partitions) or e.partition, str(e.storage_id),
+                      str(e.offset), str(e.size), str(e.start), str(e.end))
+    return table
+
+
+def memory_peaks_table(plans: dict[str, DeviceMemoryPlan]) -> Table:
+    table = Table(title="activation memory per device (per request)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for col in ("device", "tensors", "blocks", "peak bytes", "arena bytes", "without reuse"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for device, mp in plans.items():
+        table.add_row(device, str(len(mp.entries)), str(mp.storage_blocks), str(mp.peak_bytes),
+                      str(mp.arena_bytes), str(mp.total_tensor_bytes))
+    return table
+
+
+def explain(plan: Plan, graph: Graph, node: str) -> str:
+    """Where NODE went and why, in one paragraph."""
+    if node not in graph.by_name:
+        raise PrismError(f"--explain: no node named {node!r} in {graph.name}")
+    op = graph.node(node).op_type
+    part = plan.partition_of(node)
+    return f"{node} ({op}) -> {part.name} on {part.device}: {plan.reasons.get(node, '')}"
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
     mode, user_map = mode_and_map(args.partition)
     graph, devices = load(args)
-    steps = partition_steps(graph, devices, mode, user_map=user_map)
+    steps = partition_steps(graph, devices, mode, user_map=user_map,
+                            annotations=args.annotate, fallback=args.fallback)
     if args.steps and not args.json:
         steps = tap(steps, lambda step: console.print(
             f"[dim]{step.index:>5}[/] {step.kind:<8} {step.reason}", highlight=False))
     plan = finish(steps)
     if args.dot:
         Path(args.dot).write_text(plan.to_dot(graph))
+    memory_plan = getattr(args, "memory_plan", False)
     if args.json:
-        print(plan.to_json())
+        if memory_plan:
+            print(json.dumps({**plan.to_dict(), "memory_plans": memory_plans_dict(
+                memory_plans(plan, graph))}, indent=2))
+        else:
+            print(plan.to_json())
         return 0
     console.print(plan_table(plan))
+    if plan.transfers:
+        console.print(copies_table(plan))
+    if memory_plan:
+        plans = memory_plans(plan, graph)
+        for mp in plans.values():
+            if mp.entries:
+                console.print(memory_plan_table(mp))
+        console.print(memory_peaks_table(plans))
+    for node in args.explain:
+        console.print(explain(plan, graph, node), highlight=False)
     console.print(f"bottleneck: [bold]{human_seconds(plan.bottleneck_seconds)}[/] per request "
                   f"(busiest device), {len(plan.transfers)} copies between devices, "
                   f"{human_bytes(sum(t.bytes for t in plan.transfers))} per request")

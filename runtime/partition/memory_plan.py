@@ -12,10 +12,13 @@ excluded) that a partition on the device reads or writes gets one entry per devi
   output). A tensor crosses into a device once, so one read by two partitions on the
   device stays resident from the first to the last; so does a tensor made by one
   partition and read by a later one on the same device.
-- its `offset` in the arena: tensors are placed largest first (ties: earlier start,
-  then name) at the lowest offset, rounded up to `alignment`, where they overlap no
-  already placed tensor that is live at the same time. Tensors whose lifetimes do not
-  overlap may share bytes: that is the reuse.
+- its `offset` in the arena, by first fit: one tensor at a time, each at the lowest
+  offset (a multiple of `alignment`) where it overlaps no already placed tensor live at
+  the same time. Tensors whose lifetimes do not overlap may share bytes: that is the
+  reuse. The order tensors are placed in matters, so a few are tried (largest first,
+  as TVM and Glow do; longest lived first; earliest first, as ONNX Runtime does; largest
+  size x lifetime first; ties by name) and the smallest arena kept. Placing is
+  deterministic: the same plan always gives the same offsets.
 - its `storage_id`: one id per distinct `(offset, size)` block, numbered by offset then
   size. Tensors with the same id occupy exactly the same bytes (at different times);
   tensors with different ids may still share some bytes at different times.
@@ -26,7 +29,6 @@ excluded) that a partition on the device reads or writes gets one entry per devi
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -92,12 +94,22 @@ def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def _assign_offsets(spans: dict[str, tuple[int, int, int]], alignment: int) -> dict[str, int]:
-    """tensor -> offset: largest first, each at the lowest aligned offset that collides
-    with no placed tensor live at the same time."""
+# Orders to place tensors in; the plan keeps the one with the smallest arena.
+_ORDERS = {
+    "largest first": lambda size, start, end: (-size, start),  # TVM / Glow
+    "longest first": lambda size, start, end: (start - end, -size, start),
+    "earliest first": lambda size, start, end: (start, -size),  # ONNX Runtime-like
+    "largest area first": lambda size, start, end: (-size * (end - start + 1), start),
+}
+
+
+def _first_fit(spans: dict[str, tuple[int, int, int]], alignment: int, order
+               ) -> dict[str, int]:
+    """tensor -> offset: in `order`, each at the lowest aligned offset that collides with
+    no placed tensor live at the same time."""
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
     offsets: dict[str, int] = {}
-    for tensor in sorted(spans, key=lambda t: (-spans[t][0], spans[t][1], t)):
+    for tensor in sorted(spans, key=lambda t: (*order(*spans[t]), t)):
         size, start, end = spans[tensor]
         busy = sorted((o, o + s) for o, s, a, b in placed if s and a <= end and start <= b)
         offset = 0
@@ -109,6 +121,20 @@ def _assign_offsets(spans: dict[str, tuple[int, int, int]], alignment: int) -> d
         offsets[tensor] = offset
         placed.append((offset, size, start, end))
     return offsets
+
+
+def _assign_offsets(spans: dict[str, tuple[int, int, int]], alignment: int) -> dict[str, int]:
+    """The first-fit placement with the smallest arena over a few orders (first wins ties)."""
+    floor = _peak(spans, 1 + max((end for _, _, end in spans.values()), default=-1))
+    best: tuple[int, dict[str, int]] = (-1, {})
+    for order in _ORDERS.values():
+        offsets = _first_fit(spans, alignment, order)
+        arena = max((offsets[t] + spans[t][0] for t in spans), default=0)
+        if best[0] < 0 or arena < best[0]:
+            best = (arena, offsets)
+        if arena <= floor:
+            break  # no arena is smaller than the peak
+    return best[1]
 
 
 def _peak(spans: dict[str, tuple[int, int, int]], steps: int) -> int:
@@ -163,8 +189,5 @@ def memory_plans(plan: Plan, graph: Graph, *, alignment: int = 1
 
 
 def memory_plans_dict(plans: dict[str, DeviceMemoryPlan]) -> dict:
+    """JSON-ready: device name -> its plan's `to_dict()`."""
     return {name: p.to_dict() for name, p in plans.items()}
-
-
-def memory_plans_json(plans: dict[str, DeviceMemoryPlan]) -> str:
-    return json.dumps(memory_plans_dict(plans), indent=2)
