@@ -72,6 +72,7 @@ class LoadGenerator:
         self._threads: list[threading.Thread] = []
         self._outstanding: set[Future] = set()
         self._idle: list[int] = []  # closed-loop clients parked by pause()
+        self._active: set[int] = set()  # closed-loop clients whose chain is running
         self._ready: deque[int] = deque()  # closed-loop clients to send for now
         self._ready_cv = threading.Condition()
 
@@ -81,6 +82,7 @@ class LoadGenerator:
         target = self._arrivals if self.concurrency is None else self._serve_ready
         self._threads = [threading.Thread(target=target, name="prism-load", daemon=True)]
         if self.concurrency is not None:
+            self._active.update(range(self.concurrency))
             self._wake(range(self.concurrency))
         self._threads[0].start()
         return self
@@ -89,6 +91,10 @@ class LoadGenerator:
         with self._ready_cv:
             self._ready.extend(clients)
             self._ready_cv.notify()
+
+    def _retire(self, client: int) -> None:
+        with self._lock:
+            self._active.discard(client)
 
     def _serve_ready(self) -> None:
         """Closed loop: send for clients whose answer came at once (or who just started),
@@ -123,8 +129,11 @@ class LoadGenerator:
             new = max(1, round(self.concurrency * factor))
             if new == self.concurrency and factor > 1:
                 new += 1
-            old, self.concurrency = self.concurrency, new  # clients above it stop themselves
-            self._wake(range(old, new))
+            self.concurrency = new  # clients above it stop after their answer
+            with self._lock:
+                fresh = [c for c in range(new) if c not in self._active]
+                self._active.update(fresh)
+            self._wake(fresh)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -168,6 +177,7 @@ class LoadGenerator:
         """Send client's next request. An answer that is there at once (the device was
         idle and ran it on this thread) puts the client back in the ready queue."""
         if client >= self.concurrency or self._stop.is_set():
+            self._retire(client)
             return
         if self.paused:
             with self._lock:
@@ -175,10 +185,11 @@ class LoadGenerator:
             return
         feeds = self._claim(wait=False)
         if feeds is None:
+            self._retire(client)
             return
         start = time.perf_counter()
         try:
-            future = self.host.run(self.network, feeds, timeout=self.timeout)
+            future = self.host.run(self.network, feeds, timeout=self.timeout, inline=False)
         except Exception as exc:
             self._record(feeds, None, exc, start)
             self._wake([client])
@@ -211,7 +222,8 @@ class LoadGenerator:
                 return
             start = time.perf_counter()
             try:
-                future = self.host.run(self.network, feeds, timeout=self.timeout)
+                future = self.host.run(self.network, feeds, timeout=self.timeout,
+                                       inline=False)
             except Exception as exc:
                 self._record(feeds, None, exc, start)
                 continue

@@ -157,9 +157,11 @@ class Batcher:
                         batch = self._form()
                         break
                     oldest = self._queue.oldest()
-                    wait = 0.05 if oldest is None else max(
-                        1e-4, oldest.queued_at + self.config.max_queue_delay_ms / 1e3 - now)
-                    self._cv.wait(min(wait, 0.05))
+                    if oldest is None or self._ready(now):
+                        wait = 0.05  # nothing queued, or ready but no place: until notified
+                    else:
+                        wait = oldest.queued_at + self.config.max_queue_delay_ms / 1e3 - now
+                    self._cv.wait(min(max(wait, 1e-4), 0.05))
                 else:
                     return
             if not batch:  # everything waiting had ended meanwhile

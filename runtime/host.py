@@ -20,12 +20,20 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from runtime.batching import Batcher, BatchingConfig, check_batchable, concatenate, split
+from runtime.batching import (
+    Batcher,
+    BatchingConfig,
+    check_batchable,
+    concatenate,
+    rows,
+    split,
+)
 from runtime.deadlines import Deadlines
 from runtime.devices.config import DeviceConfig
 from runtime.devices.manager import DeviceManager
 from runtime.errors import (
     HostClosedError,
+    InvalidInputError,
     NetworkBusyError,
     NetworkExistsError,
     NetworkNotFoundError,
@@ -236,11 +244,13 @@ class HostManager:
     # -- requests ----------------------------------------------------------------------
 
     def run(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
-            timeout: float | None = None) -> Future:
+            timeout: float | None = None, *, inline: bool = True) -> Future:
         """Queue one request; the future resolves to {output name: array}.
 
-        When a place is free and nothing waits, the request starts at once, and its
-        partitions run right on this thread on whichever devices are idle.
+        When a place is free and nothing waits, the request starts at once, and its first
+        partition runs right on this thread if its device is idle (no hand-off).
+        `inline=False` never runs anything on this thread: for callers that must not
+        block, like load generators and servers.
         """
         net = self._networks.get(name)
         if net is None or net.removing or self._closed:
@@ -252,6 +262,10 @@ class HostManager:
                           queued_at=time.monotonic())
         if timeout is not None:
             request.deadline = request.queued_at + timeout
+        if net.batcher is not None and rows(request) > net.batcher.config.max_batch_size:
+            raise InvalidInputError(
+                f"request to {name} has batch {rows(request)}, more than its max_batch_size "
+                f"{net.batcher.config.max_batch_size}")
         with self._cv:
             if self._closed:
                 raise HostClosedError("host is closed; it takes no more requests")
@@ -265,7 +279,7 @@ class HostManager:
             net.outstanding += 1
             if start_now:
                 self._take_place(request, net)
-                request.inline = True
+                request.inline = inline
             elif net.batcher is None:
                 self._queue.push(request)
             depth = waiting + (not start_now)
@@ -421,17 +435,17 @@ class HostManager:
         if not live:
             self._batch_place_back(net)
             return
-        batch = Request(net.name, concatenate(live), batch_size=len(live), slot=True,
-                        queued_at=min(m.queued_at for m in live))
         now = time.monotonic()
-        with self._cv:
-            batch.copy = self._least_busy(net)
-            net.running.update(live)
-        for m in live:
+        for m in live:  # started from here on: a deadline now finds it running
             m.started_at, m.batch_size = now, len(live)
             if self.bus.active:
                 self.bus.publish("request.started", network=net.name, request=m.id,
                                  queue_wait=now - m.queued_at, batch_size=len(live))
+        batch = Request(net.name, concatenate(live), batch_size=len(live), slot=True,
+                        queued_at=min(m.queued_at for m in live))
+        with self._cv:
+            batch.copy = self._least_busy(net)
+            net.running.update(live)
         batch.started_at = now
         batch.copy.start(batch, partial(self._batch_finished, net, live))
 

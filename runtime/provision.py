@@ -54,11 +54,13 @@ def provision(graph: Graph, plan: Plan, devices: Mapping[str, DeviceManager], *,
             key = f"{network}{tag}/{part.name}"
             start = time.perf_counter()
             target = (place or {}).get(part.device, part.device)
+            est = part.est_seconds + part.transfer_in_seconds
             for manager in _candidates(devices, target):
-                if manager.free_bytes >= part.memory_bytes:
-                    est = part.est_seconds + part.transfer_in_seconds
-                    manager.load(key, model, part.weight_bytes, part.activation_bytes, est)
+                try:
+                    manager.load(key, model, part.weight_bytes, plan.arenas[part.device], est)
                     break
+                except DeviceMemoryError:
+                    continue
             else:
                 m = devices[target]
                 raise DeviceMemoryError(

@@ -30,7 +30,16 @@ def plan_devices(devices: Sequence[DeviceConfig], replicas: int | str,
     if replicas > len(ordered):
         raise PrismError(f"replicas={replicas} needs at least {replicas} devices; "
                          f"the host has {len(ordered)}")
-    return ordered[: len(ordered) // replicas]
+    # Each copy gets an equal share of every group of twins.
+    groups: list[list[DeviceConfig]] = []
+    for d in ordered:
+        group = next((g for g in groups if twins(g[0], d)), None)
+        group.append(d) if group is not None else groups.append([d])
+    share = [d for g in groups for d in g[: len(g) // replicas]]
+    if not share:
+        raise PrismError(f"replicas={replicas}: no group of twin devices has {replicas} "
+                         f"members to give each copy one")
+    return share
 
 
 def twin_maps(plan: Plan, devices: Sequence[DeviceConfig], wanted: int | None

@@ -138,10 +138,12 @@ def extract(graph: Graph, partition: Partition) -> onnx.ModelProto:
     weights = dict.fromkeys(partition.weights)
     weights.update(dict.fromkeys(t for n in nodes for t in n.reads if graph.is_weight(t)))
     protos = [source.graph.node[n.index] for n in nodes]
+    # A partition whose results nobody reads (dead nodes) still needs an output to load.
+    outputs = partition.outputs or tuple(t for n in nodes for t in n.writes)
     sub = helper.make_graph(
         protos, f"{graph.name}/{partition.name}",
         [_value_info(graph, partition, t, required=True) for t in partition.inputs],
-        [_value_info(graph, partition, t, required=False) for t in partition.outputs],
+        [_value_info(graph, partition, t, required=False) for t in outputs],
         initializer=[graph.initializers[w] for w in weights])
     model = onnx.ModelProto(ir_version=source.ir_version, producer_name="prism", graph=sub,
                             domain=source.domain, model_version=source.model_version)

@@ -300,10 +300,6 @@ def test_a_waiting_tensor_adds_to_the_peak_of_the_partitions_it_waits_through():
     assert max(p.activation_bytes for p in plan.partitions if p.device == "cpu0") == 3 * UNIT
 
 
-@pytest.mark.xfail(strict=True, reason="BUG plan.py Plan.device_memory (and validate_plan, "
-                   "provision) count a device's largest partition's activations only; a tensor "
-                   "resident between the device's partitions is missed. Issue 4: the memory "
-                   "account should use the memory plan's peak")
 def test_device_memory_covers_the_memory_plans_peak():
     graph, where = middle_graph()
     plan = partition(graph, [cpu("cpu0"), cpu("cpu1")], "balanced", annotations={"nodes": where})
@@ -312,10 +308,6 @@ def test_device_memory_covers_the_memory_plans_peak():
     assert plan.device_memory()["cpu0"] >= weights + mp.peak_bytes
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: validate_plan accepts by Plan.device_memory "
-                   "(weights + largest partition's activations) but provision.py charges every "
-                   "partition's weights + activations (DeviceManager.load), so a device holding "
-                   "several partitions is refused at load")
 @pytest.mark.parametrize("memory", [1000, 1100])
 def test_a_plan_that_partitions_also_provisions(memory):
     # cpu0 holds three partitions with 2, 3 and 3 tensors of 256 B at their peaks; its

@@ -71,6 +71,11 @@ def supported_ops(name: str) -> frozenset[str] | None:
     return _backend(name).ops()
 
 
+def checks_nodes(name: str) -> bool:
+    """True if the backend checks each node in its model (see `node_problem`)."""
+    return _backend(name).accepts is not None
+
+
 def node_problem(name: str, node: Node, graph: Graph) -> str | None:
     """Why backend `name` cannot run `node` of `graph` (its opset, types, domain), or None.
     Backends without a node check accept every node their op list allows."""

@@ -58,4 +58,10 @@ def cpu_ops() -> frozenset[str] | None:
     return frozenset({k.op_name for k in kernels} | {"Constant"} | schema_function_ops(newest))
 
 
-register("cpu", compile_cpu, cpu_ops)
+def cpu_accepts(node, graph) -> str | None:
+    from runtime.devices.ort_kernels import ort_problem
+
+    return ort_problem(node, graph)
+
+
+register("cpu", compile_cpu, cpu_ops, cpu_accepts)

@@ -77,6 +77,8 @@ class DeviceManager:
         self._loaded: dict[str, _Loaded] = {}
         self._pending: set[str] = set()  # keys being compiled; their bytes count as used
         self._used = 0
+        self._bytes_w: dict[str, int] = {}  # key -> weight bytes (loaded or loading)
+        self._bytes_a: dict[str, int] = {}  # key -> activation bytes
         self._queue: deque[_Job] = deque()
         self._busy = False
         self._closed = False
@@ -116,39 +118,53 @@ class DeviceManager:
                                      f"{self.name} does not support")
             return compile_(model, self.config, est_seconds)
 
-        self._install(key, build, int(weight_bytes) + int(activation_bytes))
+        self._install(key, build, int(weight_bytes), int(activation_bytes))
 
     def load_function(self, key: str, function: Function, weight_bytes: int = 0,
                       activation_bytes: int = 0) -> None:
         """Account and install an already compiled function (custom backends, tests)."""
-        self._install(key, lambda: function, int(weight_bytes) + int(activation_bytes))
+        self._install(key, lambda: function, int(weight_bytes), int(activation_bytes))
 
-    def _install(self, key: str, build: Callable[[], Function], nbytes: int) -> None:
-        if nbytes < 0:
-            raise ProvisionError(f"{key}: negative byte count {nbytes} for {self.name}")
+    def _account(self) -> int:
+        """Under the lock: weights add up; activations share one arena as large as the
+        largest, since the device runs one function at a time."""
+        self._used = sum(self._bytes_w.values()) + max(self._bytes_a.values(), default=0)
+        return self._used
+
+    def _install(self, key: str, build: Callable[[], Function], weights: int, acts: int
+                 ) -> None:
+        if weights < 0 or acts < 0:
+            raise ProvisionError(f"{key}: negative byte count for {self.name}")
         with self._cond:
             if self._closed:
                 raise ProvisionError(f"cannot load {key}: device {self.name} is closed")
             if key in self._loaded or key in self._pending:
                 raise ProvisionError(f"{key} is already loaded on {self.name}")
-            free = self.config.memory_bytes - self._used
-            if nbytes > free:
+            before = self._used
+            self._bytes_w[key], self._bytes_a[key] = weights, acts
+            if self._account() > self.config.memory_bytes:
+                del self._bytes_w[key], self._bytes_a[key]
+                self._account()
                 raise DeviceMemoryError(
-                    f"{key} needs {human_bytes(nbytes)} on {self.name}, {human_bytes(free)} "
-                    f"free of {human_bytes(self.config.memory_bytes)}")
+                    f"{key} needs {human_bytes(weights + max(0, acts - self._arena(key)))} "
+                    f"on {self.name}, {human_bytes(self.config.memory_bytes - before)} free "
+                    f"of {human_bytes(self.config.memory_bytes)}")
             self._pending.add(key)
-            self._used += nbytes
         try:
             function = build()
         except BaseException:
             with self._cond:
                 self._pending.discard(key)
-                self._used -= nbytes
+                del self._bytes_w[key], self._bytes_a[key]
+                self._account()
             raise
         with self._cond:
             self._pending.discard(key)
-            self._loaded[key] = _Loaded(function, nbytes)
+            self._loaded[key] = _Loaded(function, weights + acts)
         self._publish_memory()
+
+    def _arena(self, without: str) -> int:
+        return max((a for k, a in self._bytes_a.items() if k != without), default=0)
 
     def evict(self, key: str) -> int:
         """Forget `key` and free its bytes; returns the bytes freed (0 if not loaded)."""
@@ -156,9 +172,11 @@ class DeviceManager:
             item = self._loaded.pop(key, None)
             if item is None:
                 return 0
-            self._used -= item.nbytes
+            before = self._used
+            del self._bytes_w[key], self._bytes_a[key]
+            freed = before - self._account()
         self._publish_memory()
-        return item.nbytes
+        return freed
 
     # execution
 

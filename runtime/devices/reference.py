@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
@@ -50,4 +53,37 @@ def reference_ops() -> frozenset[str] | None:
     return frozenset(registered | schema_function_ops())
 
 
-register("reference", compile_reference, reference_ops)
+_DOMAIN_OPS = {  # the evaluator's op lists outside the default domain, by module
+    "ai.onnx.ml": "aionnxml",
+    "ai.onnx.preview": "aionnx_preview",
+    "ai.onnx.preview.training": "aionnx_preview_training",
+    "experimental": "experimental",
+}
+
+
+@functools.cache
+def domain_ops(domain: str) -> frozenset[str]:
+    module = _DOMAIN_OPS.get(domain)
+    if module is None:
+        return frozenset()
+    try:
+        ops = importlib.import_module(f"onnx.reference.ops.{module}._op_list")
+        registered = set(ops._build_registered_operators())
+    except (ImportError, AttributeError):
+        return frozenset()
+    return frozenset(registered - {"OpRun", "OpFunction"})
+
+
+def reference_accepts(node, graph) -> str | None:
+    """Default-domain ops go by the op list; model-local functions the evaluator runs
+    itself; other domains by the evaluator's list for that domain."""
+    if node.domain in ("", "ai.onnx"):
+        return None
+    if any(f.domain == node.domain and f.name == node.op_type for f in graph.model.functions):
+        return None
+    if node.op_type in domain_ops(node.domain):
+        return None
+    return f"the reference evaluator has no {node.domain}.{node.op_type}"
+
+
+register("reference", compile_reference, reference_ops, reference_accepts)

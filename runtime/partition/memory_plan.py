@@ -147,11 +147,9 @@ def _peak(spans: dict[str, tuple[int, int, int]], steps: int) -> int:
     return int(np.cumsum(diff).max())
 
 
-def device_memory_plan(plan: Plan, graph: Graph, device: str, *, alignment: int = 1
-                       ) -> DeviceMemoryPlan:
-    """The memory plan of one device (see the module's docstring)."""
-    if alignment < 1:
-        raise ValueError(f"alignment must be >= 1, got {alignment}")
+def _timeline(plan: Plan, graph: Graph, device: str):
+    """The device's partitions end to end: tensor -> (size, first, last step), the
+    partitions holding each tensor, each partition's steps, and the number of steps."""
     spans: dict[str, list[int]] = {}  # tensor -> [start, end]
     holders: dict[str, list[str]] = {}
     bounds: dict[str, tuple[int, int]] = {}
@@ -168,6 +166,21 @@ def device_memory_plan(plan: Plan, graph: Graph, device: str, *, alignment: int 
             holders.setdefault(tensor, []).append(part.name)
         base += len(nodes)
     sized = {t: (graph.tensor_bytes(t), s, e) for t, (s, e) in spans.items()}
+    return sized, holders, bounds, base
+
+
+def device_peak_bytes(plan: Plan, graph: Graph, device: str) -> int:
+    """The most activation bytes live at once on the device (no offsets computed)."""
+    sized, _, _, steps = _timeline(plan, graph, device)
+    return _peak(sized, steps)
+
+
+def device_memory_plan(plan: Plan, graph: Graph, device: str, *, alignment: int = 1
+                       ) -> DeviceMemoryPlan:
+    """The memory plan of one device (see the module's docstring)."""
+    if alignment < 1:
+        raise ValueError(f"alignment must be >= 1, got {alignment}")
+    sized, holders, bounds, base = _timeline(plan, graph, device)
     offsets = _assign_offsets(sized, alignment)
     blocks = sorted({(offsets[t], sized[t][0]) for t in sized})
     storage = {block: i for i, block in enumerate(blocks)}

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.devices.backends import supported_ops
+from runtime.devices.backends import checks_nodes, node_problem, supported_ops
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import DEFAULT_DOMAINS, Graph, Node
@@ -56,14 +56,27 @@ def read_annotations(source: str | Path | Mapping | Annotations | None,
                        fallback or table.get("fallback"))
 
 
-def can_run(device: DeviceConfig, node: Node) -> bool:
-    """The backend's op list narrowed by the device's own `supported_ops`."""
-    if node.domain not in DEFAULT_DOMAINS:  # custom domains: onnxruntime's own kernels
-        if device.backend == "cpu":
-            return device.can_run(node.op_type)
-        return device.supported_ops is not None and node.op_type in device.supported_ops
-    ops = supported_ops(device.backend)
-    return (ops is None or node.op_type in ops) and device.can_run(node.op_type)
+def can_run(device: DeviceConfig, node: Node, graph: Graph | None = None) -> bool:
+    """The backend's op list narrowed by the device's own `supported_ops`; with the node's
+    graph, also the backend's check of the node in its model (opset, types, domain)."""
+    return unsupported(device, node, graph) is None
+
+
+def unsupported(device: DeviceConfig, node: Node, graph: Graph | None = None) -> str | None:
+    """Why `device` cannot run `node`, or None if it can."""
+    if not device.can_run(node.op_type):
+        return f"{node.op_type} is not in the device's op list"
+    if node.domain in DEFAULT_DOMAINS:
+        ops = supported_ops(device.backend)
+        if ops is not None and node.op_type not in ops:
+            return f"{device.backend} has no {node.op_type}"
+    elif graph is None or not checks_nodes(device.backend):
+        # custom domains: onnxruntime's own kernels, else the device's op list
+        if device.backend != "cpu" and (device.supported_ops is None
+                                        or node.op_type not in device.supported_ops):
+            return f"{device.backend} runs no {node.domain}.{node.op_type}"
+        return None
+    return None if graph is None else node_problem(device.backend, node, graph)
 
 
 @dataclass
@@ -98,7 +111,8 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
     if missing:
         raise PartitionError(f"annotations name nodes not in {graph.name}: "
                              f"{', '.join(missing[:5])}")
-    capable = {n.name: [d.name for d in devices if can_run(d, n)] for n in graph.nodes}
+    problems = {n.name: {d.name: unsupported(d, n, graph) for d in devices} for n in graph.nodes}
+    capable = {n: [d for d, why in p.items() if why is None] for n, p in problems.items()}
     allowed, reasons = {}, {}
     for node in graph.nodes:
         if node.name in notes.nodes:
@@ -114,13 +128,16 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
             asked = f"any device ({', '.join(wanted)})"
         able = [d for d in wanted if d in capable[node.name]]
         if not able:
+            # what stops the wanted devices, whatever order they were listed in
+            problem = "; ".join(sorted({problems[node.name][d] for d in wanted}))
             fallback = notes.fallback
             if fallback is not None and fallback in capable[node.name]:
-                able, why = [fallback], f"unsupported on {asked} -> fallback {fallback}"
+                able, why = [fallback], (f"unsupported on {asked} -> fallback {fallback} "
+                                         f"({problem})")
             else:
                 could = ", ".join(capable[node.name]) or "none"
                 raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on "
-                                     f"{asked}; devices that can: {could}")
+                                     f"{asked}: {problem}; devices that can: {could}")
         allowed[node.name] = frozenset(able)
         reasons[node.name] = why
     return Placement(allowed, reasons)

@@ -63,6 +63,7 @@ class Plan:
     device_seconds: dict[str, float]
     order: tuple[str, ...] = ()
     reasons: dict[str, str] = field(default_factory=dict)
+    arenas: dict[str, int] = field(default_factory=dict)  # device -> activation peak
 
     def partition(self, name: str) -> Partition:
         return next(p for p in self.partitions if p.name == name)
@@ -74,14 +75,13 @@ class Plan:
         return next(d for d in self.devices if d.name == name)
 
     def device_memory(self) -> dict[str, int]:
-        """Bytes each device needs: every partition's weights, plus one activation arena
-        as large as its largest partition's (a device runs one partition at a time)."""
+        """Bytes each device needs: every partition's weights, plus one activation arena,
+        the peak of the device's memory plan (its partitions run one at a time, and a
+        tensor kept between two of them counts while it waits)."""
         weights = dict.fromkeys((d.name for d in self.devices), 0)
-        arena = dict(weights)
         for p in self.partitions:
             weights[p.device] += p.weight_bytes
-            arena[p.device] = max(arena[p.device], p.activation_bytes)
-        return {name: weights[name] + arena[name] for name in weights}
+        return {name: w + self.arenas.get(name, 0) for name, w in weights.items()}
 
     def to_dict(self) -> dict:
         return {
@@ -200,6 +200,10 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
     busy = dict.fromkeys((d.name for d in devices), 0.0)
     for p in partitions:
         busy[p.device] += p.est_seconds + p.transfer_in_seconds
-    return Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
+    plan = Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
                 device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}))
+    from runtime.partition.memory_plan import device_peak_bytes  # it reads plans
+
+    plan.arenas = {d: device_peak_bytes(plan, graph, d) for d in {p.device for p in partitions}}
+    return plan

@@ -1,0 +1,303 @@
+"""Can onnxruntime's CPU provider run this node, in this model? Asked before placement.
+
+A node runs on onnxruntime when, after the sub-model is re-stamped to an opset the
+installed onnxruntime reads (`runtime.submodel.loadable`), a CPU kernel is registered for
+its op at the version the model's opset selects and for the types its tensors have (or
+the op is a function onnxruntime inlines), every tensor it exchanges with the rest of the
+plan has a dtype onnxruntime's Python API can take, and a session of the node alone
+loads (probed once per node kind and types; that finds attributes onnxruntime's schemas
+lack and kernels that fail at initialisation). Model-local functions are checked node by
+node, as are the bodies of If, Loop and Scan.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from runtime.graph import DEFAULT_DOMAINS, Graph, Node, subgraphs
+
+_CONSTANTS = frozenset({"Constant"})  # folded into initializers at load; no kernel needed
+
+
+@dataclass(frozen=True)
+class Kernel:
+    first: int
+    last: int
+    types: Mapping[str, frozenset[str]]
+
+
+@functools.cache
+def kernel_table() -> dict[tuple[str, str], tuple[Kernel, ...]]:
+    """(domain, op) -> the CPU provider's kernels; the default domain is ''."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_opkernel_def
+
+    table: dict[tuple[str, str], list[Kernel]] = {}
+    for k in get_all_opkernel_def():
+        if k.provider != "CPUExecutionProvider":
+            continue
+        domain = "" if k.domain in DEFAULT_DOMAINS else k.domain
+        first, last = k.version_range
+        types = {name: frozenset(v) for name, v in k.type_constraints.items()}
+        table.setdefault((domain, k.op_name), []).append(Kernel(first, last, types))
+    return {key: tuple(v) for key, v in table.items()}
+
+
+def type_string(kind: onnx.TypeProto) -> str | None:
+    """onnxruntime's name of a type: tensor(float), seq(tensor(int64)), optional(...)."""
+    which = kind.WhichOneof("value")
+    if which == "tensor_type":
+        if not kind.tensor_type.elem_type:
+            return None
+        name = onnx.TensorProto.DataType.Name(kind.tensor_type.elem_type).lower()
+        return f"tensor({name})"
+    if which == "sequence_type":
+        inner = type_string(kind.sequence_type.elem_type)
+        return inner and f"seq({inner})"
+    if which == "optional_type":
+        inner = type_string(kind.optional_type.elem_type)
+        return inner and f"optional({inner})"
+    return None
+
+
+def _leaf_elem_types(kind: onnx.TypeProto) -> Iterable[int]:
+    which = kind.WhichOneof("value")
+    if which == "tensor_type":
+        yield kind.tensor_type.elem_type
+    elif which == "sequence_type":
+        yield from _leaf_elem_types(kind.sequence_type.elem_type)
+    elif which == "optional_type":
+        yield from _leaf_elem_types(kind.optional_type.elem_type)
+
+
+@functools.cache
+def python_exchangeable(elem_type: int) -> bool:
+    """onnxruntime's Python API takes and returns numpy's own dtypes only: not the
+    ml_dtypes ones (bfloat16, float8, int4, ...)."""
+    if not elem_type:
+        return True
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).isbuiltin == 1
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _schema(op: str, version: int, domain: str) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op, version, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _formal(params: list, i: int):
+    if i < len(params):
+        return params[i]
+    if params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        return params[-1]
+    return None
+
+
+def _types_fit(kernel: Kernel, schema: onnx.defs.OpSchema, node: onnx.NodeProto,
+               types: Mapping[str, onnx.TypeProto]) -> bool:
+    for params, names in ((schema.inputs, node.input), (schema.outputs, node.output)):
+        for i, name in enumerate(names):
+            formal = _formal(params, i) if name else None
+            allowed = kernel.types.get(formal.type_str) if formal is not None else None
+            kind = types.get(name) if allowed is not None else None
+            text = type_string(kind) if kind is not None else None
+            if text is not None and text not in allowed:
+                return False
+    return True
+
+
+def _type_list(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]) -> str:
+    texts = [type_string(types[n]) for n in node.input if n in types]
+    return ", ".join(t for t in texts if t) or "its types"
+
+
+class _Check:
+    """The checks for one model: its opsets, declared types and local functions."""
+
+    def __init__(self, graph: Graph):
+        from runtime.submodel import supported_ir_version, supported_opset
+
+        self.ir = supported_ir_version()
+        self.low = supported_opset()
+        self.opsets = {("" if d in DEFAULT_DOMAINS else d): v for d, v in graph.opsets.items()}
+        self.types = graph.types
+        self.functions = {(f.domain, f.name): f for f in graph.model.functions}
+
+    def node(self, proto: onnx.NodeProto, opsets: Mapping[str, int],
+             types: Mapping[str, onnx.TypeProto], seen: frozenset = frozenset()) -> str | None:
+        domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
+        op = proto.op_type
+        local = self.functions.get((proto.domain, op))
+        if local is not None:
+            if (proto.domain, op) in seen:
+                return f"local function {op} calls itself"
+            inner = {("" if o.domain in DEFAULT_DOMAINS else o.domain): o.version
+                     for o in local.opset_import}
+            for n in local.node:
+                problem = self.node(n, inner, {}, seen | {(proto.domain, op)})
+                if problem:
+                    return f"{op} (a local function): {problem}"
+            return None
+        version = opsets.get(domain)
+        if version is None:
+            return f"the model imports no opset of domain {domain!r}"
+        schema = _schema(op, version, domain)
+        since = schema.since_version if schema is not None else version
+        if domain == "" and version > self.low:
+            old = _schema(op, self.low, domain)
+            if schema is None or old is None or old.since_version != since:
+                return (f"{op} changed at opset {since}, after opset {self.low}, the newest "
+                        f"onnxruntime reads, so the model cannot be re-stamped")
+        problem = self._kernel(proto, domain, op, since, schema, opsets, types)
+        if problem:
+            return problem
+        for sub in subgraphs(proto):
+            inner_types = {**types, **{v.name: v.type for v in (*sub.input, *sub.output,
+                                                                *sub.value_info)}}
+            for n in sub.node:
+                problem = self.node(n, opsets, inner_types, seen)
+                if problem:
+                    return f"{op} body: {problem}"
+        return None
+
+    def _kernel(self, proto: onnx.NodeProto, domain: str, op: str, since: int,
+                schema: onnx.defs.OpSchema | None, opsets: Mapping[str, int],
+                types: Mapping[str, onnx.TypeProto]) -> str | None:
+        if domain == "" and op in _CONSTANTS:
+            return None
+        kernels = [k for k in kernel_table().get((domain, op), ()) if k.first <= since <= k.last]
+        if kernels:
+            if schema is None or any(_types_fit(k, schema, proto, types) for k in kernels):
+                return None
+            return f"onnxruntime has no CPU kernel for {op}({since}) on {_type_list(proto, types)}"
+        if domain == "" and schema is not None and (
+                schema.has_function or schema.has_context_dependent_function):
+            return None  # inlined by onnxruntime; the probe tells whether that works
+        return f"onnxruntime has no CPU kernel for {op}({since})"
+
+    def probe(self, proto: onnx.NodeProto, opsets: Mapping[str, int],
+              types: Mapping[str, onnx.TypeProto]) -> str | None:
+        """Does a session of this one node load? That finds what the kernel table cannot
+        tell: attributes onnxruntime's schemas lack, kernels failing at initialisation,
+        function ops it cannot inline. Nodes with untyped inputs are not probed."""
+        ins, outs = [], []
+        for name in proto.input:
+            if name:
+                if name not in types or type_string(types[name]) is None:
+                    return None
+                ins.append(helper.make_value_info(name, types[name]))
+        for name in proto.output:
+            if name:
+                outs.append(helper.make_value_info(name, types[name]) if name in types
+                            else helper.make_empty_tensor_value_info(name))
+        node = onnx.NodeProto()
+        node.CopyFrom(proto)
+        node.name = "probe"
+        stamped = {d: (min(v, self.low) if d == "" else v) for d, v in opsets.items()}
+        return _load_error(node.SerializeToString(),
+                           tuple(dict.fromkeys(i.SerializeToString() for i in ins)),
+                           tuple(dict.fromkeys(o.SerializeToString() for o in outs)),
+                           tuple(sorted(stamped.items())), self.ir)
+
+
+@functools.lru_cache(maxsize=8192)
+def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
+                opsets: tuple[tuple[str, int], ...], ir: int) -> str | None:
+    import onnxruntime as ort
+
+    from runtime.submodel import session_options
+
+    proto = onnx.NodeProto.FromString(node)
+    graph = helper.make_graph([proto], "probe", [onnx.ValueInfoProto.FromString(b) for b in ins],
+                              [onnx.ValueInfoProto.FromString(b) for b in outs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v)
+                                                    for d, v in opsets])
+    model.ir_version = ir
+    try:
+        ort.InferenceSession(model.SerializeToString(), session_options(1),
+                             providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        text = str(exc).replace("[ONNXRuntimeError] :", "").strip()
+        return " ".join(text.split())[:200] or type(exc).__name__
+    return None
+
+
+def _static_shape(types: Mapping[str, onnx.TypeProto], name: str) -> tuple[int | None, ...] | None:
+    kind = types.get(name) if name else None
+    if kind is None or not kind.HasField("tensor_type") or \
+            not kind.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None
+                 for d in kind.tensor_type.shape.dim)
+
+
+def _elem(types: Mapping[str, onnx.TypeProto], name: str) -> int:
+    kind = types.get(name) if name else None
+    return kind.tensor_type.elem_type if kind is not None and kind.HasField("tensor_type") else 0
+
+
+def _per_channel_zero_point(node: onnx.NodeProto, types) -> str | None:
+    shape = _static_shape(types, node.input[3]) if len(node.input) > 3 else None
+    if shape and all(d is not None for d in shape) and int(np.prod(shape)) > 1:
+        return "onnxruntime's ConvInteger takes a per-tensor weight zero point only"
+    return None
+
+
+def _empty_bool_reduce(node: onnx.NodeProto, types) -> str | None:
+    shape = _static_shape(types, node.input[0])
+    if _elem(types, node.input[0]) == onnx.TensorProto.BOOL and shape and 0 in shape:
+        return f"onnxruntime's {node.op_type} refuses an empty bool tensor"
+    return None
+
+
+def _attention_mask_span(node: onnx.NodeProto, types) -> str | None:
+    key = _static_shape(types, node.input[1]) if len(node.input) > 1 else None
+    mask = _static_shape(types, node.input[3]) if len(node.input) > 3 else None
+    past = len(node.input) > 4 and any(node.input[4:6])
+    if key and mask and not past and len(key) == 4 and None not in (key[2], mask[-1]) \
+            and mask[-1] != key[2]:
+        return "onnxruntime's Attention needs the mask to span the whole key sequence"
+    return None
+
+
+# Limits of onnxruntime CPU kernels that load but refuse at run time, decided from
+# declared types and shapes (found by `prism conformance`).
+KERNEL_LIMITS = {
+    ("", "ConvInteger"): _per_channel_zero_point,
+    ("", "ReduceMax"): _empty_bool_reduce,
+    ("", "ReduceMin"): _empty_bool_reduce,
+    ("", "Attention"): _attention_mask_span,
+}
+
+
+def ort_problem(node: Node, graph: Graph) -> str | None:
+    """Why onnxruntime's CPU provider cannot run `node` of `graph` in a partition, or None."""
+    for t in node.reads + node.writes:
+        kind = graph.types.get(t)
+        if kind is None:
+            continue
+        for elem in _leaf_elem_types(kind):
+            if not python_exchangeable(elem):
+                name = onnx.TensorProto.DataType.Name(elem).lower()
+                return f"onnxruntime's Python API cannot exchange {name} tensors ({t})"
+    check = _Check(graph)
+    proto = graph.model.graph.node[node.index]
+    problem = check.node(proto, check.opsets, graph.types)
+    limit = KERNEL_LIMITS.get(("" if node.domain in DEFAULT_DOMAINS else node.domain,
+                               node.op_type))
+    if problem is None and limit is not None:
+        problem = limit(proto, graph.types)
+    if problem or node.outer_inputs or any(True for _ in subgraphs(proto)) or (
+            proto.domain, proto.op_type) in check.functions:
+        return problem
+    error = check.probe(proto, check.opsets, graph.types)
+    return error and f"onnxruntime cannot load {node.op_type}: {error}"

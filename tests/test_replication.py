@@ -1,0 +1,343 @@
+"""Replication (Glow's saturateHost): whole copies of a plan on twin devices, least-busy
+routing, and the memory account when copies come and go."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from dags import SAMPLES_DIR
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.devices.backends import compiler
+from runtime.errors import PrismError
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.partition import partition
+from runtime.provision import twins
+from runtime.submodel import extract
+
+WAIT = 30.0
+CNN = SAMPLES_DIR / "cnn.onnx"
+MLP = SAMPLES_DIR / "mlp.onnx"
+
+
+@functools.cache
+def _session(path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def expected(path, feeds: dict) -> dict[str, np.ndarray]:
+    session = _session(path)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert got[name].shape == value.shape, name
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def poll(predicate, timeout: float = 10.0, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def image(rng, batch: int = 1) -> dict:
+    return {"image": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+
+
+def vector(rng, batch: int = 1) -> dict:
+    return {"x": rng.standard_normal((batch, 256)).astype(np.float32)}
+
+
+def sims(n: int, **kw) -> list[DeviceConfig]:
+    return [DeviceConfig(name=f"sim{i}", backend="sim", **kw) for i in range(n)]
+
+
+def copies_by_device(host: HostManager, network: str) -> dict[str, set[str]]:
+    """copy tag ('' for the first, '#1', ...) -> the devices holding its partitions."""
+    out: dict[str, set[str]] = {}
+    for name, manager in host.devices.items():
+        for key in manager.keys:
+            head = key.split("/")[0]
+            if head == network or head.startswith(network + "#"):
+                out.setdefault(head[len(network):], set()).add(name)
+    return out
+
+
+def used(host: HostManager) -> dict[str, int]:
+    return {name: m.used_bytes for name, m in host.devices.items()}
+
+
+class Gate:
+    def __init__(self, inner):
+        self.inner, self.output_names = inner, inner.output_names
+        self.opened, self.entered = threading.Event(), threading.Event()
+
+    def run(self, feeds):
+        self.entered.set()
+        if not self.opened.wait(WAIT):
+            raise RuntimeError("gate never opened")
+        return self.inner.run(feeds)
+
+
+class Filler:
+    output_names = ()
+
+    def run(self, feeds):
+        return {}
+
+
+# -- all copies serve --------------------------------------------------------------------------
+
+
+def test_four_replicas_on_four_sims_all_serve_and_share_the_load():
+    # a few ms a run, so 40 concurrent requests really overlap
+    with HostManager(sims(4, peak_flops=2e10, mem_bandwidth=2e8), max_queue=200) as host:
+        plan = host.add_network("c", CNN, replicas=4)
+        assert host.copies("c") == 4
+        assert {p.device for p in plan.partitions} == {"sim0"}
+        placed = copies_by_device(host, "c")
+        assert sorted(placed) == ["", "#1", "#2", "#3"]
+        assert set().union(*placed.values()) == set(host.devices)
+        assert all(len(d) == 1 for d in placed.values())
+        rng = np.random.default_rng()
+        for _ in range(4):  # one at a time: each copy once (least recently used), warm
+            host.run("c", image(rng)).result(timeout=WAIT)
+        sub = host.bus.subscribe(maxlen=100_000, kinds=("partition.run.finished",))
+        barrier = threading.Barrier(40)
+        feeds = [image(rng) for _ in range(40)]
+
+        def client(f: dict) -> dict:
+            barrier.wait(WAIT)
+            return host.run("c", f).result(timeout=WAIT)
+
+        with cf.ThreadPoolExecutor(40) as pool:
+            results = list(pool.map(client, feeds))
+        for f, got in zip(feeds, results, strict=True):
+            assert_same(got, expected(CNN, f))
+        runs = Counter(e["device"] for e in sub.drain())
+        assert set(runs) == set(host.devices), runs
+        assert sum(runs.values()) == 40
+        assert all(7 <= n <= 13 for n in runs.values()), f"uneven: {runs}"
+        assert all(m.stats().runs > 0 for m in host.devices.values())
+
+
+def test_least_busy_routing_then_least_recently_used():
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("m", MLP, replicas=2)
+        assert host.copies("m") == 2
+        assert copies_by_device(host, "m") == {"": {"cpu0"}, "#1": {"cpu1"}}
+        sub = host.bus.subscribe(maxlen=10_000, kinds=("partition.run.finished",))
+        rng = np.random.default_rng()
+        for _ in range(6):  # one at a time: every choice is a tie, so they alternate
+            f = vector(rng)
+            assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))
+        assert [e["device"] for e in sub.drain()] == ["cpu0", "cpu1"] * 3
+        # hold the next request (it goes to cpu0, least recently used) at a gate
+        [part] = host.plan("m").partitions
+        key = f"m/{part.name}"
+        manager = host.devices["cpu0"]
+        inner = compiler("cpu")(extract(host.graph("m"), part), manager.config, 0.0)
+        manager.evict(key)
+        gate = Gate(inner)
+        manager.load_function(key, gate, part.weight_bytes, part.activation_bytes)
+        box: list = []
+        held = vector(rng)
+        thread = threading.Thread(target=lambda: box.append(host.run("m", held)), daemon=True)
+        thread.start()
+        assert gate.entered.wait(5)
+        for _ in range(5):  # cpu0's copy has one outstanding, cpu1's none: all go to cpu1
+            f = vector(rng)
+            assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))
+        gate.opened.set()
+        thread.join(WAIT)
+        assert_same(box[0].result(timeout=WAIT), expected(MLP, held))
+        assert [e["device"] for e in sub.drain()] == ["cpu1"] * 5 + ["cpu0"]
+
+
+def test_replicas_with_batching_serve_on_every_copy():
+    with HostManager(parse_devices("cpu:2"), max_queue=500) as host:
+        host.add_network("m", MLP, replicas=2,
+                         batching={"max_batch_size": 8, "max_queue_delay_ms": 2})
+        assert host.copies("m") == 2
+        sub = host.bus.subscribe(maxlen=100_000, kinds=("partition.run.finished",
+                                                        "request.started"))
+        rng = np.random.default_rng()
+        feeds = [vector(rng, int(rng.integers(1, 3))) for _ in range(200)]
+        with cf.ThreadPoolExecutor(16) as pool:
+            futures = list(pool.map(lambda f: host.run("m", f), feeds))
+        for f, fut in zip(feeds, futures, strict=True):
+            assert_same(fut.result(timeout=WAIT), expected(MLP, f))
+        events = sub.drain()
+        runs = Counter(e["device"] for e in events if e.kind == "partition.run.finished")
+        assert set(runs) == {"cpu0", "cpu1"}, runs
+        assert any(e["batch_size"] > 1 for e in events if e.kind == "request.started")
+        host.remove_network("m")
+        assert all(b == 0 for b in used(host).values())
+
+
+# -- where copies go ---------------------------------------------------------------------------
+
+
+def test_saturate_on_a_mixed_host_copies_onto_twins_only():
+    """The plan takes the fewest devices it fits on (one cpu; cpus come first in the
+    canonical order) and is copied onto every remaining twin group: the other cpu. The
+    sims are no twins of a cpu, so they stay empty."""
+    with HostManager(parse_devices("cpu:2,sim:2")) as host:
+        plan = host.add_network("c", CNN, replicas="saturate")
+        assert {p.device for p in plan.partitions} == {"cpu0"}
+        assert host.copies("c") == 2
+        placed = copies_by_device(host, "c")
+        assert placed == {"": {"cpu0"}, "#1": {"cpu1"}}
+        configs = {n: m.config for n, m in host.devices.items()}
+        assert twins(configs["cpu0"], configs["cpu1"])
+        assert used(host)["sim0"] == used(host)["sim1"] == 0
+        rng = np.random.default_rng()
+        for _ in range(4):
+            f = image(rng, 2)
+            assert_same(host.run("c", f).result(timeout=WAIT), expected(CNN, f))
+
+
+def test_saturate_on_four_sims():
+    with HostManager(sims(4)) as host:
+        host.add_network("c", CNN, replicas="saturate")
+        assert host.copies("c") == 4
+        assert sorted(map(sorted, copies_by_device(host, "c").values())) == [
+            ["sim0"], ["sim1"], ["sim2"], ["sim3"]]
+
+
+def test_saturate_copies_a_two_device_plan_onto_twin_pairs():
+    with HostManager(sims(4, memory_bytes=600_000)) as host:  # cnn needs two of these
+        plan = host.add_network("c", CNN, replicas="saturate")
+        assert len({p.device for p in plan.partitions}) == 2
+        assert host.copies("c") == 2
+        placed = copies_by_device(host, "c")
+        assert len(placed) == 2 and all(len(d) == 2 for d in placed.values())
+        assert placed[""].isdisjoint(placed["#1"])
+        rng = np.random.default_rng()
+        sub = host.bus.subscribe(maxlen=10_000, kinds=("partition.run.finished",))
+        for _ in range(8):
+            f = image(rng)
+            assert_same(host.run("c", f).result(timeout=WAIT), expected(CNN, f))
+        assert {e["device"] for e in sub.drain()} == set(host.devices)
+
+
+def test_replicas_n_plans_over_one_nth_of_the_devices():
+    """Documented: with replicas=N the plan is made over the first 1/N of the devices (in
+    canonical order, rounded down) and copied N-1 times onto twins. cpu:3, N=2: the plan
+    is on one cpu, one copy goes to a second, the third stays free."""
+    with HostManager(parse_devices("cpu:3")) as host:
+        plan = host.add_network("m", MLP, replicas=2)
+        assert {p.device for p in plan.partitions} == {"cpu0"}
+        assert host.copies("m") == 2
+        assert copies_by_device(host, "m") == {"": {"cpu0"}, "#1": {"cpu1"}}
+        assert used(host)["cpu2"] == 0
+        rng = np.random.default_rng()
+        sub = host.bus.subscribe(maxlen=10_000, kinds=("partition.run.finished",))
+        for _ in range(4):
+            f = vector(rng)
+            assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))
+        assert Counter(e["device"] for e in sub.drain()) == {"cpu0": 2, "cpu1": 2}
+
+
+def test_two_replicas_on_a_mixed_host_with_room_for_two():
+    """cpu:2,sim:2 has room for two twin copies of cnn (one per cpu, or one per cpu+sim
+    pair), so replicas=2 should load two. plan_devices takes the first half of the
+    canonical order, i.e. both cpus, and then finds no twins for them."""
+    with HostManager(parse_devices("cpu:2,sim:2")) as host:
+        host.add_network("c", CNN, replicas=2)
+        assert host.copies("c") == 2
+        placed = copies_by_device(host, "c")
+        assert placed[""].isdisjoint(placed["#1"])
+        configs = {n: m.config for n, m in host.devices.items()}
+        assert sorted(configs[d].backend for d in placed[""]) == \
+            sorted(configs[d].backend for d in placed["#1"])
+
+
+# -- removing frees every copy -------------------------------------------------------------
+
+
+def test_remove_network_frees_every_byte_of_every_copy():
+    with HostManager(sims(4, peak_flops=2e11)) as host:
+        before = used(host)
+        assert all(b == 0 for b in before.values())
+        sub = host.bus.subscribe(maxlen=10_000, kinds=("provision.",))
+        host.add_network("c", CNN, replicas=4)
+        assert all(b > 0 for b in used(host).values())
+        rng = np.random.default_rng()
+        futures = [host.run("c", image(rng)) for _ in range(12)]
+        for f in futures:
+            f.result(timeout=WAIT)
+        host.remove_network("c")
+        assert used(host) == before
+        assert all(m.keys == () for m in host.devices.values())
+        events = sub.drain()
+        loaded = Counter(e["device"] for e in events if e.kind == "provision.loaded")
+        evicted = Counter(e["device"] for e in events if e.kind == "provision.evicted")
+        assert loaded == evicted == {d: 1 for d in host.devices}
+        host.add_network("c", CNN, replicas=4)  # and it all fits again
+        assert host.copies("c") == 4
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def test_more_replicas_than_devices_is_refused():
+    with HostManager(sims(4)) as host:
+        with pytest.raises(PrismError) as info:
+            host.add_network("c", CNN, replicas=5)
+        message = str(info.value)
+        assert "\n" not in message and "5" in message and "4" in message, message
+        assert host.networks() == []
+        assert all(b == 0 for b in used(host).values())
+
+
+@pytest.mark.parametrize("replicas", [0, -1, 2.5, "lots", None])
+def test_bad_replicas_value_is_refused(replicas):
+    with HostManager(sims(2)) as host:
+        with pytest.raises(PrismError) as info:
+            host.add_network("c", CNN, replicas=replicas)
+        assert "\n" not in str(info.value)
+        assert "replicas" in str(info.value)
+        assert host.networks() == []
+        assert all(b == 0 for b in used(host).values())
+
+
+def test_a_replica_that_cannot_fit_leaves_nothing_loaded():
+    config = sims(1)[0]
+    graph = load_graph(CNN)
+    need = sum(p.memory_bytes for p in partition(graph, [config], "balanced").partitions)
+    memory = int(need * 1.5)  # one copy fits a device, two do not
+    with HostManager(sims(2, memory_bytes=memory)) as host:
+        host.devices["sim1"].load_function("filler", Filler(), weight_bytes=memory - need // 2)
+        before = used(host)
+        sub = host.bus.subscribe(maxlen=10_000, kinds=("provision.",))
+        with pytest.raises(PrismError) as info:
+            host.add_network("c", CNN, replicas=2)
+        message = str(info.value)
+        assert "\n" not in message, message
+        assert "c/" in message and "needs" in message and "sim1" in message, message
+        assert used(host) == before
+        assert host.devices["sim0"].keys == () and host.devices["sim1"].keys == ("filler",)
+        assert host.networks() == []
+        events = sub.drain()
+        assert len([e for e in events if e.kind == "provision.loaded"]) == len(
+            [e for e in events if e.kind == "provision.evicted"])
+        host.devices["sim1"].evict("filler")
+        host.add_network("c", CNN, replicas=2)  # the name is free; with room it loads
+        assert host.copies("c") == 2
+        assert copies_by_device(host, "c") == {"": {"sim0"}, "#1": {"sim1"}}
