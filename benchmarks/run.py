@@ -10,9 +10,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import overhead, partition_speed, pipeline
+from benchmarks import overhead, partition_speed, pipeline, serving
 
-SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run}
+SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
+          "serving": serving.run}
 HERE = Path(__file__).parent
 
 

@@ -54,11 +54,12 @@ class Node:
     attributes: Mapping[str, Any]
     outer_inputs: tuple[str, ...] = ()
     index: int = 0
+    reads: tuple[str, ...] = field(init=False, compare=False, repr=False)
 
-    @property
-    def reads(self) -> tuple[str, ...]:
-        """Every tensor the node reads: explicit inputs, then outer-scope tensors."""
-        return tuple(dict.fromkeys(t for t in (*self.inputs, *self.outer_inputs) if t))
+    def __post_init__(self) -> None:
+        """`reads`: every tensor the node reads, explicit inputs then outer-scope ones."""
+        object.__setattr__(self, "reads", tuple(dict.fromkeys(
+            t for t in (*self.inputs, *self.outer_inputs) if t)))
 
     @property
     def writes(self) -> tuple[str, ...]:
@@ -83,6 +84,8 @@ class Graph:
     producer: dict[str, str] = field(default_factory=dict)
     consumers: dict[str, list[str]] = field(default_factory=dict)
     dag: nx.DiGraph = field(default_factory=nx.DiGraph)
+    # analyses that hold as long as the graph does (e.g. which backend runs which node)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.by_name = {n.name: n for n in self.nodes}
@@ -250,10 +253,17 @@ def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: i
     return bound
 
 
-def load_graph(source: str | Path | bytes | onnx.ModelProto, *,
+def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                bindings: Mapping[str, int] | None = None, default_dim: int = 1,
                name: str | None = None) -> Graph:
-    """Read, check, name and shape a model. `bindings` maps symbolic dims to values."""
+    """Read, check, name and shape a model. `bindings` maps symbolic dims to values.
+    A Graph already loaded (with the same bindings) is reused, renamed if asked."""
+    if isinstance(source, Graph):
+        if not bindings or dict(bindings) == source.bindings:
+            graph = copy.copy(source)  # shares the model, tensors and memo; not re-checked
+            graph.name = name or source.name
+            return graph
+        source = source.model
     model = read_model(source)
     label = str(source) if isinstance(source, str | Path) else "model"
     _check(model, label)

@@ -97,6 +97,8 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         order = model_order(graph)
         yield rec.step("order", "split along the model order (user map)", nodes=tuple(order))
         groups = yield from user_mode(graph, devices, read_user_map(user_map), order, rec)
+        plan = build_plan(graph, costs, devices, groups, mode=mode, order=order)
+        validate_plan(plan, graph, placement.allowed)
     else:
         pins: dict[str, list[int]] = {}
         for i, node in enumerate(graph.nodes):
@@ -134,26 +136,24 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
                 continue
             key = (len(trial.partitions), trial.bottleneck_seconds) if mode == "memory" else (
                 trial.bottleneck_seconds, len(trial.partitions))
-            scored.append((key, along, why, steps, groups))
+            scored.append((key, along, why, steps, trial))
         if not scored:
             raise options[0][3] if isinstance(options[0][3], PartitionError) else options[-1][3]
-        _, chosen, why, steps, groups = min(scored, key=lambda s: s[0])
+        _, chosen, why, steps, plan = min(scored, key=lambda s: s[0])
         if chosen != order:
             order = chosen
             yield rec.step("order", why, nodes=tuple(order))
         for step in steps:
             yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
-    plan = build_plan(graph, costs, devices, groups, mode=mode, order=order,
-                      reasons=_explained(placement, groups, mode))
-    validate_plan(plan, graph, placement.allowed)
+    plan.reasons = _explained(placement, plan, mode)
     yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
                    f"{human_seconds(plan.bottleneck_seconds)}")
     return plan
 
 
-def _explained(placement: Placement, groups, mode: str) -> dict[str, str]:
+def _explained(placement: Placement, plan: Plan, mode: str) -> dict[str, str]:
     """Placement's reason per node, with where the mode put the ones it was free to."""
-    where = {n: (part, dev) for part, dev, nodes in groups for n in nodes}
+    where = {n: (p.name, p.device) for p in plan.partitions for n in p.nodes}
     out = {}
     for node, why in placement.reasons.items():
         part, dev = where[node]
