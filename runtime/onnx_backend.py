@@ -135,6 +135,22 @@ def _as_array(value: Any) -> Any:
     return np.asarray(value)
 
 
+def _type_outputs(model: onnx.ModelProto) -> None:
+    """Outputs declared without a type take the type shape inference gives them."""
+    untyped = [o for o in model.graph.output if not o.type.WhichOneof("value")]
+    if not untyped:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as exc:
+        raise PrismError(f"cannot infer the output types of {model.graph.node[0].op_type}; "
+                         f"pass outputs_info: {' '.join(str(exc).split())}") from None
+    kinds = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    for out in untyped:
+        if out.name in kinds and kinds[out.name].WhichOneof("value"):
+            out.type.CopyFrom(kinds[out.name])
+
+
 class PrismRep(BackendRep):
     """A prepared model on its own HostManager; `run` takes a list, tuple or dict."""
 
@@ -151,7 +167,7 @@ class PrismRep(BackendRep):
         self._finalizer = weakref.finalize(self, self.host.close)
         try:
             self.plan = self.host.add_network(
-                NETWORK, graph.model, partition=mode,
+                NETWORK, graph, partition=mode,  # the graph loaded here, not loaded again
                 annotations={"nodes": dict(notes.nodes), "ops": dict(notes.ops)},
                 fallback=fallback)
         except BaseException:
@@ -242,5 +258,6 @@ class PrismBackend(Backend):
         model = helper.make_model(
             helper.make_graph([node], f"node_{next(_names)}", graph_inputs, graph_outputs),
             opset_imports=[helper.make_opsetid(node.domain or "", opset)])
+        _type_outputs(model)
         feeds = dict(zip(names, arrays, strict=False))
         return cls.run_model(model, feeds, device, **kwargs)

@@ -310,8 +310,6 @@ def test_error_messages_do_not_depend_on_device_order():
     assert len(messages) == 1, messages
 
 
-@pytest.mark.xfail(strict=True, reason="BUG placement.py place(): the fallback reason names "
-                   "problems[node][wanted[0]], the first *listed* device of an annotated kind")
 def test_reasons_do_not_depend_on_device_order():
     graph = chain_graph()
     devices = [npu("npu0"), npu("npu1"), cpu("cpu0")]

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from dags import SAMPLE_NAMES, SAMPLES_DIR
 from runtime.cost import graph_costs
 from runtime.devices.spec import parse_devices
-from runtime.errors import ProvisionError
+from runtime.errors import PartitionError, ProvisionError
 from runtime.graph import Graph, load_graph, subgraphs
 from runtime.partition import Partition, partition
 from runtime.partition.plan import build_plan
@@ -153,7 +153,9 @@ def test_newer_opset_is_restamped_only_when_sound() -> None:
         pytest.skip(f"onnxruntime accepts the newest opset {newest}")
     for op in ("Sigmoid", "Cast"):
         graph = load_graph(tiny_model(op, newest))
-        [part] = partition(graph, parse_devices("cpu:1"), "memory").partitions
+        devices, names = parse_devices("cpu:1"), [n.name for n in graph.nodes]
+        [part] = build_plan(graph, graph_costs(graph), devices, [("p0", "cpu0", names)],
+                            mode="user", order=names).partitions
         sub = extract(graph, part)
         onnx.checker.check_model(sub)
         [stamp] = [o.version for o in sub.opset_import if o.domain in ("", "ai.onnx")]
@@ -169,6 +171,9 @@ def test_newer_opset_is_restamped_only_when_sound() -> None:
             with pytest.raises(ProvisionError, match="tiny/p0") as info:
                 cpu_session(sub)
             assert "\n" not in str(info.value)
+            # placement sees it first: no plan puts the op on onnxruntime
+            with pytest.raises(PartitionError, match=f"{op}.*re-stamped"):
+                partition(graph, devices, "memory")
 
 
 def test_input_without_type_is_an_error() -> None:

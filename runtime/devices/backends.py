@@ -71,15 +71,27 @@ def supported_ops(name: str) -> frozenset[str] | None:
     return _backend(name).ops()
 
 
+# A backend that computes its values with another backend's kernels (`sim` runs a
+# one-thread onnxruntime session) can run a node only where that one can.
+COMPUTED_BY = {"sim": "cpu"}
+
+
+def _acceptor(name: str) -> Acceptor | None:
+    accepts = _backend(name).accepts
+    if accepts is None and name in COMPUTED_BY:
+        accepts = _backend(COMPUTED_BY[name]).accepts
+    return accepts
+
+
 def checks_nodes(name: str) -> bool:
     """True if the backend checks each node in its model (see `node_problem`)."""
-    return _backend(name).accepts is not None
+    return _acceptor(name) is not None
 
 
 def node_problem(name: str, node: Node, graph: Graph) -> str | None:
     """Why backend `name` cannot run `node` of `graph` (its opset, types, domain), or None.
     Backends without a node check accept every node their op list allows."""
-    accepts = _backend(name).accepts
+    accepts = _acceptor(name)
     return None if accepts is None else accepts(node, graph)
 
 

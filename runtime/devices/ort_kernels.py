@@ -189,23 +189,29 @@ class _Check:
         """Does a session of this one node load? That finds what the kernel table cannot
         tell: attributes onnxruntime's schemas lack, kernels failing at initialisation,
         function ops it cannot inline. Nodes with untyped inputs are not probed."""
-        ins, outs = [], []
-        for name in proto.input:
-            if name:
-                if name not in types or type_string(types[name]) is None:
-                    return None
-                ins.append(helper.make_value_info(name, types[name]))
-        for name in proto.output:
-            if name:
-                outs.append(helper.make_value_info(name, types[name]) if name in types
-                            else helper.make_empty_tensor_value_info(name))
         node = onnx.NodeProto()
         node.CopyFrom(proto)
         node.name = "probe"
+        # canonical tensor names, so nodes alike but for their names share one probe
+        rename: dict[str, str] = {}
+        ins, outs = [], []
+        for i, name in enumerate(proto.input):
+            if name and name not in rename:
+                if name not in types or type_string(types[name]) is None:
+                    return None
+                rename[name] = f"i{i}"
+                ins.append(helper.make_value_info(rename[name], types[name]))
+        for i, name in enumerate(proto.output):
+            if name and name not in rename:
+                rename[name] = f"o{i}"
+                outs.append(helper.make_value_info(rename[name], types[name]) if name in types
+                            else helper.make_empty_tensor_value_info(rename[name]))
+        node.input[:] = [rename.get(n, n) for n in proto.input]
+        node.output[:] = [rename.get(n, n) for n in proto.output]
         stamped = {d: (min(v, self.low) if d == "" else v) for d, v in opsets.items()}
         return _load_error(node.SerializeToString(),
-                           tuple(dict.fromkeys(i.SerializeToString() for i in ins)),
-                           tuple(dict.fromkeys(o.SerializeToString() for o in outs)),
+                           tuple(i.SerializeToString() for i in ins),
+                           tuple(o.SerializeToString() for o in outs),
                            tuple(sorted(stamped.items())), self.ir)
 
 
@@ -281,6 +287,13 @@ KERNEL_LIMITS = {
 
 def ort_problem(node: Node, graph: Graph) -> str | None:
     """Why onnxruntime's CPU provider cannot run `node` of `graph` in a partition, or None."""
+    memo = graph.memo.setdefault("onnxruntime cpu", {})
+    if node.name not in memo:
+        memo[node.name] = _problem(node, graph)
+    return memo[node.name]
+
+
+def _problem(node: Node, graph: Graph) -> str | None:
     for t in node.reads + node.writes:
         kind = graph.types.get(t)
         if kind is None:

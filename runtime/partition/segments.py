@@ -10,7 +10,6 @@ and the windowed dynamic programme in `balanced` exact.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cache
 
 import numpy as np
 
@@ -43,17 +42,23 @@ class Segments:
         touched = [costs[n].weight_bytes + costs[n].bytes_moved for n in self.order]
         self._upper = np.concatenate([[0], np.cumsum(touched, dtype=np.float64)])
 
-    @cache  # noqa: B019 - one Segments lives for one partitioning run
+    # Memoised per instance: a functools.cache on a method is keyed on self at class
+    # level, which kept every Segments (and its graph) alive for the life of the process.
     def prefix_seconds(self, device: DeviceConfig) -> np.ndarray:
-        per_node = [device_seconds(self.costs[n], device) for n in self.order]
-        return np.concatenate([[0.0], np.cumsum(per_node)])
+        memo = self.__dict__.setdefault("_prefix_seconds", {})
+        if device not in memo:
+            per_node = [device_seconds(self.costs[n], device) for n in self.order]
+            memo[device] = np.concatenate([[0.0], np.cumsum(per_node)])
+        return memo[device]
 
-    @cache  # noqa: B019
     def blocked_before(self, device: DeviceConfig) -> np.ndarray:
         """u[i] = how many of the first i nodes placement keeps off the device."""
-        allowed = self.allowed or {}
-        bad = [n in allowed and device.name not in allowed[n] for n in self.order]
-        return np.concatenate([[0], np.cumsum(bad)])
+        memo = self.__dict__.setdefault("_blocked_before", {})
+        if device not in memo:
+            allowed = self.allowed or {}
+            bad = [n in allowed and device.name not in allowed[n] for n in self.order]
+            memo[device] = np.concatenate([[0], np.cumsum(bad)])
+        return memo[device]
 
     def memory(self, a: int, b: int) -> int:
         nodes = self.nodes[a:b]

@@ -1,0 +1,170 @@
+"""ONNX's backend test suite through Prism: every CPU test, with models split across devices.
+
+The suite runs through `PrismBackend` with its default devices (two `cpu` devices and a
+`reference` fallback). Tests listed in conformance_failures.toml are strict expected
+failures: one that starts passing fails the run until it leaves the list. Every model
+prepared here is also checked to be split: two or more nodes the cpu devices can run
+mean partitions on both cpu devices.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.backend.test
+import pytest
+from onnx import helper
+
+from runtime.onnx_backend import PrismBackend, PrismRep, default_devices
+
+FAILURES_FILE = Path(__file__).with_name("conformance_failures.toml")
+FAILURES: dict[str, str] = tomllib.loads(FAILURES_FILE.read_text())["failures"]
+CPU = {d.name for d in default_devices() if d.backend == "cpu"}
+
+
+def assert_split(rep: PrismRep) -> None:
+    """Nodes on the cpu devices span both of them whenever there are two or more."""
+    on_cpu = [n for p in rep.plan.partitions if p.device in CPU for n in p.nodes]
+    used = {p.device for p in rep.plan.partitions if p.device in CPU}
+    assert len(on_cpu) < 2 or used == CPU, (
+        f"{len(on_cpu)} nodes on cpu devices, but only {sorted(used)} hold partitions")
+
+
+class SplitCheckedPrism(PrismBackend):
+    """PrismBackend, with every prepared model's plan checked for a real split."""
+
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        rep = super().prepare(model, device, **kwargs)
+        assert_split(rep)
+        return rep
+
+
+with warnings.catch_warnings(), np.errstate(all="ignore"):
+    warnings.simplefilter("ignore")  # the node cases' own numpy warnings while they load
+    backend_test = onnx.backend.test.BackendTest(SplitCheckedPrism, __name__)
+backend_test.include(r"_cpu$")
+for _name in FAILURES:
+    backend_test.xfail(rf"^{_name}_cpu$")
+globals().update(backend_test.test_cases)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _onnx_home(tmp_path_factory):
+    """onnx's Runner writes the `real` light models' data under ONNX_HOME (else ~/.onnx)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ONNX_HOME", str(tmp_path_factory.mktemp("onnx_home")))
+    yield
+    patch.undo()
+
+
+def test_failure_list_names_real_tests():
+    """A stale or misspelt entry would silently match nothing."""
+    known = {name.removesuffix("_cpu") for case in backend_test.test_cases.values()
+             for name in dir(case) if name.startswith("test_")}
+    assert sorted(set(FAILURES) - known) == []
+    assert all(isinstance(reason, str) and reason.strip() for reason in FAILURES.values())
+
+
+def _chain(n: int) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info(f"t{n}", onnx.TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Relu" if i % 2 else "Neg", [f"t{i}" if i else "x"], [f"t{i + 1}"])
+             for i in range(n)]
+    return helper.make_model(helper.make_graph(nodes, "chain", [x], [y]))
+
+
+def test_multi_node_model_is_split_across_both_cpu_devices():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 3
+    with PrismBackend.prepare(_chain(4)) as rep:
+        devices = [p.device for p in rep.plan.partitions]
+        assert set(devices) == CPU and len(rep.plan.partitions) >= 2
+        assert rep.plan.transfers and all(t.src != t.dst for t in rep.plan.transfers)
+        (y,) = rep.run([x])
+    np.testing.assert_array_equal(y, np.maximum(-np.maximum(-x, 0), 0))
+
+
+def test_one_node_model_runs_on_one_device():
+    with PrismBackend.prepare(_chain(1)) as rep:
+        assert len(rep.plan.partitions) == 1
+        assert rep.run({"x": np.ones((2, 3), np.float32)})[0].tolist() == [[-1.0] * 3] * 2
+
+
+def test_nodes_onnxruntime_cannot_run_go_to_the_reference_fallback():
+    """Opset 28 is newer than onnxruntime reads; Celu changed at 28, so it cannot be
+    re-stamped and goes to the fallback, while Relu, Neg and Abs run re-stamped on cpu."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Celu", ["a"], ["b"]),
+             helper.make_node("Neg", ["b"], ["c"]), helper.make_node("Abs", ["c"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 28)])
+    with PrismBackend.prepare(model) as rep:
+        where = {n: p.device for p in rep.plan.partitions for n in p.nodes}
+        assert where["Celu_1"] == "reference0"
+        assert {where["Relu_0"], where["Neg_2"], where["Abs_3"]} == CPU
+        assert "fallback reference0" in rep.plan.reasons["Celu_1"]
+        assert "cannot be re-stamped" in rep.plan.reasons["Celu_1"]
+        (out,) = rep.run([np.array([-1.0, 0.0, 2.0], np.float32)])
+    np.testing.assert_allclose(out, [0.0, 0.0, 2.0])
+
+
+def test_rep_closes_its_host():
+    rep = PrismBackend.prepare(_chain(2))
+    rep.close()
+    with pytest.raises(Exception, match="closed"):
+        rep.run([np.zeros((2, 3), np.float32)])
+
+
+def test_run_node_types_outputs_by_inference_or_outputs_info():
+    node = helper.make_node("Split", ["x"], ["y", "z"], axis=0, num_outputs=2)
+    y, z = PrismBackend.run_node(node, [np.arange(4, dtype=np.float32)])
+    assert y.tolist() == [0.0, 1.0] and z.tolist() == [2.0, 3.0]
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    (out,) = PrismBackend.run_node(relu, {"x": np.array([-1.0, 2.0])}, opset_version=14,
+                                   outputs_info=[(np.float64, (2,))])
+    assert out.dtype == np.float64 and out.tolist() == [0.0, 2.0]
+
+
+def test_sequences_and_optionals_cross_partitions():
+    """A sequence made on one cpu device is read on the other; an empty optional feed."""
+    f = onnx.TensorProto.FLOAT
+    seq = helper.make_tensor_sequence_value_info("s", f, None)
+    nodes = [helper.make_node("SequenceConstruct", ["a", "b"], ["s"]),
+             helper.make_node("SequenceInsert", ["s", "a"], ["t"]),
+             helper.make_node("SequenceLength", ["t"], ["n"]),
+             helper.make_node("OptionalHasElement", ["o"], ["has"])]
+    opt = helper.make_value_info("o", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(f, [1])))
+    model = helper.make_model(helper.make_graph(
+        nodes, "seq", [helper.make_tensor_value_info("a", f, [2]),
+                       helper.make_tensor_value_info("b", f, [3]), opt],
+        [helper.make_tensor_value_info("n", onnx.TensorProto.INT64, []),
+         helper.make_tensor_value_info("has", onnx.TensorProto.BOOL, []), seq]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    with PrismBackend.prepare(model) as rep:
+        assert {p.device for p in rep.plan.partitions} == CPU
+        a, b = np.ones(2, np.float32), np.zeros(3, np.float32)
+        n, has, s = rep.run([a, b, None])
+        assert int(n) == 3 and not bool(has) and [x.tolist() for x in s] == [a.tolist(),
+                                                                            b.tolist()]
+        assert bool(rep.run({"a": a, "b": b, "o": np.ones(1, np.float32)})[1])
+
+
+def test_prism_conformance_command(capsys):
+    from app.cli import main
+
+    code = main(["conformance", "--suite", "simple", "-k", "sequence_model[12]$", "--json",
+                 "--timeout", "60"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["runtimes"] == ["prism", "onnxruntime", "reference"]
+    [simple, total] = report["suites"]
+    assert simple["tests"] == total["tests"] == 2
+    assert simple["passed"]["prism"] == 2 and not simple["onnxruntime_not_prism"]
+    assert {t["name"] for t in report["tests"]} == {"test_sequence_model1",
+                                                    "test_sequence_model2"}
