@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint samples clean
+.PHONY: run test bench lint samples clean chromium
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,7 +13,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/prism tui
 
-test: $(STAMP)
+# the browser tests drive Debian's Chromium; install it when missing (root, or sudo)
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y chromium; }
+
+test: $(STAMP) chromium
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

@@ -1,0 +1,225 @@
+"""The Streamlit dashboard under streamlit.testing.v1.AppTest: pages, controls, stepper.
+
+One embedded runtime serves the whole module (as one server process would); it is closed
+at the end through st.cache_resource, and no runtime thread may outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from app.cli import main
+from app.dag import UNASSIGNED
+from app.live import DEFAULT_DEVICES, SAMPLES
+from app.web_cmd import ENV_DEVICES, ENV_MODEL
+from runtime.devices import parse_devices
+from runtime.graph import load_graph
+from runtime.partition import partition
+from ui_web.cached import shared_live
+from ui_web.plan_dot import node_dot, partition_dot
+from ui_web.shared import SharedLive
+
+APP = Path(__file__).resolve().parent.parent / "ui_web" / "dashboard.py"
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[SharedLive]:
+    saved = {k: os.environ.pop(k, None) for k in (ENV_MODEL, ENV_DEVICES)}
+    st.cache_resource.clear()
+    try:
+        yield shared_live()
+    finally:
+        st.cache_resource.clear()  # on_release closes the runtime
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
+    left = [t.name for t in threading.enumerate() if t.name.startswith("prism-")]
+    assert not left, f"runtime threads outlived the dashboard: {left}"
+
+
+@pytest.fixture
+def at(shared: SharedLive) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not app.exception, app.exception
+    assert shared_live() is shared, "one runtime per process"
+    return app
+
+
+def _apply(at: AppTest, **controls: object) -> AppTest:
+    for key, value in controls.items():
+        _widget(at, f"ctl_{key}").set_value(value)
+    at.form_submit_button[0].click()
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _widget(at: AppTest, key: str):
+    for kind in ("radio", "text_input", "selectbox", "number_input"):
+        for w in getattr(at.sidebar, kind):
+            if w.key == key:
+                return w
+    raise KeyError(key)
+
+
+def _dots(at: AppTest) -> list[str]:
+    return [e.proto.spec for e in at.get("graphviz_chart")]
+
+
+def _serving(shared: SharedLive, wait: float = 0.6) -> bool:
+    before = shared.view(max_age=0).metrics.requests_finished
+    time.sleep(wait)
+    return shared.view(max_age=0).metrics.requests_finished > before
+
+
+def test_live_page_draws_the_running_plan(at: AppTest, shared: SharedLive) -> None:
+    labels = [m.label for m in at.metric]
+    assert labels == ["Throughput", "Latency p50", "Latency p95", "Latency p99", "Requests"]
+    [dot] = _dots(at)
+    plan = shared.view().plan
+    for p in plan.partitions:
+        assert f'"cluster_{p.name}"' in dot
+    assert plan.transfers and "copy " in dot and "style=dashed" in dot
+    assert " KB" in dot  # tensor bytes on edges
+    devices = at.dataframe[0].value
+    assert list(devices["device"]) == sorted(shared.view().devices)
+    assert any("partitions on" in m.value for m in at.markdown)
+
+
+def test_partition_level_toggle(at: AppTest, shared: SharedLive) -> None:
+    at.toggle(key="dag_partitions").set_value(True).run()
+    assert not at.exception
+    [dot] = _dots(at)
+    assert dot.startswith("digraph partitions")
+    assert dot.count("->") == len({(t.src_partition, d) for t in shared.view().plan.transfers
+                                   for d in t.dst_partitions})
+
+
+def test_mode_control_repartitions_in_place(at: AppTest, shared: SharedLive) -> None:
+    assert shared.view().mode == "balanced" and len(shared.view().plan.partitions) > 1
+    _apply(at, mode="memory")
+    plan = shared.view().plan
+    assert plan.mode == "memory"
+    assert len(plan.partitions) == 1  # cnn fits one 2 GB cpu device: fewest partitions
+    assert not at.error and any("re-planned" in s.value for s in at.success)
+    assert any("memory · 1 partition on" in m.value for m in at.markdown)
+    assert _serving(shared)
+    _apply(at, mode="balanced")
+    assert shared.view().plan.mode == "balanced" and len(shared.view().plan.partitions) > 1
+
+
+def test_devices_and_model_controls_reprovision(at: AppTest, shared: SharedLive) -> None:
+    _apply(at, devices="cpu:3", model="mlp.onnx", load_kind="clients", clients=2)
+    view = shared.view(max_age=0)
+    assert {d.name for d in view.plan.devices} == {"cpu0", "cpu1", "cpu2"}
+    assert view.network == "mlp" and view.load == "2 clients"
+    assert _serving(shared)
+    _apply(at, devices=DEFAULT_DEVICES, model="cnn.onnx", load_kind="rate", rate=150.0)
+    view = shared.view(max_age=0)
+    assert view.devices_spec == DEFAULT_DEVICES and view.network.startswith("cnn")
+    assert view.load == "150 req/s"
+
+
+def test_bad_upload_shows_error_and_keeps_serving(at: AppTest, shared: SharedLive) -> None:
+    before = shared.view().plan
+    at.file_uploader[0].set_value(("broken.onnx", b"this is not an onnx model",
+                                   "application/octet-stream"))
+    _apply(at)
+    assert at.error and "Apply failed" in at.error[0].value
+    assert shared.view().plan is before
+    assert _serving(shared)
+
+
+def test_model_too_big_for_devices_shows_error(at: AppTest, shared: SharedLive) -> None:
+    before = shared.view().plan
+    at.file_uploader[0].set_value(("mlp.onnx", (SAMPLES / "mlp.onnx").read_bytes(),
+                                   "application/octet-stream"))
+    _apply(at, devices="cpu:2:mem=200KB")
+    assert at.error and "largest device" in at.error[0].value
+    assert shared.view().plan is before and shared.view().devices_spec == DEFAULT_DEVICES
+    assert _serving(shared)
+    at.sidebar.button[0].click().run()  # pause is immediate, no Apply needed
+    assert shared.view(max_age=0).paused
+    at.sidebar.button[0].click().run()
+    assert not shared.view(max_age=0).paused
+
+
+def test_stepper_slider_moves_the_assignment(at: AppTest, shared: SharedLive) -> None:
+    at.switch_page("views/stepper.py").run()
+    assert not at.exception, at.exception
+    slider = at.slider(key="step_number")
+    count = int(slider.max)
+    assert slider.value == count
+    final_reason, [final_dot] = at.info[0].value, _dots(at)
+    assert final_reason.startswith("planned") and UNASSIGNED not in final_dot
+
+    middle = count // 2 + 10
+    at.slider(key="step_number").set_value(middle).run()
+    reason, [dot] = at.info[0].value, _dots(at)
+    assert reason != final_reason
+    assert 0 < dot.count(UNASSIGNED) < len(shared.graph().nodes)
+
+    at.button(key="step_prev").click().run()
+    assert at.slider(key="step_number").value == middle - 1
+    earlier = _dots(at)[0]
+    assert earlier.count(UNASSIGNED) >= dot.count(UNASSIGNED)
+    assert any(f"Step {middle - 1} of {count}" in m.value for m in at.markdown)
+
+    at.slider(key="step_number").set_value(1).run()
+    assert _dots(at)[0].count(UNASSIGNED) == len(shared.graph().nodes)
+
+
+def test_tabs_share_one_runtime(shared: SharedLive) -> None:
+    first = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    second = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _apply(first, mode="memory")
+    second.run()
+    assert any("memory · 1 partition on" in m.value for m in second.markdown)
+
+    failures: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            for _ in range(40):
+                shared.view(max_age=0)
+        except BaseException as exc:
+            failures.append(exc)
+
+    readers = [threading.Thread(target=poll) for _ in range(3)]
+    for t in readers:
+        t.start()
+    _apply(second, mode="balanced")  # re-plans while other tabs poll
+    for t in readers:
+        t.join(10)
+    assert not failures and shared.view().plan.mode == "balanced"
+
+
+@pytest.mark.parametrize("argv", [["web", "--devices", "gpu:2"], ["web", "missing.onnx"]])
+def test_prism_web_rejects_bad_arguments(argv: list[str], capsys) -> None:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "prism: error:" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["balanced", "memory"])
+def test_plan_dot_covers_every_sample(mode: str) -> None:
+    devices = parse_devices(DEFAULT_DEVICES)
+    for path in sorted(SAMPLES.glob("*.onnx")):
+        graph = load_graph(path)
+        plan = partition(graph, devices, mode)
+        nodes, parts = node_dot(plan, graph), partition_dot(plan, graph)
+        assert all(json.dumps(n.name) in nodes for n in graph.nodes), path.name
+        assert all(f"{p.name} @ {p.device}" in parts for p in plan.partitions), path.name
+        assert nodes.count("shape=cds") == len(plan.transfers)
+        assert nodes.count("{") == nodes.count("}") and parts.count("[") == parts.count("]")
