@@ -14,14 +14,15 @@ from benchmarks.common import result
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
+from runtime.partition import Plan
 from runtime.submodel import cpu_session, loadable
 
 
 def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests: int,
-                **network) -> tuple[float, float]:
-    """(requests/s, p99 latency in s) of Prism with `clients` closed-loop clients."""
+                **network) -> tuple[float, float, Plan]:
+    """(requests/s, p99 latency in s, plan) of Prism with `clients` closed-loop clients."""
     with HostManager(devices, max_queue=4 * clients, max_active=max(2, clients)) as host:
-        host.add_network("m", model, **network)
+        plan = host.add_network("m", model, **network)
         LoadGenerator(host, "m", concurrency=clients, requests=clients * 2).start().wait(60)
         load = LoadGenerator(host, "m", concurrency=clients, requests=requests)
         start = time.perf_counter()
@@ -30,7 +31,7 @@ def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests:
         load.stop()
         if load.stats.failed:
             raise RuntimeError(f"{load.stats.failed} requests failed: {load.stats.errors[:1]}")
-    return load.stats.ok / wall, float(np.percentile(load.stats.latencies, 99))
+    return load.stats.ok / wall, float(np.percentile(load.stats.latencies, 99)), plan
 
 
 def plain_closed_loop(model: str, threads: int, clients: int, requests: int) -> float:
@@ -65,8 +66,8 @@ def run(quick: bool = False) -> list[dict]:
     scale = 1 if quick else 4
     out = []
     cpu1 = [DeviceConfig(name="cpu0", backend="cpu", threads=1)]
-    plain, p99_plain = closed_loop(cpu1, "sample_models/mlp.onnx", 64, 1000 * scale)
-    batched, p99_batched = closed_loop(
+    plain, p99_plain, _ = closed_loop(cpu1, "sample_models/mlp.onnx", 64, 1000 * scale)
+    batched, p99_batched, _ = closed_loop(
         cpu1, "sample_models/mlp.onnx", 64, 1000 * scale,
         batching={"max_batch_size": 64, "max_queue_delay_ms": 2})
     ratio = batched / plain
@@ -74,14 +75,14 @@ def run(quick: bool = False) -> list[dict]:
                       ratio >= 4, f"{batched:.0f}/s vs {plain:.0f}/s; p99 batched "
                       f"{p99_batched * 1e3:.2f} ms, unbatched {p99_plain * 1e3:.2f} ms"))
     sims = parse_devices("sim:4:flops=10G:bw=10G")
-    one, _ = closed_loop(sims, "sample_models/cnn.onnx", 16, 250 * scale, replicas=1,
+    one, _, _ = closed_loop(sims, "sample_models/cnn.onnx", 16, 250 * scale, replicas=1,
                          partition="memory")
-    four, _ = closed_loop(sims, "sample_models/cnn.onnx", 16, 250 * scale, replicas=4)
+    four, _, _ = closed_loop(sims, "sample_models/cnn.onnx", 16, 250 * scale, replicas=4)
     ratio = four / one
     out.append(result("cnn on 4 sim devices: 4 replicas / 1 copy throughput", ratio, "x",
                       ">= 3.6x", ratio >= 3.6, f"{four:.0f}/s vs {one:.0f}/s"))
     cpus = parse_devices("cpu:2")
-    piped, _ = closed_loop(cpus, "sample_models/cnn.onnx", 8, 500 * scale)
+    piped, _, _ = closed_loop(cpus, "sample_models/cnn.onnx", 8, 500 * scale)
     plain2 = plain_closed_loop("sample_models/cnn.onnx", 2, 8, 500 * scale)
     ratio = piped / plain2
     out.append(result("cnn, 8 in flight: Prism on 2 cpu devices (1 thread) / onnxruntime "

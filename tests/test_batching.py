@@ -9,7 +9,6 @@ its batcher thread, a batch's members one after another, so consecutive runs of
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import itertools
 import threading
 import time
@@ -17,66 +16,17 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dags import SAMPLES_DIR
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.devices.backends import compiler
 from runtime.errors import PrismError, RequestTimeoutError
 from runtime.host import HostManager
 from runtime.submodel import extract
-
-WAIT = 30.0  # bound on every future.result()
-MLP = SAMPLES_DIR / "mlp.onnx"
-TRANSFORMER = SAMPLES_DIR / "transformer.onnx"
-
+from serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, poll
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-@functools.cache
-def _session(path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def expected(path, feeds: dict) -> dict[str, np.ndarray]:
-    session = _session(path)
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
-def assert_same(got: dict, want: dict) -> None:
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert got[name].shape == value.shape, name
-        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
-
-
-def poll(predicate, timeout: float = 10.0, interval: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
-
-
-class Events:
-    """Accumulates everything a subscription drains, so a test can look back."""
-
-    def __init__(self, host: HostManager, kinds=None):
-        self.sub = host.bus.subscribe(maxlen=1_000_000, kinds=kinds)
-        self.seen: list = []
-
-    def of(self, kind: str, network: str | None = None) -> list:
-        self.seen.extend(self.sub.drain())
-        return [e for e in self.seen if e.kind == kind
-                and (network is None or e.get("network") == network)]
-
-    def last_queued(self) -> int:
-        return self.of("request.queued")[-1]["request"]
 
 
 def batches(started: list) -> list[list]:

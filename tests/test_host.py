@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import functools
 import itertools
 import json
 import threading
@@ -13,11 +12,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from dags import SAMPLES_DIR
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.devices.backends import compiler
 from runtime.errors import (
@@ -35,62 +32,12 @@ from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
 from runtime.partition import partition_steps
 from runtime.submodel import extract
+from serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, poll
 
-WAIT = 30.0  # bound on every future.result(): nothing hangs
 GATE_WAIT = 10.0
-TRANSFORMER = SAMPLES_DIR / "transformer.onnx"
-MLP = SAMPLES_DIR / "mlp.onnx"
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-@functools.cache
-def whole_model(path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def expected(path, feeds: dict) -> dict[str, np.ndarray]:
-    session = whole_model(path)
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
-def assert_same(got: dict, want: dict) -> None:
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert got[name].shape == value.shape, name
-        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
-
-
-def poll(predicate, timeout: float = 10.0, interval: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
-
-
-class Events:
-    """Accumulates everything a subscription drains, so tests can look back."""
-
-    def __init__(self, host: HostManager, kinds=None, maxlen: int = 1_000_000):
-        self.sub = host.bus.subscribe(maxlen=maxlen, kinds=kinds)
-        self.seen: list = []
-
-    def all(self) -> list:
-        self.seen.extend(self.sub.drain())
-        return self.seen
-
-    def of(self, kind: str) -> list:
-        return [e for e in self.all() if e.kind == kind]
-
-    def last_queued(self) -> int:
-        return self.of("request.queued")[-1]["request"]
-
-    def ran(self, request_id: int) -> bool:
-        return any(e.get("request") == request_id for e in self.of("partition.run.started"))
 
 
 def toy_chain(width: int = 4) -> onnx.ModelProto:

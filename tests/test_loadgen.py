@@ -7,44 +7,19 @@ run() until the future is done) and records every send's time and feeds.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from app.loadgen import LoadGenerator
-from dags import SAMPLES_DIR
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
-
-WAIT = 30.0
-MLP = SAMPLES_DIR / "mlp.onnx"
-
-
-@functools.cache
-def _session(path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def expected(path, feeds: dict) -> dict[str, np.ndarray]:
-    session = _session(path)
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
-def poll(predicate, timeout: float = 10.0, interval: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
+from serving import MLP, WAIT, expected, poll
 
 
 class Counting:

@@ -4,16 +4,12 @@ routing, and the memory account when copies come and go."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import threading
-import time
 from collections import Counter
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-from dags import SAMPLES_DIR
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.devices.backends import compiler
 from runtime.errors import PrismError
@@ -22,37 +18,7 @@ from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.provision import twins
 from runtime.submodel import extract
-
-WAIT = 30.0
-CNN = SAMPLES_DIR / "cnn.onnx"
-MLP = SAMPLES_DIR / "mlp.onnx"
-
-
-@functools.cache
-def _session(path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def expected(path, feeds: dict) -> dict[str, np.ndarray]:
-    session = _session(path)
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
-def assert_same(got: dict, want: dict) -> None:
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert got[name].shape == value.shape, name
-        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
-
-
-def poll(predicate, timeout: float = 10.0, interval: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
+from serving import CNN, MLP, WAIT, assert_same, expected
 
 
 def image(rng, batch: int = 1) -> dict:
