@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
+from collections import Counter
 
 import numpy as np
 import onnxruntime as ort
 
 from dags import SAMPLES_DIR
+from runtime.errors import RequestTimeoutError
 from runtime.host import HostManager
 
 WAIT = 30.0  # bound on every future.result(): nothing hangs
@@ -66,3 +69,40 @@ class Events:
     def ran(self, request_id: int) -> bool:
         return any(e.kind == "partition.run.started" and e["request"] == request_id
                    for e in self.all())
+
+
+class Gate:
+    """A function that blocks every run until opened."""
+
+    def __init__(self, inner, wait: float = WAIT):
+        self.inner, self.output_names, self.wait = inner, inner.output_names, wait
+        self.opened, self.entered = threading.Event(), threading.Event()
+        self.calls = 0
+
+    def run(self, feeds):
+        self.calls += 1
+        self.entered.set()
+        if not self.opened.wait(self.wait):
+            raise RuntimeError("gate never opened")
+        return self.inner.run(feeds)
+
+
+def count_outcomes(records: list, model) -> Counter:
+    """(how, feeds, future) records of cancelled / timed-out / plain requests: every one
+    ended exactly one way, and the answers are right."""
+    outcomes: Counter = Counter()
+    for how, feeds, fut in records:
+        if fut.cancelled():
+            assert how == "cancel"
+            outcomes["cancelled"] += 1
+            continue
+        err = fut.exception(timeout=0)
+        if err is None:
+            outcomes["result"] += 1
+            assert_same(fut.result(timeout=0), expected(model, feeds))
+        else:
+            assert isinstance(err, RequestTimeoutError), (how, err)
+            assert how == "timeout"
+            outcomes["timeout"] += 1
+    assert sum(outcomes.values()) == len(records)
+    return outcomes

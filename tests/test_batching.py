@@ -24,7 +24,17 @@ from runtime.devices.backends import compiler
 from runtime.errors import PrismError, RequestTimeoutError
 from runtime.host import HostManager
 from runtime.submodel import extract
-from serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, poll
+from serving import (
+    MLP,
+    TRANSFORMER,
+    WAIT,
+    Events,
+    Gate,
+    assert_same,
+    count_outcomes,
+    expected,
+    poll,
+)
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -108,20 +118,6 @@ def wrap_function(host: HostManager, network: str, wrap) -> None:
                                              manager.config, 0.0)
     manager.evict(key)
     manager.load_function(key, wrap(inner), part.weight_bytes, part.activation_bytes)
-
-
-class Gate:
-    """A function that blocks every run until opened."""
-
-    def __init__(self, inner):
-        self.inner, self.output_names = inner, inner.output_names
-        self.opened, self.entered = threading.Event(), threading.Event()
-
-    def run(self, feeds):
-        self.entered.set()
-        if not self.opened.wait(WAIT):
-            raise RuntimeError("gate never opened")
-        return self.inner.run(feeds)
 
 
 class Shapes:
@@ -579,21 +575,7 @@ def test_2000_batched_requests_with_cancellations_and_timeouts_end_once():
         assert len(records) == 2000
         assert poll(lambda: all(f.done() for _, _, f in records), WAIT), \
             f"{sum(not f.done() for _, _, f in records)} futures left pending"
-        outcomes: Counter = Counter()
-        for how, feeds, fut in records:
-            if fut.cancelled():
-                assert how == "cancel"
-                outcomes["cancelled"] += 1
-                continue
-            err = fut.exception(timeout=0)
-            if err is None:
-                outcomes["result"] += 1
-                assert_same(fut.result(timeout=0), expected(MLP, feeds))
-            else:
-                assert isinstance(err, RequestTimeoutError), (how, err)
-                assert how == "timeout"
-                outcomes["timeout"] += 1
-        assert sum(outcomes.values()) == 2000
+        outcomes = count_outcomes(records, MLP)
         assert min(outcomes["cancelled"], outcomes["timeout"], outcomes["result"]) > 0, outcomes
         assert poll(lambda: host._active == 0), f"host._active = {host._active}"
         assert poll(lambda: len(events.of("request.finished"))

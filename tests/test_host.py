@@ -32,10 +32,17 @@ from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
 from runtime.partition import partition_steps
 from runtime.submodel import extract
-from serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, poll
-
-GATE_WAIT = 10.0
-
+from serving import (
+    MLP,
+    TRANSFORMER,
+    WAIT,
+    Events,
+    Gate,
+    assert_same,
+    count_outcomes,
+    expected,
+    poll,
+)
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -74,24 +81,6 @@ def replace_function(host: HostManager, network: str, part, wrap) -> None:
     freed = manager.evict(key)
     assert freed == part.weight_bytes + part.activation_bytes
     manager.load_function(key, wrap(inner), part.weight_bytes, part.activation_bytes)
-
-
-class Gate:
-    """A function that blocks every run until opened."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.output_names = inner.output_names
-        self.opened = threading.Event()
-        self.entered = threading.Event()
-        self.calls = 0
-
-    def run(self, feeds):
-        self.calls += 1
-        self.entered.set()
-        if not self.opened.wait(GATE_WAIT):
-            raise RuntimeError("gate never opened")
-        return self.inner.run(feeds)
 
 
 def gated_toy(max_active: int = 1, max_queue: int = 10) -> tuple[HostManager, Gate]:
@@ -798,20 +787,7 @@ def test_2000_requests_with_cancellations_and_timeouts_end_once():
         assert len(records) == 2000
         # (cf.wait() never counts a future cancelled before it ran as done)
         assert poll(lambda: all(f.done() for _, _, f in records), WAIT), "futures left pending"
-        outcomes: Counter = Counter()
-        for how, feeds, fut in records:
-            if fut.cancelled():
-                outcomes["cancelled"] += 1
-                continue
-            err = fut.exception(timeout=0)
-            if err is None:
-                outcomes["result"] += 1
-                assert_same(fut.result(timeout=0), expected(MLP, feeds))
-            else:
-                assert isinstance(err, RequestTimeoutError), (how, err)
-                assert how == "timeout"
-                outcomes["timeout"] += 1
-        assert sum(outcomes.values()) == 2000
+        outcomes = count_outcomes(records, MLP)
         assert outcomes["cancelled"] > 0 and outcomes["timeout"] > 0
         assert outcomes["result"] > 0
         assert poll(lambda: host._active == 0 and len(host._queue) == 0)

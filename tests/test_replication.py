@@ -18,7 +18,7 @@ from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.provision import twins
 from runtime.submodel import extract
-from serving import CNN, MLP, WAIT, assert_same, expected
+from serving import CNN, MLP, WAIT, Gate, assert_same, expected
 
 
 def image(rng, batch: int = 1) -> dict:
@@ -46,18 +46,6 @@ def copies_by_device(host: HostManager, network: str) -> dict[str, set[str]]:
 
 def used(host: HostManager) -> dict[str, int]:
     return {name: m.used_bytes for name, m in host.devices.items()}
-
-
-class Gate:
-    def __init__(self, inner):
-        self.inner, self.output_names = inner, inner.output_names
-        self.opened, self.entered = threading.Event(), threading.Event()
-
-    def run(self, feeds):
-        self.entered.set()
-        if not self.opened.wait(WAIT):
-            raise RuntimeError("gate never opened")
-        return self.inner.run(feeds)
 
 
 class Filler:
