@@ -30,6 +30,15 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="device for nodes their preferred device cannot run")
 
 
+def _add_serving_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-batch", type=int, metavar="N",
+                        help="dynamic batching: largest batch")
+    parser.add_argument("--max-delay-ms", type=float, default=1.0, metavar="D",
+                        help="dynamic batching: longest wait for a fuller batch (default 1)")
+    parser.add_argument("--replicas", default="1", metavar="N|saturate",
+                        help="whole copies of the plan on twin devices")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prism", description="Partition an ONNX network over several devices and run it.")
@@ -56,12 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
     run.add_argument("--rate", type=float, metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
-    run.add_argument("--max-batch", type=int, metavar="N", help="dynamic batching: batch size")
-    run.add_argument("--max-delay-ms", type=float, default=1.0, metavar="D",
-                     help="dynamic batching: longest wait for a fuller batch (default 1)")
-    run.add_argument("--replicas", default="1", metavar="N|saturate",
-                     help="whole copies of the plan on twin devices")
+    _add_serving_args(run)
     run.set_defaults(handler="app.run_cmd:run")
+
+    bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load")
+    _add_model_args(bench)
+    bench.add_argument("--requests", type=int, default=1000, metavar="N")
+    bench.add_argument("--concurrency", type=int, default=8, metavar="C",
+                       help="closed-loop clients, for both runtimes")
+    bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    _add_serving_args(bench)
+    bench.set_defaults(handler="app.bench_cmd:run")
 
     tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
                                      "through the partitioner")

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime.errors import PrismError, QueueFullError
+from runtime.graph import Graph
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
+from runtime.submodel import cpu_session, loadable
 
 POOL = 64  # distinct random feed sets per generator
 OnResult = Callable[[dict, dict | None, BaseException | None, float], None]
@@ -260,3 +262,28 @@ class LoadGenerator:
                 self.stats.errors.append(str(error))
         if self.on_result is not None:
             self.on_result(feeds, outputs, error, latency)
+
+
+def plain_onnxruntime(graph: Graph, clients: int, requests: int, threads: int = 1,
+                      bindings: Mapping[str, int] | None = None) -> tuple[float, list[float]]:
+    """The baseline: one plain onnxruntime session on the whole model, fed by `clients`
+    threads (onnxruntime releases the GIL while it runs). Returns (requests/s, latencies)."""
+    session = cpu_session(loadable(graph.model), threads=threads)
+    rng = np.random.default_rng()
+    pool = [random_feeds(input_specs(graph), rng, bindings) for _ in range(POOL)]
+    count = iter(range(requests))
+    latencies: list[float] = []
+
+    def client() -> None:
+        for i in count:
+            start = time.perf_counter()
+            session.run(None, pool[i % POOL])
+            latencies.append(time.perf_counter() - start)
+
+    workers = [threading.Thread(target=client, name=f"prism-plain-{i}") for i in range(clients)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return requests / (time.perf_counter() - start), latencies

@@ -37,3 +37,15 @@ def load(args: argparse.Namespace) -> tuple[Graph, list[DeviceConfig]]:
     devices = parse_devices(args.devices)
     graph = load_graph(args.model, bindings=bindings(args.bind), name=Path(args.model).stem)
     return graph, devices
+
+
+def network_options(args: argparse.Namespace) -> dict:
+    """`add_network` keywords from the run/bench flags."""
+    mode, user_map = mode_and_map(args.partition)
+    batching = None if not args.max_batch else {
+        "max_batch_size": args.max_batch, "max_queue_delay_ms": args.max_delay_ms}
+    if args.replicas != "saturate" and not str(args.replicas).isdigit():
+        raise PrismError(f"--replicas takes a whole number or 'saturate', got {args.replicas!r}")
+    return {"partition": user_map or mode, "bindings": bindings(args.bind),
+            "annotations": args.annotate, "fallback": args.fallback, "batching": batching,
+            "replicas": args.replicas if args.replicas == "saturate" else int(args.replicas)}

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from app.loadgen import LoadGenerator
-from app.loading import bindings, mode_and_map
+from app.loading import network_options
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.events import JsonlRecorder
@@ -88,9 +88,9 @@ def device_table(snap: MetricsSnapshot) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    mode, user_map = mode_and_map(args.partition)
+    options = network_options(args)
     devices = parse_devices(args.devices)
-    binds = bindings(args.bind)
+    binds = options["bindings"]
     feeds = None
     if args.inputs:
         try:
@@ -101,12 +101,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
         name = Path(args.model).stem
-        batching = None if not args.max_batch else {
-            "max_batch_size": args.max_batch, "max_queue_delay_ms": args.max_delay_ms}
-        replicas = args.replicas if args.replicas == "saturate" else int(args.replicas)
-        host.add_network(name, args.model, partition=user_map or mode, bindings=binds,
-                         annotations=args.annotate, fallback=args.fallback, replicas=replicas,
-                         batching=batching)
+        host.add_network(name, args.model, **options)
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = JsonlRecorder(host.bus, args.record) if args.record else nullcontext()
         load = LoadGenerator(host, name, concurrency=None if args.rate else args.concurrency,

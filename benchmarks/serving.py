@@ -3,19 +3,16 @@ measured in the same run."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
-import onnx
 
-from app.loadgen import LoadGenerator
+from app.loadgen import LoadGenerator, plain_onnxruntime
 from benchmarks.common import result
 from runtime.devices import DeviceConfig, parse_devices
+from runtime.graph import load_graph
 from runtime.host import HostManager
-from runtime.inputs import input_specs, random_feeds
 from runtime.partition import Plan
-from runtime.submodel import cpu_session, loadable
 
 
 def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests: int,
@@ -36,30 +33,7 @@ def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests:
 
 def plain_closed_loop(model: str, threads: int, clients: int, requests: int) -> float:
     """Requests/s of one plain onnxruntime session fed by `clients` threads."""
-    proto = onnx.load(model)
-    session = cpu_session(loadable(proto), threads=threads)
-    specs = input_specs_of(proto)
-    count = iter(range(requests + clients * 2))
-    rng = np.random.default_rng()
-    feeds = [random_feeds(specs, rng) for _ in range(64)]
-
-    def client() -> None:
-        for i in count:
-            session.run(None, feeds[i % len(feeds)])
-
-    workers = [threading.Thread(target=client) for _ in range(clients)]
-    start = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return (requests + clients * 2) / (time.perf_counter() - start)
-
-
-def input_specs_of(model: onnx.ModelProto):
-    from runtime.graph import load_graph
-
-    return input_specs(load_graph(model))
+    return plain_onnxruntime(load_graph(model), clients, requests, threads)[0]
 
 
 def run(quick: bool = False) -> list[dict]:

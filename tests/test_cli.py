@@ -191,3 +191,18 @@ def test_console_script(tmp_path):
     helped = subprocess.run([str(PRISM), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0
     assert "partition" in helped.stdout and "run" in helped.stdout
+
+
+def test_bench_compares_prism_with_plain_onnxruntime(capsys):
+    args = ["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--requests", "200",
+            "--concurrency", "8", "--max-batch", "8", "--json"]
+    assert main(args) == 0
+    figures = json.loads(capsys.readouterr().out)
+    prism, plain = figures["prism"], figures["onnxruntime"]
+    assert prism["requests_per_second"] > 0 and plain["requests_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(
+        prism["requests_per_second"] / plain["requests_per_second"])
+    assert 0 < prism["p50_seconds"] <= prism["p99_seconds"]
+    assert main(["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1",
+                 "--replicas", "two"]) == 1
+    assert "--replicas" in capsys.readouterr().err

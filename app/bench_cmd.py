@@ -1,0 +1,67 @@
+"""`prism bench`: Prism and one plain onnxruntime session under the same closed-loop load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from app.loadgen import LoadGenerator, plain_onnxruntime
+from app.loading import network_options
+from runtime.devices import parse_devices
+from runtime.errors import PrismError
+from runtime.host import HostManager
+from runtime.units import human_seconds
+
+
+def _figures(rate: float, latencies: list[float]) -> dict:
+    p50, p99 = np.percentile(latencies, [50, 99]) if latencies else (0.0, 0.0)
+    return {"requests_per_second": rate, "p50_seconds": float(p50), "p99_seconds": float(p99)}
+
+
+def run(args: argparse.Namespace) -> int:
+    devices = parse_devices(args.devices)
+    options = network_options(args)
+    name = Path(args.model).stem
+    with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
+                     max_active=max(2, args.concurrency)) as host:
+        host.add_network(name, args.model, **options)
+        graph = host.graph(name)
+        load = LoadGenerator(host, name, concurrency=args.concurrency, requests=args.requests,
+                             bindings=options["bindings"])
+        start = time.perf_counter()
+        load.start().wait(600)
+        wall = time.perf_counter() - start
+        load.stop()
+        if load.stats.failed:
+            raise PrismError(f"{load.stats.failed} requests failed: {load.stats.errors[0]}")
+    threads = sum(d.threads for d in devices if d.backend == "cpu") or 1
+    plain = plain_onnxruntime(graph, args.concurrency, args.requests, threads,
+                              options["bindings"])
+    figures = {"prism": _figures(load.stats.ok / wall, load.stats.latencies),
+               "onnxruntime": _figures(*plain), "onnxruntime_threads": threads,
+               "clients": args.concurrency, "requests": args.requests}
+    figures["ratio"] = (figures["prism"]["requests_per_second"]
+                        / figures["onnxruntime"]["requests_per_second"])
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    table = Table(title=f"{name}: {args.concurrency} clients, {args.requests} requests",
+                  box=box.SIMPLE_HEAD)
+    for col in ("runtime", "req/s", "p50", "p99"):
+        table.add_column(col, justify="left" if col == "runtime" else "right")
+    for label, key in ((f"Prism on {args.devices}", "prism"),
+                       (f"onnxruntime, {threads} thread(s)", "onnxruntime")):
+        f = figures[key]
+        table.add_row(label, f"{f['requests_per_second']:.0f}", human_seconds(f["p50_seconds"]),
+                      human_seconds(f["p99_seconds"]))
+    console = Console()
+    console.print(table)
+    console.print(f"Prism / onnxruntime throughput: [bold]{figures['ratio']:.2f}x[/]")
+    return 0
