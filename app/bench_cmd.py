@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ from rich.table import Table
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.loading import network_options
 from runtime.devices import parse_devices
-from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds
 
@@ -35,16 +33,11 @@ def run(args: argparse.Namespace) -> int:
         graph = host.graph(name)
         load = LoadGenerator(host, name, concurrency=args.concurrency, requests=args.requests,
                              bindings=options["bindings"])
-        start = time.perf_counter()
-        load.start().wait(600)
-        wall = time.perf_counter() - start
-        load.stop()
-        if load.stats.failed:
-            raise PrismError(f"{load.stats.failed} requests failed: {load.stats.errors[0]}")
+        rate = load.measure()
     threads = sum(d.threads for d in devices if d.backend == "cpu") or 1
     plain = plain_onnxruntime(graph, args.concurrency, args.requests, threads,
                               options["bindings"])
-    figures = {"prism": _figures(load.stats.ok / wall, load.stats.latencies),
+    figures = {"prism": _figures(rate, load.stats.latencies),
                "onnxruntime": _figures(*plain), "onnxruntime_threads": threads,
                "clients": args.concurrency, "requests": args.requests}
     figures["ratio"] = (figures["prism"]["requests_per_second"]

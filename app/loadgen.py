@@ -151,6 +151,17 @@ class LoadGenerator:
             with contextlib.suppress(Exception):  # timed out or cancelled: counted elsewhere
                 f.exception(timeout=max(0.0, deadline - time.monotonic()))
 
+    def measure(self, timeout: float = 600.0) -> float:
+        """Run the request budget to the end; requests answered per second. Any failure
+        is an error: a throughput with failures in it would flatter the runtime."""
+        start = time.perf_counter()
+        self.start().wait(timeout)
+        wall = time.perf_counter() - start
+        self.stop()
+        if self.stats.failed:
+            raise PrismError(f"{self.stats.failed} requests failed: {self.stats.errors[0]}")
+        return self.stats.ok / wall
+
     def wait(self, timeout: float | None = None) -> bool:
         """Until the requested number of requests have ended (or `timeout`)."""
         deadline = None if timeout is None else time.monotonic() + timeout

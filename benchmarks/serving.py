@@ -3,8 +3,6 @@ measured in the same run."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from app.loadgen import LoadGenerator, plain_onnxruntime
@@ -22,13 +20,8 @@ def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests:
         plan = host.add_network("m", model, **network)
         LoadGenerator(host, "m", concurrency=clients, requests=clients * 2).start().wait(60)
         load = LoadGenerator(host, "m", concurrency=clients, requests=requests)
-        start = time.perf_counter()
-        load.start().wait(300)
-        wall = time.perf_counter() - start
-        load.stop()
-        if load.stats.failed:
-            raise RuntimeError(f"{load.stats.failed} requests failed: {load.stats.errors[:1]}")
-    return load.stats.ok / wall, float(np.percentile(load.stats.latencies, 99)), plan
+        rate = load.measure(300)
+    return rate, float(np.percentile(load.stats.latencies, 99)), plan
 
 
 def plain_closed_loop(model: str, threads: int, clients: int, requests: int) -> float:
