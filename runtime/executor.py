@@ -57,6 +57,7 @@ class Executor:
             loaded[0].partition.inputs) == fed and set(self.outputs) <= set(
             loaded[0].partition.outputs)
         self.last_used = 0
+        self._reorder = self.single and list(loaded[0].partition.outputs) != self.outputs
 
     def start(self, request: Request, done: Done) -> None:
         if request.inline and self.single:
@@ -72,18 +73,30 @@ class Executor:
 
     def _start_single(self, request: Request, done: Done) -> None:
         """One partition on an idle device: no per-request state, no locks of ours."""
-        lp = self.parts[0]
         try:
-            outputs = lp.device.run_now(lp.key, request.feeds, self._tag(request, lp))
+            outputs = self.run_direct(request.feeds, self._tag(request, self.parts[0]))
         except ExecutionError as exc:
-            exc.partition, exc.device = lp.partition.name, lp.device.name
             done(request, None, exc)
             return
         if outputs is None:  # busy after all: the general path queues it
             run = _Run(dict(request.feeds), list(self.missing))
             self._launch(run, request, 0, done)
         else:
-            done(request, {t: outputs[t] for t in self.outputs}, None)
+            done(request, outputs, None)
+
+    def run_direct(self, feeds: dict[str, np.ndarray], tag: dict | None = None
+                   ) -> dict[str, np.ndarray] | None:
+        """A `single` plan on this thread: the graph outputs, or None if its device is busy.
+        Raises ExecutionError naming the partition and the device."""
+        lp = self.parts[0]
+        try:
+            outputs = lp.device.run_now(lp.key, feeds, tag)
+        except ExecutionError as exc:
+            exc.partition, exc.device = lp.partition.name, lp.device.name
+            raise
+        if outputs is None or not self._reorder:
+            return outputs
+        return {t: outputs[t] for t in self.outputs}
 
     def _tag(self, request: Request, lp: LoadedPartition) -> dict | None:
         if self.bus is None or not self.bus.active:

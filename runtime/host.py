@@ -32,6 +32,7 @@ from runtime.deadlines import Deadlines
 from runtime.devices.config import DeviceConfig
 from runtime.devices.manager import DeviceManager
 from runtime.errors import (
+    ExecutionError,
     HostClosedError,
     InvalidInputError,
     NetworkBusyError,
@@ -51,7 +52,7 @@ from runtime.partition import partition as partition_plan
 from runtime.partition.record import finish, tap
 from runtime.provision import LoadedPartition, provision, unload
 from runtime.replicas import plan_devices, twin_maps
-from runtime.requests import Request, RequestQueue
+from runtime.requests import ReadyFuture, Request, RequestQueue
 
 ModelSource = str | Path | bytes | onnx.ModelProto
 
@@ -69,6 +70,7 @@ class Network:
     running: set[Request] = field(default_factory=set)
     batcher: Batcher | None = None
     batches: int = 0  # batches in flight
+    direct: Executor | None = None  # the copy a request may run through unrecorded (run)
 
     @property
     def stages(self) -> int:
@@ -113,6 +115,7 @@ class HostManager:
         self._waiters = 0  # threads in close() or remove_network() waiting on _cv
         self._cv = threading.Condition()
         self._deadlines = Deadlines(self._expire)
+        self._batchers: tuple[Batcher, ...] = ()  # of the loaded networks, told of free places
 
     # -- networks ----------------------------------------------------------------------
 
@@ -145,6 +148,7 @@ class HostManager:
             raise
         with self._cv:
             self._networks[name] = net
+            self._batchers = self._batchers_locked()
         self._publish("network.loaded", network=name, mode=net.plan.mode,
                       partitions=len(net.plan.partitions),
                       devices=sorted({p.device for p in net.plan.partitions}),
@@ -196,6 +200,8 @@ class HostManager:
                                   partial(self._batch_place_back, net),
                                   partial(self._launch_batch, net),
                                   partial(self._batch_failed, net))
+        elif len(net.copies) == 1 and net.copies[0].single:
+            net.direct = net.copies[0]
         return net
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
@@ -211,10 +217,15 @@ class HostManager:
                 raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
                                        f"{timeout:g} s; not removed")
             del self._networks[name]
+            self._batchers = self._batchers_locked()
         if net.batcher is not None:
             net.batcher.close()
         for loaded in net.loaded:
             unload(loaded, network=name, bus=self.bus)
+
+    def _batchers_locked(self) -> tuple[Batcher, ...]:
+        return tuple(net.batcher for net in self._networks.values()
+                     if net is not None and net.batcher is not None)
 
     def copies(self, name: str) -> int:
         """How many copies of the network's plan are loaded (replicas)."""
@@ -258,8 +269,12 @@ class HostManager:
                 if self._closed:
                     raise HostClosedError("host is closed; it takes no more requests")
                 net = self._network(name)
-        request = Request(name, check_feeds(name, net.specs, feeds), priority,
-                          queued_at=time.monotonic())
+        feeds = check_feeds(name, net.specs, feeds)
+        if inline and timeout is None and not self.bus.active and net.direct is not None:
+            future = self._run_direct(net, net.direct, feeds)
+            if future is not None:
+                return future
+        request = Request(name, feeds, priority, queued_at=time.monotonic())
         if timeout is not None:
             request.deadline = request.queued_at + timeout
         if net.batcher is not None and rows(request) > net.batcher.config.max_batch_size:
@@ -296,6 +311,30 @@ class HostManager:
             net.batcher.push(request)
         self._publish("queue.depth", depth=depth, active=self._active)
         return request.future
+
+    def _run_direct(self, net: Network, copy: Executor, feeds: dict[str, np.ndarray]
+                    ) -> Future | None:
+        """The lean path (a one-partition plan, nobody listening, no timeout): when a place
+        is free, nothing is queued and the device is idle, run on this thread and return a
+        finished future; no Request record, no hand-off. None: take the general path."""
+        with self._cv:
+            if (self._closed or net.removing or self._active >= self.max_active
+                    or self._queue.size):
+                return None
+            self._active += 1
+            copy.outstanding += 1
+            net.outstanding += 1
+        try:
+            outputs = copy.run_direct(feeds)
+            future = None if outputs is None else ReadyFuture(outputs)
+        except ExecutionError as exc:
+            future = ReadyFuture(exception=exc)
+        finally:
+            with self._cv:
+                net.outstanding -= 1
+                ready = self._free_place_locked(copy)
+            self._after_release(ready)
+        return future
 
     def infer(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
               timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -401,9 +440,8 @@ class HostManager:
             self.bus.publish("queue.depth", depth=self._queue.size, active=self._active)
         for nxt, nxt_net in ready:
             self._begin(nxt, nxt_net)
-        for net in list(self._networks.values()):
-            if net is not None and net.batcher is not None:
-                net.batcher.place_freed()
+        for batcher in self._batchers:
+            batcher.place_freed()
 
     def _free_place(self, copy: Executor | None = None) -> None:
         with self._cv:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -11,6 +11,9 @@ from onnx import helper
 
 from runtime.errors import InvalidInputError
 from runtime.graph import Dim, Graph
+
+
+_SHAPES_KEPT = 64  # accepted shapes remembered per input
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class InputSpec:
     dtype: np.dtype | None
     dims: tuple[Dim, ...] | None
     type: onnx.TypeProto | None = None
+    shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
 
     def describe(self) -> str:
         if self.type is not None:
@@ -117,11 +121,17 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
         array = value if type(value) is np.ndarray else np.asarray(value)
-        if (spec.dtype is not None and array.dtype != spec.dtype) or not _shape_ok(
+        dtype = array.dtype
+        if array.shape in spec.shapes_seen and (dtype is spec.dtype or spec.dtype is None):
+            out[spec.name] = array  # the common case, a shape seen before: no dim by dim
+            continue
+        if (spec.dtype is not None and dtype != spec.dtype) or not _shape_ok(
                 spec.dims, array.shape):
             raise InvalidInputError(
                 f"input {spec.name!r} of {network}: expected {spec.describe()}, got "
                 f"{array.dtype} [{', '.join(map(str, array.shape))}]")
+        if len(spec.shapes_seen) < _SHAPES_KEPT:
+            spec.shapes_seen.add(array.shape)
         out[spec.name] = array
     if len(feeds) != len(out) and any(k not in out for k in feeds):
         extra = sorted(k for k in feeds if k not in out)

@@ -191,11 +191,7 @@ class DeviceManager:
             if self._closed or self._busy or self._queue or on_device_thread():
                 return None
             self._busy = True
-        _local.device = True
-        try:
-            outputs, error = self._call(key, feeds, tag, time.perf_counter())
-        finally:
-            _local.device = False
+        outputs, error = self._call(key, feeds, tag, time.perf_counter())
         if error is not None:
             raise error
         return outputs
@@ -331,7 +327,8 @@ class DeviceManager:
             self._busy = False
             self._runs += ran
             self._busy_seconds += seconds
-            self._cond.notify_all()
+            if self._queue or self._closed:  # the worker or close() waits for this
+                self._cond.notify_all()
 
     # events
 
