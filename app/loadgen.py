@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -72,7 +73,8 @@ class LoadGenerator:
         self._running.set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._outstanding: set[Future] = set()
+        self._outstanding: set[Future] = set()  # open loop: answers to wait for at stop
+        self._sender: int | None = None  # the sending thread's ident
         self._idle: list[int] = []  # closed-loop clients parked by pause()
         self._active: set[int] = set()  # closed-loop clients whose chain is running
         self._ready: deque[int] = deque()  # closed-loop clients to send for now
@@ -101,6 +103,7 @@ class LoadGenerator:
     def _serve_ready(self) -> None:
         """Closed loop: send for clients whose answer came at once (or who just started),
         round robin; answers that take time continue their chain from the callback."""
+        self._sender = threading.get_ident()
         while not self._stop.is_set():
             with self._ready_cv:
                 while not self._ready and not self._stop.is_set():
@@ -207,15 +210,11 @@ class LoadGenerator:
             self._record(feeds, None, exc, start)
             self._wake([client])
             return
-        with self._lock:
-            self._outstanding.add(future)
-        future.add_done_callback(lambda f, fd=feeds, s=start: self._answered(f, client, fd, s))
+        future.add_done_callback(partial(self._answered, client, feeds, start))
 
-    def _answered(self, future: Future, client: int, feeds: dict, start: float) -> None:
-        with self._lock:
-            self._outstanding.discard(future)
+    def _answered(self, client: int, feeds: dict, start: float, future: Future) -> None:
         self._settle(future, feeds, start)
-        if threading.current_thread() in self._threads:
+        if threading.get_ident() == self._sender:
             self._wake([client])  # answered at once on our own thread: no recursion
         else:
             self._send(client)

@@ -34,11 +34,14 @@ def run(quick: bool = False) -> list[dict]:
     out = []
     cpu1 = [DeviceConfig(name="cpu0", backend="cpu", threads=1)]
     plain, p99_plain, _ = closed_loop(cpu1, "sample_models/mlp.onnx", 64, 1000 * scale)
+    # Batches of half the clients: one runs while the other's answers are sent and its
+    # clients' next requests gather. A batch of all 64 leaves nobody to gather meanwhile.
     batched, p99_batched, _ = closed_loop(
         cpu1, "sample_models/mlp.onnx", 64, 1000 * scale,
-        batching={"max_batch_size": 64, "max_queue_delay_ms": 2})
+        batching={"max_batch_size": 32, "max_queue_delay_ms": 2})
     ratio = batched / plain
-    out.append(result("mlp, 64 clients: batched / unbatched throughput", ratio, "x", ">= 4x",
+    out.append(result("mlp, 64 clients: batched (max 32) / unbatched throughput", ratio, "x",
+                      ">= 4x",
                       ratio >= 4, f"{batched:.0f}/s vs {plain:.0f}/s; p99 batched "
                       f"{p99_batched * 1e3:.2f} ms, unbatched {p99_plain * 1e3:.2f} ms"))
     sims = parse_devices("sim:4:flops=10G:bw=10G")

@@ -56,14 +56,12 @@ def check_batchable(graph: Graph) -> None:
                                  f"dynamic batching needs a symbolic batch dimension")
 
 
-def rows(request: Request) -> int:
-    """A request's share of a batch: its first dimension."""
-    return len(next(iter(request.feeds.values()))) if request.feeds else 1
-
-
-def signature(feeds: Mapping[str, np.ndarray]) -> tuple:
-    """What must agree for requests to share a batch: all but the first dimension."""
-    return tuple((k, v.dtype.str, v.shape[1:]) for k, v in sorted(feeds.items()))
+def batch_shape(feeds: Mapping[str, np.ndarray]) -> tuple[int, tuple]:
+    """A request's rows (its first dimension, its share of a batch) and what must agree
+    for requests to share a batch: every input's dtype and all but its first dimension.
+    Feeds come checked, in the network's input order."""
+    rows = len(next(iter(feeds.values()))) if feeds else 1
+    return rows, tuple((v.dtype, v.shape[1:]) for v in feeds.values())
 
 
 def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
@@ -72,9 +70,12 @@ def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
 
 
 def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dict]:
-    sizes = np.cumsum([len(next(iter(m.feeds.values()))) for m in members])[:-1]
-    parts = {name: np.split(value, sizes) for name, value in outputs.items()}
-    return [{name: parts[name][i] for name in outputs} for i in range(len(members))]
+    parts, start = [], 0
+    for m in members:
+        end = start + m.rows
+        parts.append({name: value[start:end] for name, value in outputs.items()})
+        start = end
+    return parts
 
 
 class Batcher:
@@ -89,6 +90,7 @@ class Batcher:
         self._queue = RequestQueue()
         self._cv = threading.Condition()
         self._closed = False
+        self._completions: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name=f"prism-batch-{name}",
                                         daemon=True)
         self._thread.start()
@@ -123,54 +125,72 @@ class Batcher:
         return oldest is not None and now - oldest.queued_at >= cfg.max_queue_delay_ms / 1e3
 
     def _form(self) -> list[Request]:
-        """Up to max_batch_size requests like the first in priority order (a preferred
-        size when one fits), leaving the rest queued in their order."""
-        waiting = self._queue.drain()
-        waiting = [r for r in waiting if not r.ended]
-        if not waiting:
-            return []
-        key = signature(waiting[0].feeds)
-        alike, total = [], 0
-        for r in waiting:  # in priority order; rows, not requests, count against the maximum
-            if signature(r.feeds) != key:
+        """Up to max_batch_size rows of requests like the first in priority order (a
+        preferred size when one fits); the rest stay queued in their places."""
+        limit = self.config.max_batch_size
+        alike: list[Request] = []
+        passed: list[Request] = []
+        total = 0
+        while total < limit and (r := self._queue.pop()) is not None:
+            if r.ended:
                 continue
-            if alike and total + rows(r) > self.config.max_batch_size:
+            if alike and r.key != alike[0].key:
+                passed.append(r)  # another shape: a later batch
+                continue
+            if total + r.rows > limit:
+                passed.append(r)
                 break  # never let a later request jump one that does not fit
             alike.append(r)
-            total += rows(r)
+            total += r.rows
         fitting = [s for s in self.config.preferred_batch_sizes if s <= total]
-        if fitting and total < self.config.max_batch_size:
+        if fitting and total < limit:
             while total > fitting[-1] and len(alike) > 1:
-                total -= rows(alike.pop())
-        chosen = set(map(id, alike))
-        for r in waiting:
-            if id(r) not in chosen:
-                self._queue.push(r)
+                passed.append(alike.pop())
+                total -= passed[-1].rows
+        for r in passed:
+            self._queue.push(r)  # back in its place: the queue orders by request id
         return alike
+
+    def post(self, completion: Callable[[], None]) -> None:
+        """Run `completion` (a finished batch's splitting and answering) on the batcher's
+        thread: the device's own thread goes straight on to the next batch, so one
+        batch's Python work overlaps the next batch's run. One hand-off per batch."""
+        with self._cv:
+            self._completions.append(completion)
+            self._cv.notify()
 
     def _loop(self) -> None:
         while True:
+            batch = completion = None
             with self._cv:
-                while not self._closed:
+                while True:
                     now = time.monotonic()
-                    if self._queue.size and self._ready(now) and self._take_place():
+                    # A ready batch goes first: the requests a finished batch sent again
+                    # should run before the next finished batch is answered.
+                    if (not self._closed and self._queue.size and self._ready(now)
+                            and self._take_place()):
                         batch = self._form()
                         break
+                    if self._completions:
+                        completion = self._completions.pop(0)
+                        break
+                    if self._closed:
+                        return
                     oldest = self._queue.oldest()
                     if oldest is None or self._ready(now):
                         wait = 0.05  # nothing queued, or ready but no place: until notified
                     else:
                         wait = oldest.queued_at + self.config.max_queue_delay_ms / 1e3 - now
                     self._cv.wait(min(max(wait, 1e-4), 0.05))
-                else:
-                    return
-            if not batch:  # everything waiting had ended meanwhile
+            if completion is not None:
+                completion()
+            elif not batch:  # everything waiting had ended meanwhile
                 self._give_back()
-                continue
-            try:
-                self._launch(batch)
-            except Exception as exc:  # the batcher must outlive any one batch
-                self._failed(batch, exc)
+            else:
+                try:
+                    self._launch(batch)
+                except Exception as exc:  # the batcher must outlive any one batch
+                    self._failed(batch, exc)
 
     def close(self, timeout: float = 2.0) -> list[Request]:
         """Stop; returns the requests still waiting."""

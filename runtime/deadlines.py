@@ -14,6 +14,7 @@ class Deadlines:
     def __init__(self, on_expire: Callable[[Request], None]):
         self._on_expire = on_expire
         self._heap: list[tuple[float, int, Request]] = []
+        self._ended = 0  # entries of ended requests since the last sweep (at most)
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="prism-deadlines", daemon=True)
@@ -26,6 +27,17 @@ class Deadlines:
             heapq.heappush(self._heap, (request.deadline, request.id, request))
             if self._heap[0][2] is request:
                 self._cv.notify()
+
+    def discard(self, request: Request) -> None:
+        """`request` has ended. Its entry goes at the next sweep, once half the heap has
+        ended: a finished request, and the outputs it holds, need not wait for its deadline
+        to be let go (under load with long timeouts, that would be most of the heap)."""
+        with self._cv:
+            self._ended += 1
+            if self._ended * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].ended]
+                heapq.heapify(self._heap)
+                self._ended = 0
 
     def _loop(self) -> None:
         while True:

@@ -23,9 +23,9 @@ import onnx
 from runtime.batching import (
     Batcher,
     BatchingConfig,
+    batch_shape,
     check_batchable,
     concatenate,
-    rows,
     split,
 )
 from runtime.deadlines import Deadlines
@@ -277,14 +277,17 @@ class HostManager:
         request = Request(name, feeds, priority, queued_at=time.monotonic())
         if timeout is not None:
             request.deadline = request.queued_at + timeout
-        if net.batcher is not None and rows(request) > net.batcher.config.max_batch_size:
-            raise InvalidInputError(
-                f"request to {name} has batch {rows(request)}, more than its max_batch_size "
-                f"{net.batcher.config.max_batch_size}")
+        if net.batcher is not None:
+            request.rows, request.key = batch_shape(feeds)
+            if request.rows > net.batcher.config.max_batch_size:
+                raise InvalidInputError(
+                    f"request to {name} has batch {request.rows}, more than its "
+                    f"max_batch_size {net.batcher.config.max_batch_size}")
         with self._cv:
             if self._closed:
                 raise HostClosedError("host is closed; it takes no more requests")
-            net = self._network(name)
+            if net.removing or self._networks.get(name) is not net:
+                net = self._network(name)  # removed meanwhile: says so
             waiting = len(net.batcher) if net.batcher is not None else self._queue.size
             start_now = (net.batcher is None and self._active < self.max_active
                          and not self._queue.size)
@@ -309,7 +312,8 @@ class HostManager:
         request.future.on_cancel = partial(self._cancelled, request)
         if net.batcher is not None:
             net.batcher.push(request)
-        self._publish("queue.depth", depth=depth, active=self._active)
+        if self.bus.active:
+            self.bus.publish("queue.depth", depth=depth, active=self._active)
         return request.future
 
     def _run_direct(self, net: Network, copy: Executor, feeds: dict[str, np.ndarray]
@@ -402,6 +406,8 @@ class HostManager:
 
     def _release(self, request: Request) -> None:
         """Give back an ended request's place; start whatever the queue lets start."""
+        if request.deadline is not None:
+            self._deadlines.discard(request)
         with self._cv:
             net = self._networks.get(request.network)
             if net is not None:
@@ -455,7 +461,7 @@ class HostManager:
         Triton, keep gathering while every instance is busy rather than queue a batch."""
         with self._cv:
             if (self._active >= self.max_active or self._closed_hard
-                    or net.batches >= net.stages):
+                    or net.batches >= 2 * net.stages):
                 return False
             self._active += 1
             net.batches += 1
@@ -480,12 +486,13 @@ class HostManager:
                 self.bus.publish("request.started", network=net.name, request=m.id,
                                  queue_wait=now - m.queued_at, batch_size=len(live))
         batch = Request(net.name, concatenate(live), batch_size=len(live), slot=True,
-                        queued_at=min(m.queued_at for m in live))
+                        queued_at=min(m.queued_at for m in live), rows=sum(m.rows for m in live))
         with self._cv:
             batch.copy = self._least_busy(net)
             net.running.update(live)
         batch.started_at = now
-        batch.copy.start(batch, partial(self._batch_finished, net, live))
+        batch.copy.start(batch, lambda *ended: net.batcher.post(
+            partial(self._batch_finished, net, live, *ended)))
 
     def _batch_failed(self, net: Network, members: list[Request], error: BaseException
                       ) -> None:
@@ -501,13 +508,17 @@ class HostManager:
         if batch.end(outputs, error):
             parts = split(outputs, members) if error is None else [None] * len(members)
             ended = [m for m, part in zip(members, parts, strict=True) if m.end(part, error)]
+            for member in ended:
+                if member.deadline is not None:
+                    self._deadlines.discard(member)
             with self._cv:  # one lock for the whole batch's bookkeeping
                 net.running.difference_update(ended)
                 net.outstanding -= len(ended)
                 net.batches -= 1
                 ready = self._free_place_locked(batch.copy)
-            for member in ended:
-                self._report(member, error)
+            if self.bus.active:
+                for member in ended:
+                    self._report(member, error)
             self._after_release(ready)
 
     _closed_hard = False

@@ -12,7 +12,6 @@ from onnx import helper
 from runtime.errors import InvalidInputError
 from runtime.graph import Dim, Graph
 
-
 _SHAPES_KEPT = 64  # accepted shapes remembered per input
 
 

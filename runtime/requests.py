@@ -52,7 +52,9 @@ class Request:
     deadline: float | None = None
     queued_at: float = 0.0
     started_at: float = 0.0
-    batch_size: int = 1
+    batch_size: int = 1  # requests in the batch it ran in
+    rows: int = 1  # its first dimension, when its network batches
+    key: tuple = ()  # what must agree for requests to share a batch (batching.batch_shape)
     slot: bool = False  # holds one of the host's max_active places
     inline: bool = False  # may run on the caller's thread
     copy: Any = None  # the executor (plan copy) running it
@@ -68,6 +70,9 @@ class Request:
             self._token.pop()
         except IndexError:
             return False
+        # The future's cancel hook points back at this request: break that cycle, so the
+        # pair is freed at once rather than left for the garbage collector.
+        self.future.on_cancel = None
         try:
             if error is None:
                 self.future.set_result(outputs)
@@ -87,7 +92,6 @@ class RequestQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Request]] = []
-        self._seq = itertools.count()
         self._gone: set[int] = set()
         self.size = 0  # requests waiting (what len() gives)
 
@@ -95,7 +99,9 @@ class RequestQueue:
         return self.size
 
     def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, next(self._seq), request))
+        # Request ids grow in arrival order: FIFO among equals, and a request taken out
+        # and pushed back (batching) returns to its own place.
+        heapq.heappush(self._heap, (request.priority, request.id, request))
         self.size += 1
 
     def discard(self, request: Request) -> bool:

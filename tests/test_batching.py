@@ -670,3 +670,21 @@ def test_batcher_does_not_poll_while_a_ready_batch_waits_for_a_place():
         for fut in waiting:
             fut.result(timeout=WAIT)
         assert spent < 0.02, f"{spent * 1e3:.0f} ms of CPU in 500 ms with nothing to do"
+
+
+def test_a_request_taken_out_and_pushed_back_keeps_its_place():
+    """The batcher pops requests to form a batch and pushes back those of another shape:
+    they must come out again in their own order, ahead of later arrivals."""
+    from runtime.requests import Request, RequestQueue
+
+    rng = np.random.default_rng()
+    queue = RequestQueue()
+    made = [Request("m", {}, priority=int(p)) for p in rng.integers(0, 3, 12)]
+    for r in made:
+        queue.push(r)
+    taken = [queue.pop() for _ in range(5)]
+    for r in rng.permutation(taken):
+        queue.push(r)
+    order = [queue.pop() for _ in range(len(made))]
+    assert order == sorted(made, key=lambda r: (r.priority, r.id))
+    assert queue.pop() is None and len(queue) == 0

@@ -824,3 +824,63 @@ def test_dataclass_fields_are_named_as_designed():
             "activation_bytes", "est_seconds"} <= {f.name for f in dataclasses.fields(Partition)}
     assert {"tensor", "src", "dst", "bytes", "est_seconds"} <= {
         f.name for f in dataclasses.fields(Transfer)}
+
+
+# -- the one-partition lean path and request memory ------------------------------------------
+
+
+def test_lean_path_outputs_errors_and_futures_behave_like_any_future():
+    """A one-partition plan on an idle device runs on the caller's thread and returns a
+    future born finished: it must work with every concurrent.futures helper, and a fault
+    must still name partition and device."""
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:1")) as host:
+        plan = host.add_network("t", TRANSFORMER)
+        assert len(plan.partitions) == 1
+        feeds = [{"tokens": rng.standard_normal((2, 16, 64)).astype(np.float32)}
+                 for _ in range(5)]
+        futures = [host.run("t", f) for f in feeds]
+        assert all(f.done() for f in futures), "the lean path should answer at once"
+        done, pending = cf.wait(futures, timeout=WAIT)
+        assert len(done) == 5 and not pending
+        assert len(list(cf.as_completed(futures, timeout=WAIT))) == 5
+        called = []
+        futures[0].add_done_callback(called.append)
+        assert called == [futures[0]] and not futures[0].cancel()
+        for f, fut in zip(feeds, futures, strict=True):
+            assert_same(fut.result(timeout=0), expected(TRANSFORMER, f))
+        part = plan.partitions[0]
+        replace_function(host, "t", part, lambda f: Flaky(f, lambda n, feeds: n == 2))
+        outcomes = [host.run("t", f) for f in feeds[:3]]
+        err = outcomes[1].exception(timeout=0)
+        assert isinstance(err, ExecutionError) and f"t/{part.name}" in str(err)
+        assert (err.partition, err.device) == (part.name, part.device)
+        assert_same(outcomes[2].result(timeout=0), expected(TRANSFORMER, feeds[2]))
+        assert host._active == 0 and host._networks["t"].outstanding == 0
+
+
+@pytest.mark.parametrize("batching", [None, {"max_batch_size": 4, "max_queue_delay_ms": 1}])
+def test_an_answered_request_is_freed_without_the_garbage_collector(batching):
+    """No reference cycle outlives a request: with the collector off, its future dies with
+    the last reference to it (a cycle per request once cost a collection every few
+    hundred requests)."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("m", MLP, batching=batching)
+        host.infer("m", {"x": rng.standard_normal((1, 256)).astype(np.float32)})
+        gc.collect()
+        gc.disable()
+        try:
+            refs = []
+            for inline in (True, False):
+                future = host.run("m", {"x": rng.standard_normal((1, 256)).astype(np.float32)},
+                                  timeout=WAIT, inline=inline)
+                future.result(timeout=WAIT)
+                refs.append(weakref.ref(future))
+                del future
+            assert poll(lambda: all(r() is None for r in refs)), "a request lives in a cycle"
+        finally:
+            gc.enable()

@@ -278,6 +278,7 @@ class DeviceManager:
                 job = self._queue.popleft()
                 self._busy = True
             self._execute(job)
+            job = None  # an idle worker must not pin the last request's tensors
 
     def _execute(self, job: _Job) -> None:
         """Run one queued job with `_busy` held, then settle its future (lock not held)."""
