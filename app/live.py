@@ -110,6 +110,9 @@ class LiveRuntime:
         if replay_file is not None:
             self._replay = list(read_jsonl(replay_file))
             self.metrics.feed(self._replay)
+            loaded = [e for e in self._replay if e.kind == "network.loaded"]
+            if loaded and loaded[-1].get("mode") in MODES and loaded[-1].get("mode") != "user":
+                self.mode = loaded[-1].get("mode")  # the recorded plan, not today's default
             self.graph = load_graph(self.model, name=self.network)
             self.plan = finish(partition_steps(self.graph, parse_devices(self.devices_spec),
                                                mode))
@@ -259,6 +262,8 @@ class LiveRuntime:
         self.stop_recording()
         self._recorder = JsonlRecorder(self.host.bus, path)
         self._record_path = str(path)
+        for manager in self.host.devices.values():  # a replay starts with today's memory
+            manager.publish_memory()
         return self._record_path
 
     def stop_recording(self) -> str | None:

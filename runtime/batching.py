@@ -60,6 +60,9 @@ def batch_shape(feeds: Mapping[str, np.ndarray]) -> tuple[int, tuple]:
     """A request's rows (its first dimension, its share of a batch) and what must agree
     for requests to share a batch: every input's dtype and all but its first dimension.
     Feeds come checked, in the network's input order."""
+    if len(feeds) == 1:  # the usual case, without a generator
+        (value,) = feeds.values()
+        return len(value), (value.dtype, value.shape[1:])
     rows = len(next(iter(feeds.values()))) if feeds else 1
     return rows, tuple((v.dtype, v.shape[1:]) for v in feeds.values())
 

@@ -58,9 +58,9 @@ class Request:
     slot: bool = False  # holds one of the host's max_active places
     inline: bool = False  # may run on the caller's thread
     copy: Any = None  # the executor (plan copy) running it
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
     future: RequestFuture = field(default_factory=RequestFuture)
-    _token: list = field(default_factory=lambda: [True], repr=False)  # pop() is atomic
+    _token: list = field(default_factory=[True].copy, repr=False)  # pop() is atomic
 
     def end(self, outputs: dict[str, np.ndarray] | None = None,
             error: BaseException | None = None) -> bool:

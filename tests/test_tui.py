@@ -440,6 +440,11 @@ def test_replay_shows_the_same_figures_as_live(tmp_path: Path, live_threads):
     assert seen["replay_figures"] == seen["figures"]  # counts and percentiles alike
     assert all(row[2] == "40" for row in seen["figures"].values())
     assert seen["replay_runs"] == seen["runs"]
+    memory = {name: (d.used_bytes, d.total_bytes)
+              for name, d in live_view.metrics.devices.items()}
+    assert all(used > 0 for used, _ in memory.values())  # the recording starts with them
+    assert {name: (d.used_bytes, d.total_bytes)
+            for name, d in replay_view.metrics.devices.items()} == memory
     assert "40 done" in seen["rate"] and "40 done" in seen["replay_rate"]
 
 

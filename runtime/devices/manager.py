@@ -161,7 +161,7 @@ class DeviceManager:
         with self._cond:
             self._pending.discard(key)
             self._loaded[key] = _Loaded(function, weights + acts)
-        self._publish_memory()
+        self.publish_memory()
 
     def _arena(self, without: str) -> int:
         return max((a for k, a in self._bytes_a.items() if k != without), default=0)
@@ -175,7 +175,7 @@ class DeviceManager:
             before = self._used
             del self._bytes_w[key], self._bytes_a[key]
             freed = before - self._account()
-        self._publish_memory()
+        self.publish_memory()
         return freed
 
     # execution
@@ -336,7 +336,9 @@ class DeviceManager:
     def _bus_active(self) -> bool:
         return self._bus is not None and bool(getattr(self._bus, "active", False))
 
-    def _publish_memory(self) -> None:
+    def publish_memory(self) -> None:
+        """A `device.memory` event with the account as it stands (also for a recording
+        that starts after the networks were loaded)."""
         if self._bus_active():
             self._publish("device.memory", device=self.name, used_bytes=self._used,
                           total_bytes=self.config.memory_bytes)
