@@ -140,6 +140,37 @@ def device_seconds(cost: NodeCost, device: DeviceConfig) -> float:
                cost.bytes_moved / device.mem_bandwidth) + device.launch_seconds
 
 
-def transfer_seconds(nbytes: int, dst: DeviceConfig) -> float:
-    """A copy into `dst` over its link: a fixed latency plus bytes over bandwidth."""
-    return dst.link_latency + nbytes / dst.link_bandwidth
+# Backends whose tensors live in host memory: a copy out of them has nothing to send.
+HOST_MEMORY_BACKENDS = frozenset({"cpu", "reference"})
+
+
+def link_seconds(nbytes: int, device: DeviceConfig) -> float:
+    """`nbytes` over the device's link: a fixed latency plus bytes over bandwidth."""
+    return device.link_latency + nbytes / device.link_bandwidth
+
+
+def sends_over_link(device: DeviceConfig) -> bool:
+    """Does a copy out of the device use its link (False: its tensors are in host memory)?"""
+    return device.backend not in HOST_MEMORY_BACKENDS
+
+
+def send_seconds(nbytes: int, device: DeviceConfig) -> float:
+    """The sending end of a copy: the device's link, or nothing if it works in host memory."""
+    return link_seconds(nbytes, device) if sends_over_link(device) else 0.0
+
+
+def transfer_seconds(nbytes: int, src: DeviceConfig, dst: DeviceConfig) -> float:
+    """A copy of `nbytes` from `src` to `dst`, timed from both devices' links.
+
+    Copies are staged through host memory. The sending end writes the tensor out once,
+    however many devices read it: `link_seconds` on the sender's link for a device with
+    memory of its own (`sim`), nothing for one that works in host memory (`cpu`,
+    `reference`: the tensor is there already). The receiving end reads it in over the
+    receiver's link, once per receiving device. The two ends stream together, so the copy
+    takes as long as its slower end; that is a Transfer's `est_seconds`. What a device is
+    charged per request (its stage) is its own end only: `link_seconds` for every tensor
+    it receives, `send_seconds` for every tensor it sends. A stage's cost then depends
+    on nothing but its own nodes and device, which keeps the balanced split exact, and a
+    slow link slows the stages on both sides of it.
+    """
+    return max(send_seconds(nbytes, src), link_seconds(nbytes, dst))

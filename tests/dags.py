@@ -3,7 +3,7 @@
 Nothing here imports the partitioner's own helpers: the reference time, memory and
 feasibility below are written from the documented semantics, so they can catch it out.
 Only the graph API (`Graph`, `Node`, `tensor_bytes`) and the cost model's public
-functions (`node_cost`, `device_seconds`, `transfer_seconds`) are used.
+functions (`node_cost`, `device_seconds`, `link_seconds`, `send_seconds`) are used.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.cost import device_seconds, node_cost, transfer_seconds
+from runtime.cost import device_seconds, link_seconds, node_cost, send_seconds
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph, Node, load_graph
 
@@ -377,12 +377,19 @@ class Reference:
         return {t for n in names for t in reads_of(self.graph.node(n))
                 if t in self.made_by and self.made_by[t] not in inside}
 
+    def outgoing(self, names: Sequence[str]) -> set[str]:
+        inside = set(names)
+        return {t for n in names for t in self.graph.node(n).outputs
+                if t and self.readers.get(t, set()) - inside}
+
     def seconds(self, names: Sequence[str], device: DeviceConfig) -> float:
+        """Compute plus the device's own end of each copy: one in per activation it reads
+        that others made, one out per activation it makes that others read."""
         if not names:
             return 0.0
         compute = sum(device_seconds(self._cost[n], device) for n in names)
-        return compute + sum(transfer_seconds(self.size(t), device)
-                             for t in self.incoming(names))
+        return compute + sum(link_seconds(self.size(t), device) for t in self.incoming(names)) \
+            + sum(send_seconds(self.size(t), device) for t in self.outgoing(names))
 
     def weight_bytes(self, names: Sequence[str]) -> int:
         used = {t for n in names for t in reads_of(self.graph.node(n)) if t in self.weights}

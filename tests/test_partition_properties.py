@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from test_memory_plan import brute_force
 
 from dags import (
     SAMPLE_NAMES,
@@ -65,8 +66,8 @@ def run_collecting(gen) -> tuple[list, Plan | None, PartitionError | None]:
 
 
 def device_times(ref: Reference, graph: Graph, plan: Plan) -> dict[str, float]:
-    """Per device: compute of its nodes plus one copy per activation it reads that
-    another device made."""
+    """Per device: compute of its nodes plus its end of each copy: one per activation it
+    reads that another device made, one per activation it makes that another reads."""
     device_of = {n: p.device for p in plan.partitions for n in p.nodes}
     by_name = {d.name: d for d in plan.devices}
     times = dict.fromkeys(by_name, 0.0)
@@ -104,15 +105,14 @@ def check_plan(graph: Graph, devices: list[DeviceConfig], mode: str, plan: Plan,
                     assert home[ref.made_by[t]] <= i, (p.name, n, t)
 
     # Devices can run their nodes; memory per device within its capacity.
-    weights, arena = dict.fromkeys(by_name, 0), dict.fromkeys(by_name, 0)
+    weights = dict.fromkeys(by_name, 0)
     for p in plan.partitions:
         dev = by_name[p.device]
         assert p.backend == dev.backend
         assert ref.runs(p.nodes, dev), (p.name, p.device)
         assert p.weight_bytes == ref.weight_bytes(p.nodes), p.name
         assert p.activation_bytes == ref.activation_bytes(p.nodes), p.name
-        weights[p.device] += p.weight_bytes  # a device runs one partition at a time:
-        arena[p.device] = max(arena[p.device], p.activation_bytes)  # one arena suffices
+        weights[p.device] += p.weight_bytes
         inside = set(p.nodes)
         reads = {t for n in p.nodes for t in reads_of(graph.node(n))}
         made = {t for n in p.nodes for t in graph.node(n).outputs if t}
@@ -120,6 +120,9 @@ def check_plan(graph: Graph, devices: list[DeviceConfig], mode: str, plan: Plan,
         assert set(p.outputs) == {t for t in made if t in graph.outputs
                                   or ref.readers.get(t, set()) - inside}
         assert set(p.weights) == {t for t in reads if t in graph.initializers}
+    # A device runs one partition at a time: one arena suffices, the most bytes live at
+    # once on its timeline, a tensor waiting between two of its partitions included.
+    arena = {name: brute_force(plan, graph, name)[2] for name in by_name}
     used = {name: weights[name] + arena[name] for name in by_name}
     for name, nbytes in used.items():
         assert nbytes <= by_name[name].memory_bytes, (name, nbytes)
@@ -144,7 +147,7 @@ def check_plan(graph: Graph, devices: list[DeviceConfig], mode: str, plan: Plan,
 
     if mode in ("memory", "balanced"):
         # A split of the order into contiguous segments on the canonical devices in
-        # sequence; each segment's time is its compute plus its incoming copies.
+        # sequence; each segment's time is its compute plus its copies in and out.
         # Where placement interleaves devices, a device may hold several segments.
         canon = [d.name for d in canonical_devices(devices)]
         assert [n for p in plan.partitions for n in p.nodes] == list(plan.order)
@@ -152,7 +155,8 @@ def check_plan(graph: Graph, devices: list[DeviceConfig], mode: str, plan: Plan,
         if idx == sorted(set(idx)):
             seg = [ref.seconds(p.nodes, by_name[p.device]) for p in plan.partitions]
             for p, t in zip(plan.partitions, seg, strict=True):
-                assert close(p.est_seconds + p.transfer_in_seconds, t), p.name
+                assert close(p.est_seconds + p.transfer_in_seconds + p.transfer_out_seconds,
+                             t), p.name
             assert close(plan.bottleneck_seconds, max(seg))
 
     # Steps: numbered 0..N-1, known kinds, order first, planned last, and replayable.

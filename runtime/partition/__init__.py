@@ -60,7 +60,7 @@ def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> Non
         able = [d for d in devices if seg.runnable(i, i + 1, d)]
         if not able:
             raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on any device "
-                                 f"({', '.join(d.name for d in devices)})")
+                                 f"({', '.join(sorted(d.name for d in devices))})")
         largest = max(able, key=lambda d: d.memory_bytes)
         need = human_bytes(seg.memory(i, i + 1))
         raise PartitionError(f"node {node.name} needs {need}; the largest device has "
@@ -119,7 +119,8 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             options.append((alike, why, regional, _attempt(
                 lambda r: run_mode(regional, ordered, r))))
             # balanced also weighs memory's choices, so it is never the worse of the two
-            for style in ("memory",) if mode == "memory" else ("balanced", "memory"):
+            for style in ("memory", "stay") if mode == "memory" else ("balanced", "memory",
+                                                                      "stay"):
                 options.append((alike, why, regional, _attempt(
                     lambda r, style=style: region_split(regional, ordered, style, r))))
         done = [(o, w, sg, r) for o, w, sg, r in options if not isinstance(r, PartitionError)]
@@ -134,8 +135,9 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             except PartitionError as exc:
                 options.append((along, why, sg, exc))
                 continue
-            key = (len(trial.partitions), trial.bottleneck_seconds) if mode == "memory" else (
-                trial.bottleneck_seconds, len(trial.partitions))
+            moved = sum(t.bytes for t in trial.transfers)
+            key = (len(trial.partitions), moved, trial.bottleneck_seconds) if mode == "memory" \
+                else (trial.bottleneck_seconds, len(trial.partitions), moved)
             scored.append((key, along, why, steps, trial))
         if not scored:
             raise options[0][3] if isinstance(options[0][3], PartitionError) else options[-1][3]

@@ -5,12 +5,16 @@ F[j, b] is the least bottleneck that puts the first b nodes on the first j devic
 
     F[j, b] = min(F[j-1, b], min_a max(F[j-1, a], time_j(a, b)))
 
-time_j(a, b) is the segment's compute on device j plus its incoming copies. For each
-b the copies are kept as a vector over a, updated as b grows: a tensor last read
-before b adds its copy to the starts that come after its producer and previous
-reader. Starts whose compute alone exceeds a known feasible bottleneck (from greedy
-fill or an even split) cannot be on an optimal path and are skipped, so each row
-scans about n / devices starts, not n.
+time_j(a, b) is the segment's compute on device j plus device j's end of its copies
+in and out (bytes and count, each copy `link_latency + bytes / link_bandwidth`; copies
+out are free for a device working in host memory, `cost.sends_over_link`). For
+each b the copies in are kept as a vector over a, updated as b grows: a tensor read at
+b - 1 adds its copy to the starts that come after its producer and previous reader.
+Copies out are kept per producer position, for the tensors made before b and read at
+or after it; a reversed cumulative sum over the window turns them into a vector over
+a. Starts whose compute alone exceeds a known feasible bottleneck (from greedy fill or
+an even split) cannot be on an optimal path and are skipped, so each row scans about
+n / devices starts, not n.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from runtime.cost import sends_over_link
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.partition.greedy import Split, fill
@@ -67,18 +72,35 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split:
     choice = np.full((k + 1, n + 1), -1, dtype=np.int64)
     copy_bytes = np.zeros(n + 1)
     copy_count = np.zeros(n + 1)
+    # Copies out, per producer position p < b: the tensors made at p and read at or after b.
+    send_bytes = np.zeros(n + 1)
+    send_count = np.zeros(n + 1)
+    last_read: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (producer, bytes)
+    for p, entries in enumerate(seg.made_at):
+        for _, size, last in entries:
+            last_read[last].append((p, size))
     for b in range(1, n + 1):
         for _, size, prev in seg.reads_at[b - 1]:
             copy_bytes[prev + 1:b] += size
             copy_count[prev + 1:b] += 1
+        for p, size in last_read[b - 1]:  # read for the last time at b - 1: no longer sent
+            send_bytes[p] -= size
+            send_count[p] -= 1
+        for _, size, _ in seg.made_at[b - 1]:
+            send_bytes[b - 1] += size
+            send_count[b - 1] += 1
         col = np.full(k, np.inf)
         arg = np.full(k, -1, dtype=np.int64)
         for i0, i1, dev, prefix, lowest in runs:
             lo = max(int(lowest[b]), int(np.searchsorted(prefix, prefix[b] - limit)))
             if lo >= b:
                 continue
-            stage = (prefix[b] - prefix[lo:b]) + copy_count[lo:b] * dev.link_latency \
-                + copy_bytes[lo:b] / dev.link_bandwidth
+            count, moved = copy_count[lo:b], copy_bytes[lo:b]
+            if sends_over_link(dev):  # add what [a, b) makes and later stages read
+                count = count + np.cumsum(send_count[lo:b][::-1])[::-1]
+                moved = moved + np.cumsum(send_bytes[lo:b][::-1])[::-1]
+            stage = (prefix[b] - prefix[lo:b]) + count * dev.link_latency \
+                + moved / dev.link_bandwidth
             cand = np.maximum(best[i0:i1, lo:b], stage)
             at = cand.argmin(axis=1)
             col[i0:i1] = cand[np.arange(i1 - i0), at]

@@ -10,7 +10,7 @@ fails at once naming the node, its op, what was asked for and what could run it.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,23 +90,33 @@ class Placement:
         return all(a == names for a in self.allowed.values())
 
 
-def _targets(what: str, devices: Sequence[DeviceConfig], where: str) -> list[str]:
+def _names(names: Iterable[str]) -> str:
+    """Device names for a message, sorted: the same words whatever order devices came in."""
+    return ", ".join(sorted(names))
+
+
+def _targets(what: str, devices: Sequence[DeviceConfig], where: str, node: Node,
+             capable: Sequence[str]) -> list[str]:
     named = [d.name for d in devices if d.name == what]
     if named:
         return named
     kind = [d.name for d in devices if d.backend == what]
     if kind:
         return kind
-    hint = "a device" if what not in BACKENDS else "a kind with no device here"
-    raise PartitionError(f"annotation {where} names {what!r}, which is not {hint} "
-                         f"(devices: {', '.join(d.name for d in devices)})")
+    if what not in BACKENDS:
+        raise PartitionError(f"annotation {where} names {what!r}, which is not a device "
+                             f"(devices: {_names(d.name for d in devices)})")
+    could = (f"node {node.name} ({node.op_type}) can run on {_names(capable)}" if capable
+             else f"no device here can run node {node.name} ({node.op_type})")
+    raise PartitionError(f"annotation {where} names {what!r}, which is a kind with no device "
+                         f"here; {could}")
 
 
 def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> Placement:
     by_name = {d.name: d for d in devices}
     if notes.fallback is not None and notes.fallback not in by_name:
         raise PartitionError(f"fallback device {notes.fallback!r} is not among the devices "
-                             f"({', '.join(by_name)})")
+                             f"({_names(by_name)})")
     missing = sorted(set(notes.nodes) - set(graph.by_name))
     if missing:
         raise PartitionError(f"annotations name nodes not in {graph.name}: "
@@ -117,15 +127,17 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
     for node in graph.nodes:
         if node.name in notes.nodes:
             asked = notes.nodes[node.name]
-            wanted = _targets(asked, devices, f"for node {node.name}")
+            wanted = _targets(asked, devices, f"for node {node.name}", node,
+                              capable[node.name])
             why = f"annotated {asked} (node)"
         elif node.op_type in notes.ops:
             asked = notes.ops[node.op_type]
-            wanted = _targets(asked, devices, f"for op {node.op_type}")
+            wanted = _targets(asked, devices, f"for op {node.op_type}", node,
+                              capable[node.name])
             why = f"annotated {asked} (op {node.op_type})"
         else:
             wanted, why = [d.name for d in devices], "cheapest"
-            asked = f"any device ({', '.join(wanted)})"
+            asked = f"any device ({_names(wanted)})"
         able = [d for d in wanted if d in capable[node.name]]
         if not able:
             # what stops the wanted devices, whatever order they were listed in
@@ -135,7 +147,7 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
                 able, why = [fallback], (f"unsupported on {asked} -> fallback {fallback} "
                                          f"({problem})")
             else:
-                could = ", ".join(capable[node.name]) or "none"
+                could = _names(capable[node.name]) or "none"
                 raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on "
                                      f"{asked}: {problem}; devices that can: {could}")
         allowed[node.name] = frozenset(able)

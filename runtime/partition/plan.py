@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import networkx as nx
 
-from runtime.cost import NodeCost, device_seconds, transfer_seconds
+from runtime.cost import NodeCost, device_seconds, link_seconds, send_seconds, transfer_seconds
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
@@ -30,9 +30,10 @@ class Partition:
     weights: tuple[str, ...]
     weight_bytes: int
     activation_bytes: int
-    est_seconds: float
-    transfer_in_seconds: float = 0.0
+    est_seconds: float  # compute
+    transfer_in_seconds: float = 0.0  # its end of the copies in (link_seconds)
     flops: float = 0.0
+    transfer_out_seconds: float = 0.0  # its end of the copies out (send_seconds), once each
 
     @property
     def memory_bytes(self) -> int:
@@ -41,7 +42,8 @@ class Partition:
 
 @dataclass(frozen=True)
 class Transfer:
-    """A tensor copied once from its producer's device to one consuming device."""
+    """A tensor copied once from its producer's device to one consuming device;
+    `est_seconds` is the copy's time, the slower of the two links (`transfer_seconds`)."""
 
     tensor: str
     src: str
@@ -163,20 +165,27 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
         cycle = " -> ".join(a for a, _ in nx.find_cycle(pdag))
         raise PartitionError(f"partitions depend on each other in a cycle: {cycle}") from None
 
+    # Each copy charges each device its own end (cost.transfer_seconds): the receiving
+    # device once per tensor, on the first of its partitions to read it; the sending
+    # device once per tensor however many devices read it, on the partition making it.
     transfers: list[Transfer] = []
     incoming: dict[str, float] = dict.fromkeys(members, 0.0)
+    outgoing: dict[str, float] = dict.fromkeys(members, 0.0)
     for pname in topo:
-        src_dev = device_of[pname]
+        src = by_device[device_of[pname]]
         for n in members[pname]:
             for t in graph.node(n).writes:
                 readers = [home[c] for c in graph.consumers.get(t, ()) if home[c] != pname]
-                for dev in dict.fromkeys(device_of[r] for r in readers if device_of[r] != src_dev):
+                size = graph.tensor_bytes(t)
+                away = dict.fromkeys(device_of[r] for r in readers if device_of[r] != src.name)
+                for dev in away:
                     dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dev))
-                    size = graph.tensor_bytes(t)
-                    seconds = transfer_seconds(size, by_device[dev])
-                    transfers.append(Transfer(t, src_dev, dev, size, seconds, pname, dsts))
-                    first = min(dsts, key=topo.index)
-                    incoming[first] += seconds
+                    dst = by_device[dev]
+                    transfers.append(Transfer(t, src.name, dev, size,
+                                              transfer_seconds(size, src, dst), pname, dsts))
+                    incoming[min(dsts, key=topo.index)] += link_seconds(size, dst)
+                if away:
+                    outgoing[pname] += send_seconds(size, src)
 
     partitions = []
     for pname in topo:
@@ -196,10 +205,11 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
             activation_bytes=peak_activation_bytes(graph, nodes),
             est_seconds=sum(device_seconds(costs[n.name], dev) for n in nodes),
             transfer_in_seconds=incoming[pname],
-            flops=sum(costs[n.name].flops for n in nodes)))
+            flops=sum(costs[n.name].flops for n in nodes),
+            transfer_out_seconds=outgoing[pname]))
     busy = dict.fromkeys((d.name for d in devices), 0.0)
     for p in partitions:
-        busy[p.device] += p.est_seconds + p.transfer_in_seconds
+        busy[p.device] += p.est_seconds + p.transfer_in_seconds + p.transfer_out_seconds
     plan = Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
                 device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}))

@@ -2,18 +2,31 @@
 
 When annotations or op support interleave devices (convolutions on the accelerator,
 normalisations on the CPU), one contiguous segment per device cannot hold the graph.
-Here the order keeps nodes with the same allowed devices together, is cut into
-regions of equal allowed devices, and each region goes to one of them: in `balanced`
-mode the one that keeps the busiest device least busy (copies in included), in
-`memory` mode the previous region's device when it fits, so partitions stay few.
+Here the order keeps nodes with the same allowed devices together and is cut into
+regions of equal allowed devices; regions go to devices allowed there:
+
+- `balanced`, region by region: to the device that keeps the busiest device least
+  busy, counting compute and both ends of each copy (`cost.transfer_seconds`: the
+  receiving end on the device taking the region, the sending end on the device that
+  made the tensor, once a tensor).
+- `memory`, run by run: where a partition must open, to the device that can take the
+  most consecutive regions from there (allowed in all of them, with room), ties to the
+  fewer bytes copied in, then the least busy. Taking the farthest reach each time gives
+  the fewest partitions (a run that reaches further never needs more runs after it)
+  whenever memory left on a device by its earlier partitions does not bind.
+- `stay`, region by region: the previous region's device when it has room, else the
+  least busy. Where memory binds, a long run can leave a device too little room for a
+  later stretch only it may run, and staying sometimes does better; callers try both.
+
 Consecutive regions on one device form one partition; a device may hold several.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 
-from runtime.cost import transfer_seconds
+from runtime.cost import link_seconds, send_seconds
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
@@ -61,15 +74,28 @@ class _Devices:
         self.load = {d.name: 0.0 for d in devices}
         self.parts: dict[str, list[tuple[int, int]]] = {d.name: [] for d in devices}
         self.at: dict[str, DeviceConfig] = {}  # tensor -> device it was made on
-        self.sent: set[tuple[str, str]] = set()
+        self.sent: set[tuple[str, str]] = set()  # (tensor, device it was copied to)
+        self.out: set[str] = set()  # tensors their device has sent out
 
-    def seconds(self, a: int, b: int, device: DeviceConfig) -> float:
-        """Compute on the device plus copies in not already sent there."""
+    def copies_in(self, a: int, b: int, device: DeviceConfig) -> dict[str, int]:
+        """Activations [a, b) reads that another device made and has not copied here yet."""
+        return {t: size for t, size in self.seg.incoming(a, b).items()
+                if self.at[t].name != device.name and (t, device.name) not in self.sent}
+
+    def added(self, a: int, b: int, device: DeviceConfig) -> dict[str, float]:
+        """Seconds each device gains if [a, b) runs on `device`: compute and the receiving
+        end of its copies there, the sending end on the devices that made them."""
         prefix = self.seg.prefix_seconds(device)
-        copies = sum(transfer_seconds(size, device)
-                     for t, size in self.seg.incoming(a, b).items()
-                     if self.at.get(t, device) is not device and (t, device.name) not in self.sent)
-        return float(prefix[b] - prefix[a]) + copies
+        add = {device.name: float(prefix[b] - prefix[a])}
+        for t, size in self.copies_in(a, b, device).items():
+            add[device.name] += link_seconds(size, device)
+            if t not in self.out:
+                src = self.at[t]
+                add[src.name] = add.get(src.name, 0.0) + send_seconds(size, src)
+        return add
+
+    def busiest(self, add: dict[str, float]) -> float:
+        return max(load + add.get(name, 0.0) for name, load in self.load.items())
 
     def fits(self, device: DeviceConfig, a: int, b: int, merge: bool) -> bool:
         """Would the device hold its partitions with [a, b) added (or merged into its last)?"""
@@ -77,58 +103,111 @@ class _Devices:
         if merge:
             a = parts.pop()[0]
         parts.append((a, b))
+        if sum(self.seg.touched_bytes(x, y) for x, y in parts) <= device.memory_bytes:
+            return True  # even counting every byte touched, it fits
         graph, nodes = self.seg.graph, self.seg.nodes
         need = sum(weight_bytes(graph, nodes[x:y]) for x, y in parts) + max(
             peak_activation_bytes(graph, nodes[x:y]) for x, y in parts)
         return need <= device.memory_bytes
 
-    def take(self, a: int, b: int, device: DeviceConfig, seconds: float, merge: bool) -> None:
-        self.load[device.name] += seconds
+    def take(self, a: int, b: int, device: DeviceConfig, merge: bool) -> float:
+        """Run [a, b) on the device; return the seconds it adds there."""
+        add = self.added(a, b, device)
+        for name, seconds in add.items():
+            self.load[name] += seconds
         parts = self.parts[device.name]
         if merge:
             parts[-1] = (parts[-1][0], b)
         else:
             parts.append((a, b))
-        for t in self.seg.incoming(a, b):
-            if self.at.get(t) is not device:
-                self.sent.add((t, device.name))
+        for t in self.copies_in(a, b, device):
+            self.sent.add((t, device.name))
+            self.out.add(t)
         for node in self.seg.nodes[a:b]:
             for t in node.writes:
                 self.at[t] = device
+        return add[device.name]
 
 
-def region_split(seg: Segments, devices: Sequence[DeviceConfig], mode: str, rec: Recorder
+Region = tuple[int, int, frozenset[str]]
+
+
+def _one_region(state: _Devices, regions: list[Region], i: int,
+                devices: Sequence[DeviceConfig], last: DeviceConfig | None, *,
+                stay: bool) -> tuple[DeviceConfig, int] | None:
+    """Region i alone, on the device keeping the busiest device least busy (`stay`: on the
+    previous region's device first, when it has room)."""
+    a, b, allowed = regions[i]
+    options = []
+    for dev in devices:
+        same = dev is last
+        if dev.name in allowed and state.fits(dev, a, b, same):
+            busiest = state.busiest(state.added(a, b, dev))
+            options.append(((not same, busiest) if stay else (busiest, not same), dev, i + 1))
+    return min(options, key=lambda o: o[0])[1:] if options else None
+
+
+def _longest_run(state: _Devices, regions: list[Region], i: int,
+                 devices: Sequence[DeviceConfig], last: DeviceConfig | None
+                 ) -> tuple[DeviceConfig, int] | None:
+    """Regions i..end-1 on the allowed device that reaches furthest with room."""
+    a = regions[i][0]
+    options = []
+    for dev in devices:
+        same = dev is last
+        allowed_to = i
+        while allowed_to < len(regions) and dev.name in regions[allowed_to][2]:
+            allowed_to += 1
+        lo, hi = i, allowed_to  # room only shrinks as the run grows: search the farthest end
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if state.fits(dev, a, regions[mid - 1][1], same):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo > i:
+            b = regions[lo - 1][1]
+            moved = sum(state.copies_in(a, b, dev).values())
+            options.append(((-lo, moved, state.busiest(state.added(a, b, dev))), dev, lo))
+    return min(options, key=lambda o: o[0])[1:] if options else None
+
+
+STYLES = {"balanced": partial(_one_region, stay=False), "memory": _longest_run,
+          "stay": partial(_one_region, stay=True)}
+
+
+def region_split(seg: Segments, devices: Sequence[DeviceConfig], style: str, rec: Recorder
                  ) -> Steps[Split]:
+    """Hand the regions of `seg.order` to devices in one of the STYLES."""
     state = _Devices(seg, devices)
+    regions = _regions(seg)
+    choose = STYLES[style]
     split: Split = []
-    for a, b, allowed in _regions(seg):
-        options = []
-        for dev in (d for d in devices if d.name in allowed):
-            same = bool(split) and split[-1][2] is dev
-            if state.fits(dev, a, b, same):
-                seconds = state.seconds(a, b, dev)
-                busiest = max(state.load[dev.name] + seconds,
-                              *(v for k, v in state.load.items() if k != dev.name))
-                key = (not same, busiest) if mode == "memory" else (busiest, not same)
-                options.append((key, dev, seconds))
-        if not options:
-            names = ", ".join(sorted(allowed))
+    i = 0
+    while i < len(regions):
+        last = split[-1][2] if split else None
+        chosen = choose(state, regions, i, devices, last)
+        if chosen is None:
+            a, b, allowed = regions[i]
             raise PartitionError(
                 f"too few devices for {seg.graph.name}: nodes {seg.order[a]}..{seg.order[b - 1]} "
-                f"may run only on {names}, and none has room left")
-        _, dev, seconds = min(options, key=lambda o: o[0])
-        same = bool(split) and split[-1][2] is dev
-        state.take(a, b, dev, seconds, same)
-        if same:
-            split[-1] = (split[-1][0], b, dev)
+                f"may run only on {', '.join(sorted(allowed))}, and none has room left")
+        dev, end = chosen
+        if dev is not last:  # open a partition, empty until its first region is taken
+            split.append((regions[i][0], regions[i][0], dev))
             p = len(split) - 1
-        else:
-            p = len(split)
-            split.append((a, b, dev))
-            yield rec.step("open", f"open partition {p} on {dev.name}: next nodes may run only "
-                           f"on {', '.join(sorted(allowed))}", p, dev.name)
-        for i in range(a, b):
-            yield rec.step("assign", f"{seg.order[i]} -> partition {p} on {dev.name} "
-                           f"(region adds {human_seconds(seconds)})", p, dev.name,
-                           (seg.order[i],))
+            allowed = ", ".join(sorted(regions[i][2]))
+            why = (f"of {allowed}, it can take the most regions from here ({end - i}, through "
+                   f"{seg.order[regions[end - 1][1] - 1]})" if style == "memory" else
+                   f"next nodes may run only on {allowed}")
+            yield rec.step("open", f"open partition {p} on {dev.name}: {why}", p, dev.name)
+        p = len(split) - 1
+        for a, b, _ in regions[i:end]:
+            seconds = state.take(a, b, dev, merge=split[p][1] > split[p][0])
+            split[p] = (split[p][0], b, dev)
+            for k in range(a, b):
+                yield rec.step("assign", f"{seg.order[k]} -> partition {p} on {dev.name} "
+                               f"(region adds {human_seconds(seconds)})", p, dev.name,
+                               (seg.order[k],))
+        i = end
     return split

@@ -1,10 +1,12 @@
-"""Contiguous segments of a topological order: their memory, time and incoming copies.
+"""Contiguous segments of a topological order: their memory, time and copies in and out.
 
 A segment [a, b) holds the nodes at positions a..b-1 of the order and runs on one
-device. Its time is the device's roofline time for its nodes plus one copy into the
-device for every activation made before `a` and read inside. Both time and memory
-only grow when a segment grows at either end, which is what makes greedy filling
-and the windowed dynamic programme in `balanced` exact.
+device. Its time is the device's roofline time for its nodes plus its own end of each
+copy (`cost.transfer_seconds`): one in for every activation made before `a` and read
+inside, one out for every activation made inside and read at or after `b` (free for a
+device working in host memory). Time thus depends on the segment's bounds and device
+alone, which keeps the windowed dynamic programme in `balanced` exact. Memory only
+grows when a segment grows at either end, which is what makes greedy filling exact.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from runtime.cost import NodeCost, device_seconds, transfer_seconds
+from runtime.cost import NodeCost, device_seconds, link_seconds, send_seconds
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes
@@ -39,6 +41,12 @@ class Segments:
                     entries.append((t, graph.tensor_bytes(t), prev))
                     last_seen[t] = i
             self.reads_at.append(entries)
+        # Per position: (tensor, bytes, last) for every activation made there and read
+        # later; last = the position of its last reader. A segment [a, b) sends it out
+        # when a <= its producer < b <= last.
+        self.made_at: list[list[tuple[str, int, int]]] = [
+            [(t, graph.tensor_bytes(t), last_seen[t]) for t in node.writes if t in last_seen]
+            for node in self.nodes]
         touched = [costs[n].weight_bytes + costs[n].bytes_moved for n in self.order]
         self._upper = np.concatenate([[0], np.cumsum(touched, dtype=np.float64)])
 
@@ -68,10 +76,14 @@ class Segments:
         u = self.blocked_before(device)
         return u[b] == u[a]
 
+    def touched_bytes(self, a: int, b: int) -> float:
+        """Every byte [a, b) reads or writes, weights included: a cheap bound on its memory."""
+        return float(self._upper[b] - self._upper[a])
+
     def fits(self, a: int, b: int, device: DeviceConfig) -> bool:
         if not self.runnable(a, b, device):
             return False
-        if self._upper[b] - self._upper[a] <= device.memory_bytes:
+        if self.touched_bytes(a, b) <= device.memory_bytes:
             return True  # even counting every byte touched, it fits
         return self.memory(a, b) <= device.memory_bytes
 
@@ -80,11 +92,17 @@ class Segments:
         return {t: size for i in range(a, b) for t, size, prev in self.reads_at[i]
                 if prev < a}
 
+    def outgoing(self, a: int, b: int) -> dict[str, int]:
+        """Activations made in [a, b) and read at or after b: tensor -> bytes."""
+        return {t: size for i in range(a, b) for t, size, last in self.made_at[i] if last >= b}
+
     def seconds(self, a: int, b: int, device: DeviceConfig) -> float:
+        """Compute plus this device's end of every copy in and out."""
         if a == b:
             return 0.0
         prefix = self.prefix_seconds(device)
-        copies = sum(transfer_seconds(size, device) for size in self.incoming(a, b).values())
+        copies = sum(link_seconds(size, device) for size in self.incoming(a, b).values()) \
+            + sum(send_seconds(size, device) for size in self.outgoing(a, b).values())
         return float(prefix[b] - prefix[a]) + copies
 
     def lowest_start(self, device: DeviceConfig) -> np.ndarray:
