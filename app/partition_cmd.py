@@ -22,8 +22,8 @@ from runtime.units import human_bytes, human_seconds
 def plan_table(plan: Plan) -> Table:
     table = Table(title=f"{plan.network}: {plan.mode} plan, {len(plan.partitions)} partitions",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for col in ("part", "device", "nodes", "weights", "activ.", "compute", "copy in", "in",
-                "out"):
+    for col in ("part", "device", "nodes", "weights", "activ.", "compute", "copy in",
+                "copy out", "in", "out"):
         table.add_column(col, justify="left" if col in ("part", "device") else "right",
                          no_wrap=True)
     bytes_in = {p.name: 0 for p in plan.partitions}
@@ -35,6 +35,7 @@ def plan_table(plan: Plan) -> Table:
         table.add_row(p.name, p.device, str(len(p.nodes)), human_bytes(p.weight_bytes),
                       human_bytes(p.activation_bytes), human_seconds(p.est_seconds),
                       human_seconds(p.transfer_in_seconds) if p.transfer_in_seconds else "-",
+                      human_seconds(p.transfer_out_seconds) if p.transfer_out_seconds else "-",
                       human_bytes(bytes_in[p.name]), human_bytes(bytes_out[p.name]))
     return table
 

@@ -278,19 +278,14 @@ class HostManager:
         if timeout is not None:
             request.deadline = request.queued_at + timeout
         if net.batcher is not None:
-            request.rows, request.key = batch_shape(feeds)
-            if request.rows > net.batcher.config.max_batch_size:
-                raise InvalidInputError(
-                    f"request to {name} has batch {request.rows}, more than its "
-                    f"max_batch_size {net.batcher.config.max_batch_size}")
+            return self._to_batcher(net, request)
         with self._cv:
             if self._closed:
                 raise HostClosedError("host is closed; it takes no more requests")
             if net.removing or self._networks.get(name) is not net:
                 net = self._network(name)  # removed meanwhile: says so
-            waiting = len(net.batcher) if net.batcher is not None else self._queue.size
-            start_now = (net.batcher is None and self._active < self.max_active
-                         and not self._queue.size)
+            waiting = self._queue.size
+            start_now = self._active < self.max_active and not waiting
             if not start_now and waiting >= self.max_queue:
                 raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
                                      f"retry later or raise max_queue")
@@ -298,7 +293,7 @@ class HostManager:
             if start_now:
                 self._take_place(request, net)
                 request.inline = inline
-            elif net.batcher is None:
+            else:
                 self._queue.push(request)
             depth = waiting + (not start_now)
         if self.bus.active:
@@ -310,10 +305,37 @@ class HostManager:
             self._begin(request, net)
             return request.future
         request.future.on_cancel = partial(self._cancelled, request)
-        if net.batcher is not None:
-            net.batcher.push(request)
         if self.bus.active:
             self.bus.publish("queue.depth", depth=depth, active=self._active)
+        return request.future
+
+    def _to_batcher(self, net: Network, request: Request) -> Future:
+        """`run` for a network that batches: the request waits in its batcher's queue."""
+        batcher = net.batcher
+        request.rows, request.key = batch_shape(request.feeds)
+        if request.rows > batcher.config.max_batch_size:
+            raise InvalidInputError(
+                f"request to {net.name} has batch {request.rows}, more than its "
+                f"max_batch_size {batcher.config.max_batch_size}")
+        with self._cv:
+            if self._closed:
+                raise HostClosedError("host is closed; it takes no more requests")
+            if net.removing or self._networks.get(net.name) is not net:
+                raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
+            depth = len(batcher)
+            if depth >= self.max_queue:
+                raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
+                                     f"retry later or raise max_queue")
+            net.outstanding += 1
+        if self.bus.active:
+            self.bus.publish("request.queued", network=net.name, request=request.id,
+                             priority=request.priority, queue_depth=depth + 1)
+        if request.deadline is not None:
+            self._deadlines.add(request)
+        request.future.on_cancel = partial(self._cancelled, request)
+        batcher.push(request)
+        if self.bus.active:
+            self.bus.publish("queue.depth", depth=depth + 1, active=self._active)
         return request.future
 
     def _run_direct(self, net: Network, copy: Executor, feeds: dict[str, np.ndarray]

@@ -54,10 +54,10 @@ def provision(graph: Graph, plan: Plan, devices: Mapping[str, DeviceManager], *,
             key = f"{network}{tag}/{part.name}"
             start = time.perf_counter()
             target = (place or {}).get(part.device, part.device)
-            est = part.est_seconds + part.transfer_in_seconds
             for manager in _candidates(devices, target):
                 try:
-                    manager.load(key, model, part.weight_bytes, plan.arenas[part.device], est)
+                    manager.load(key, model, part.weight_bytes, plan.arenas[part.device],
+                                 part.stage_seconds)
                     break
                 except DeviceMemoryError:
                     continue

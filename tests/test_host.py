@@ -711,7 +711,7 @@ def test_single_submitter_gets_pipelining():
     with HostManager(devices, max_queue=1000) as host:
         plan = host.add_network("m", MLP, partition="balanced")
         assert len(plan.partitions) == 2
-        stages = [p.est_seconds + p.transfer_in_seconds for p in plan.partitions]
+        stages = [p.stage_seconds for p in plan.partitions]
         n = 20
         serial = n * sum(stages)  # every request's stages one after another
         pipelined = n * max(stages) + min(stages)

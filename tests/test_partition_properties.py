@@ -155,7 +155,7 @@ def check_plan(graph: Graph, devices: list[DeviceConfig], mode: str, plan: Plan,
         if idx == sorted(set(idx)):
             seg = [ref.seconds(p.nodes, by_name[p.device]) for p in plan.partitions]
             for p, t in zip(plan.partitions, seg, strict=True):
-                assert close(p.est_seconds + p.transfer_in_seconds + p.transfer_out_seconds,
+                assert close(p.stage_seconds,
                              t), p.name
             assert close(plan.bottleneck_seconds, max(seg))
 

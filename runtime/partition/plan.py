@@ -39,6 +39,11 @@ class Partition:
     def memory_bytes(self) -> int:
         return self.weight_bytes + self.activation_bytes
 
+    @property
+    def stage_seconds(self) -> float:
+        """What one run holds its device for: compute and its ends of the copies."""
+        return self.est_seconds + self.transfer_in_seconds + self.transfer_out_seconds
+
 
 @dataclass(frozen=True)
 class Transfer:
@@ -209,7 +214,7 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
             transfer_out_seconds=outgoing[pname]))
     busy = dict.fromkeys((d.name for d in devices), 0.0)
     for p in partitions:
-        busy[p.device] += p.est_seconds + p.transfer_in_seconds + p.transfer_out_seconds
+        busy[p.device] += p.stage_seconds
     plan = Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
                 device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}))
