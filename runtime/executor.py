@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from functools import partial
 
 import numpy as np
@@ -122,14 +121,12 @@ class Executor:
             if outputs is not None:
                 self._advance(run, request, outputs, done)
                 return
-        future = lp.device.submit(lp.key, feeds, tag=tag, inline=False)
-        future.add_done_callback(partial(self._landed, run, request, done, lp))
+        lp.device.call(lp.key, feeds, tag, partial(self._landed, run, request, done, lp))
 
     def _landed(self, run: _Run, request: Request, done: Done, lp: LoadedPartition,
-                future: Future) -> None:
-        error = future.exception()
+                outputs: dict | None, error: BaseException | None) -> None:
         if error is None:
-            self._advance(run, request, future.result(), done)
+            self._advance(run, request, outputs, done)
         else:
             self._fail(run, request, done, error, lp)
 

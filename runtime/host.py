@@ -501,12 +501,14 @@ class HostManager:
         if not live:
             self._batch_place_back(net)
             return
-        now = time.monotonic()
+        now, size = time.monotonic(), len(live)
         for m in live:  # started from here on: a deadline now finds it running
-            m.started_at, m.batch_size = now, len(live)
-            if self.bus.active:
+            m.started_at = now
+            m.batch_size = size
+        if self.bus.active:
+            for m in live:
                 self.bus.publish("request.started", network=net.name, request=m.id,
-                                 queue_wait=now - m.queued_at, batch_size=len(live))
+                                 queue_wait=now - m.queued_at, batch_size=size)
         batch = Request(net.name, concatenate(live), batch_size=len(live), slot=True,
                         queued_at=min(m.queued_at for m in live), rows=sum(m.rows for m in live))
         with self._cv:
@@ -529,10 +531,12 @@ class HostManager:
                         outputs: dict | None, error: BaseException | None) -> None:
         if batch.end(outputs, error):
             parts = split(outputs, members) if error is None else [None] * len(members)
-            ended = [m for m, part in zip(members, parts, strict=True) if m.end(part, error)]
-            for member in ended:
-                if member.deadline is not None:
-                    self._deadlines.discard(member)
+            ended = []
+            for member, part in zip(members, parts, strict=True):
+                if member.end(part, error):
+                    ended.append(member)
+                    if member.deadline is not None:
+                        self._deadlines.discard(member)
             with self._cv:  # one lock for the whole batch's bookkeeping
                 net.running.difference_update(ended)
                 net.outstanding -= len(ended)

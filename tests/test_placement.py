@@ -762,3 +762,14 @@ def test_cli_placement_errors_are_one_line(capsys, tmp_path):
     code = main(["partition", CNN, "--devices", devices, "--explain", "nope"])
     _, err = capsys.readouterr()
     assert code == 1 and "no node named 'nope'" in err
+
+
+@pytest.mark.parametrize("mode", ["balanced", "memory"])
+@pytest.mark.parametrize("target", ["cpu0", "cpu1"])
+def test_twin_devices_with_different_pins_are_not_merged(mode, target):
+    """Twins (same figures, other names) share work in the balanced DP only when placement
+    lets them run the same nodes: pinning everything to one twin must plan, on it."""
+    graph = chain_graph()
+    pins = {n.name: target for n in graph.nodes}
+    plan = partition(graph, [cpu("cpu0"), cpu("cpu1")], mode, annotations={"nodes": pins})
+    assert [(p.device, len(p.nodes)) for p in plan.partitions] == [(target, len(graph.nodes))]

@@ -60,10 +60,12 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split:
     if n == 0:
         return []
     limit = _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
-    # Rows of consecutive devices that differ only by name share their vectors.
+    # Rows of consecutive devices that differ only by name, and that placement lets run
+    # the same nodes, share their vectors.
     runs: list[tuple[int, int, DeviceConfig, np.ndarray, np.ndarray]] = []
     for i, dev in enumerate(devices):
-        if runs and replace(runs[-1][2], name=dev.name) == dev:
+        if runs and replace(runs[-1][2], name=dev.name) == dev and np.array_equal(
+                seg.blocked_before(runs[-1][2]), seg.blocked_before(dev)):
             runs[-1] = (runs[-1][0], i + 1, *runs[-1][2:])
         else:
             runs.append((i, i + 1, dev, seg.prefix_seconds(dev), seg.lowest_start(dev)))
