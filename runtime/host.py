@@ -280,10 +280,7 @@ class HostManager:
         if net.batcher is not None:
             return self._to_batcher(net, request)
         with self._cv:
-            if self._closed:
-                raise HostClosedError("host is closed; it takes no more requests")
-            if net.removing or self._networks.get(name) is not net:
-                net = self._network(name)  # removed meanwhile: says so
+            self._admit_locked(net)
             waiting = self._queue.size
             start_now = self._active < self.max_active and not waiting
             if not start_now and waiting >= self.max_queue:
@@ -309,6 +306,14 @@ class HostManager:
             self.bus.publish("queue.depth", depth=depth, active=self._active)
         return request.future
 
+    def _admit_locked(self, net: Network) -> None:
+        """Under the lock, just before a request is accepted: is the host, and `net`, still
+        taking requests? (Both were looked up without the lock.)"""
+        if self._closed:
+            raise HostClosedError("host is closed; it takes no more requests")
+        if net.removing or self._networks.get(net.name) is not net:
+            raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
+
     def _to_batcher(self, net: Network, request: Request) -> Future:
         """`run` for a network that batches: the request waits in its batcher's queue."""
         batcher = net.batcher
@@ -318,10 +323,7 @@ class HostManager:
                 f"request to {net.name} has batch {request.rows}, more than its "
                 f"max_batch_size {batcher.config.max_batch_size}")
         with self._cv:
-            if self._closed:
-                raise HostClosedError("host is closed; it takes no more requests")
-            if net.removing or self._networks.get(net.name) is not net:
-                raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
+            self._admit_locked(net)
             depth = len(batcher)
             if depth >= self.max_queue:
                 raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
