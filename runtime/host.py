@@ -280,12 +280,9 @@ class HostManager:
         if net.batcher is not None:
             return self._to_batcher(net, request)
         with self._cv:
-            self._admit_locked(net)
             waiting = self._queue.size
             start_now = self._active < self.max_active and not waiting
-            if not start_now and waiting >= self.max_queue:
-                raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
-                                     f"retry later or raise max_queue")
+            self._admit_locked(net, None if start_now else waiting)
             net.outstanding += 1
             if start_now:
                 self._take_place(request, net)
@@ -306,13 +303,17 @@ class HostManager:
             self.bus.publish("queue.depth", depth=depth, active=self._active)
         return request.future
 
-    def _admit_locked(self, net: Network) -> None:
+    def _admit_locked(self, net: Network, waiting: int | None) -> None:
         """Under the lock, just before a request is accepted: is the host, and `net`, still
-        taking requests? (Both were looked up without the lock.)"""
+        taking requests (both were looked up without the lock), and is there room for one
+        more behind `waiting` queued ones (None: it starts at once)?"""
         if self._closed:
             raise HostClosedError("host is closed; it takes no more requests")
         if net.removing or self._networks.get(net.name) is not net:
             raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
+        if waiting is not None and waiting >= self.max_queue:
+            raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
+                                 f"retry later or raise max_queue")
 
     def _to_batcher(self, net: Network, request: Request) -> Future:
         """`run` for a network that batches: the request waits in its batcher's queue."""
@@ -323,11 +324,8 @@ class HostManager:
                 f"request to {net.name} has batch {request.rows}, more than its "
                 f"max_batch_size {batcher.config.max_batch_size}")
         with self._cv:
-            self._admit_locked(net)
             depth = len(batcher)
-            if depth >= self.max_queue:
-                raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
-                                     f"retry later or raise max_queue")
+            self._admit_locked(net, depth)
             net.outstanding += 1
         if self.bus.active:
             self.bus.publish("request.queued", network=net.name, request=request.id,

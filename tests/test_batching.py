@@ -9,6 +9,7 @@ its batcher thread, a batch's members one after another, so consecutive runs of
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import itertools
 import threading
 import time
@@ -23,6 +24,7 @@ from runtime.devices import DeviceConfig, parse_devices
 from runtime.devices.backends import compiler
 from runtime.errors import PrismError, RequestTimeoutError
 from runtime.host import HostManager
+from runtime.requests import Request, RequestQueue
 from runtime.submodel import extract
 from serving import (
     MLP,
@@ -628,7 +630,10 @@ def test_timeout_between_dequeue_and_start_does_not_break_the_releasing_caller()
         assert poll(lambda: host._active == 0, 5)
 
 
-def test_close_with_batched_requests_waiting_ends_every_one():
+@contextlib.contextmanager
+def one_batch_held():
+    """A batching mlp on one cpu with one place, its first request's run held at a gate:
+    (host, [gate], that request's future, rng)."""
     with HostManager(parse_devices("cpu:1"), max_active=1) as host:
         host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
         gates: list[Gate] = []
@@ -636,6 +641,11 @@ def test_close_with_batched_requests_waiting_ends_every_one():
         rng = np.random.default_rng()
         first = host.run("m", mlp_feeds(rng, 1))
         assert gates[0].entered.wait(5)
+        yield host, gates, first, rng
+
+
+def test_close_with_batched_requests_waiting_ends_every_one():
+    with one_batch_held() as (host, gates, first, rng):
         waiting = [host.run("m", mlp_feeds(rng)) for _ in range(10)]
         opener = threading.Timer(0.3, gates[0].opened.set)
         opener.start()
@@ -653,13 +663,7 @@ def test_close_with_batched_requests_waiting_ends_every_one():
 def test_batcher_does_not_poll_while_a_ready_batch_waits_for_a_place():
     """Every place freed wakes the batcher (place_freed), so while the device is busy a
     ready batch should wait, not re-check the clock every 0.1 ms on a 2-core host."""
-    with HostManager(parse_devices("cpu:1"), max_active=1) as host:
-        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        gates: list[Gate] = []
-        wrap_function(host, "m", lambda f: gates.append(Gate(f)) or gates[-1])
-        rng = np.random.default_rng()
-        first = host.run("m", mlp_feeds(rng, 1))
-        assert gates[0].entered.wait(5)
+    with one_batch_held() as (host, gates, first, rng):
         waiting = [host.run("m", mlp_feeds(rng, 1)) for _ in range(8)]
         time.sleep(0.05)  # past the delay: a batch is ready, no place is free
         cpu = time.process_time()
@@ -675,8 +679,6 @@ def test_batcher_does_not_poll_while_a_ready_batch_waits_for_a_place():
 def test_a_request_taken_out_and_pushed_back_keeps_its_place():
     """The batcher pops requests to form a batch and pushes back those of another shape:
     they must come out again in their own order, ahead of later arrivals."""
-    from runtime.requests import Request, RequestQueue
-
     rng = np.random.default_rng()
     queue = RequestQueue()
     made = [Request("m", {}, priority=int(p)) for p in rng.integers(0, 3, 12)]
