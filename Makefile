@@ -1,13 +1,19 @@
+# Installs come from the committed lock (uv.lock, hashes checked), never from a fresh
+# resolution: a release elsewhere cannot change what a clone gets. pip installs only uv
+# itself, pinned by hash in uv-bootstrap.txt; uv then syncs .venv to the lock.
 VENV := .venv
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
+LATEST := .venv-latest
+export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test bench lint samples clean chromium
+.PHONY: run test test-latest bench lint lock samples clean chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml uv.lock uv-bootstrap.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r uv-bootstrap.txt
+	$(UV) sync --quiet --frozen --extra dev --python $(PY)
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -23,6 +29,22 @@ test: $(STAMP) chromium
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
+# The suite against the newest releases of every dependency, in a venv of its own: drift
+# is found on purpose here, not by a clone one morning. Not part of `make test`.
+test-latest: $(STAMP) chromium
+	rm -rf $(LATEST)
+	$(UV) venv --quiet --python $(PY) $(LATEST)
+	$(UV) pip install --quiet --python $(LATEST)/bin/python --upgrade --refresh -e '.[dev]'
+	$(UV) pip list --python $(LATEST)/bin/python --format freeze \
+	  | grep -iE '^(onnx|onnxruntime|numpy|textual|streamlit|rich|networkx)=='
+	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider
+
+# Refresh the lock to the newest releases pyproject.toml allows (and uv itself).
+lock: $(STAMP)
+	$(UV) lock --upgrade --python $(PY)
+	echo uv | $(UV) pip compile - --quiet --upgrade --universal --generate-hashes --no-header \
+	  -o uv-bootstrap.txt
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
@@ -34,4 +56,4 @@ samples: $(STAMP)
 	$(PY) sample_models/make_samples.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST) .pytest_cache .ruff_cache

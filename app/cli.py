@@ -39,9 +39,27 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
                         help="whole copies of the plan on twin devices")
 
 
+class _Versions(argparse.Action):
+    """`prism --version`: Prism's version and its dependencies', one per line."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from runtime.versions import versions
+
+        found = versions()
+        width = max(map(len, found))
+        sys.stdout.write("".join(f"{name:<{width}}  {v}\n" for name, v in found.items()))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prism", description="Partition an ONNX network over several devices and run it.")
+    parser.add_argument("--version", action=_Versions,
+                        help="print the versions of Prism, Python, onnx, onnxruntime, numpy, "
+                             "textual and streamlit, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     part = sub.add_parser("partition", help="plan how a model splits over devices")
     _add_model_args(part)

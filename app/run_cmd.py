@@ -7,19 +7,24 @@ import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from zipfile import BadZipFile
 
 import numpy as np
+from numpy.lib.npyio import NpzFile
 from rich import box
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from app.loadgen import LoadGenerator
 from app.loading import network_options
 from runtime.devices import parse_devices
-from runtime.errors import PrismError
+from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.events import JsonlRecorder
+from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
+from runtime.inputs import check_feeds, input_specs
 from runtime.metrics import Metrics, MetricsSnapshot
 from runtime.submodel import cpu_session, loadable
 from runtime.units import human_bytes, human_seconds
@@ -86,22 +91,34 @@ def device_table(snap: MetricsSnapshot) -> Table:
     return table
 
 
+def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
+    """The feeds in an .npz file, checked against the model's inputs before anything runs."""
+    try:
+        stored = np.load(path, allow_pickle=False)
+        if not isinstance(stored, NpzFile):
+            raise ValueError("not an .npz archive of named arrays (numpy.savez)")
+        with stored:
+            feeds = dict(stored)
+    except (OSError, ValueError, EOFError, BadZipFile) as exc:
+        raise PrismError(f"cannot read inputs {path}: {first_line(exc)}") from None
+    try:
+        return check_feeds(graph.name, input_specs(graph), feeds)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{path}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console, errors = Console(), Console(stderr=True)
     options = network_options(args)
     devices = parse_devices(args.devices)
     binds = options["bindings"]
-    feeds = None
-    if args.inputs:
-        try:
-            feeds = dict(np.load(args.inputs))
-        except (OSError, ValueError) as exc:
-            raise PrismError(f"cannot read inputs {args.inputs}: {exc}") from None
+    name = Path(args.model).stem
+    graph = load_graph(args.model, bindings=binds, name=name)
+    feeds = read_inputs(args.inputs, graph) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
-        name = Path(args.model).stem
-        host.add_network(name, args.model, **options)
+        host.add_network(name, graph, **options)
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = JsonlRecorder(host.bus, args.record) if args.record else nullcontext()
         load = LoadGenerator(host, name, concurrency=None if args.rate else args.concurrency,
@@ -123,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(Group(summary_table(snap, wall, load.stats), partition_table(snap),
                             device_table(snap)))
         for message in sorted(set(load.stats.errors))[:5]:
-            console.print(f"[red]error:[/] {message}", highlight=False)
+            errors.print(f"[red]error:[/] {escape(message)}", highlight=False)
     if check is not None:
         if check.mismatch:
             raise PrismError(check.mismatch)

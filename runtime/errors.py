@@ -58,3 +58,9 @@ class RequestTimeoutError(PrismError):
 
 class HostClosedError(PrismError):
     """The host is closed or closing and takes no more requests."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first non-blank line, or its type's name: for one-line messages."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()),
+                type(exc).__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 import app.run_cmd
@@ -18,11 +21,13 @@ from dags import SAMPLES_DIR
 from runtime.devices import parse_devices
 from runtime.events import read_jsonl
 from runtime.graph import load_graph
+from runtime.inputs import input_specs
 from runtime.partition import partition_steps
 from runtime.partition.steps import STEP_KINDS
 
 TRANSFORMER = str(SAMPLES_DIR / "transformer.onnx")
 MLP = str(SAMPLES_DIR / "mlp.onnx")
+CNN = str(SAMPLES_DIR / "cnn.onnx")
 PRISM = Path(sys.executable).with_name("prism")
 
 
@@ -206,3 +211,55 @@ def test_bench_compares_prism_with_plain_onnxruntime(capsys):
     assert main(["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1",
                  "--replicas", "two"]) == 1
     assert "--replicas" in capsys.readouterr().err
+
+
+# -- first contact -----------------------------------------------------------------------------
+
+
+def _cnn_inputs(tmp_path: Path, **arrays) -> str:
+    path = tmp_path / "inputs.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["dtype", "name", "shape"])
+def test_run_refuses_bad_inputs_before_anything_starts(capsys, tmp_path, monkeypatch, case):
+    """A feeds file that does not fit the model is refused in one line on stderr, before a
+    host exists: no run starts, no table is printed."""
+    [spec] = input_specs(load_graph(CNN))
+    shape = tuple(d if isinstance(d, int) else 1 for d in spec.dims)
+    good = np.random.default_rng().standard_normal(shape).astype(spec.dtype)
+    arrays = {"dtype": {spec.name: good.astype(np.int32)},
+              "name": {"picture": good},
+              "shape": {spec.name: good[..., :-1]}}[case]
+    started = []
+    monkeypatch.setattr(app.run_cmd, "HostManager", lambda *a, **k: started.append(1))
+    line = one_line_error(capsys, ["run", CNN, "--devices", "cpu:1", "--requests", "5",
+                                   "--inputs", _cnn_inputs(tmp_path, **arrays)])
+    out = capsys.readouterr().out
+    assert not started and not out
+    assert "inputs.npz" in line and {"dtype": "int32", "name": "'picture'",
+                                     "shape": spec.name}[case] in line
+
+
+def test_run_with_good_inputs_uses_them(capsys, tmp_path):
+    [spec] = input_specs(load_graph(CNN))
+    shape = tuple(d if isinstance(d, int) else 1 for d in spec.dims)
+    feeds = {spec.name: np.random.default_rng().standard_normal(shape).astype(spec.dtype)}
+    code = main(["run", CNN, "--devices", "cpu:2", "--requests", "6", "--concurrency", "2",
+                 "--check", "--inputs", _cnn_inputs(tmp_path, **feeds)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^\s*6\s+0\s+0\b", out, re.MULTILINE), out
+
+
+def test_version_names_prism_and_its_dependencies(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    found = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert set(found) == {"prism", "python", "onnx", "onnxruntime", "numpy", "textual",
+                          "streamlit"}
+    assert found["onnxruntime"] == ort.__version__ and found["onnx"] == onnx.__version__
+    assert found["python"] == platform.python_version()

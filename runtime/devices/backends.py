@@ -95,11 +95,6 @@ def node_problem(name: str, node: Node, graph: Graph) -> str | None:
     return None if accepts is None else accepts(node, graph)
 
 
-def first_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()),
-                type(exc).__name__)
-
-
 def schema_function_ops(max_opset: int | None = None) -> frozenset[str]:
     """Default-domain ops that onnx defines as a function of other ops.
 

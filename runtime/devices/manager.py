@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from runtime.devices.backends import Function, compiler, first_line
+from runtime.devices.backends import Function, compiler
 from runtime.devices.config import DeviceConfig
 from runtime.devices.sim import hold_until
-from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError, first_line
 from runtime.units import human_bytes
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from runtime.devices.backends import first_line, register, schema_function_ops
+from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
-from runtime.errors import ProvisionError
+from runtime.errors import ProvisionError, first_line
 
 
 class ReferenceFunction:
