@@ -15,9 +15,6 @@ from runtime.graph import Graph
 from runtime.partition.dot import Outline, plan_dot, scheme_inks
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
 
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac")
-
 
 @dataclass(frozen=True)
 class Partition:
@@ -105,9 +102,6 @@ class Plan:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
-
-    def colors(self) -> dict[str, str]:
-        return {d.name: PALETTE[i % len(PALETTE)] for i, d in enumerate(self.devices)}
 
     def to_dot(self, graph: Graph | None = None) -> str:
         """Graphviz: a cluster per partition coloured by device, a copy node per transfer."""
