@@ -67,8 +67,6 @@ def _counts(model: onnx.ModelProto) -> Counter:
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.profile) == bool(args.calibrate):
-        raise QuantizeError("give one of --profile PROFILE.json or --calibrate DATA.npz")
     if not 0 < args.holdout < 1:
         raise QuantizeError(f"--holdout must be between 0 and 1, got {args.holdout}")
     budget = None if args.accuracy_budget is None else parse_budget(args.accuracy_budget)
