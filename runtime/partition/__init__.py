@@ -17,6 +17,7 @@ from runtime.graph import Graph
 from runtime.partition.balanced import balanced_mode
 from runtime.partition.greedy import memory_mode
 from runtime.partition.order import choose_order, model_order
+from runtime.partition.pairs import keep_pairs
 from runtime.partition.placement import Annotations, Placement, place, read_annotations
 from runtime.partition.plan import Partition, Plan, Transfer, build_plan
 from runtime.partition.record import Recorder, Steps, finish, tap
@@ -147,7 +148,11 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             yield rec.step("order", why, nodes=tuple(order))
         for step in steps:
             yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
+    plan, notes = yield from keep_pairs(graph, costs, devices, plan, placement.allowed, rec,
+                                        move=mode != "user")
     plan.reasons = _explained(placement, plan, mode)
+    for node, note in notes.items():
+        plan.reasons[node] += f"; {note}"
     yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
                    f"{human_seconds(plan.bottleneck_seconds)}")
     return plan

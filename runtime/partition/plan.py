@@ -14,6 +14,7 @@ from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.dot import Outline, plan_dot, scheme_inks
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
+from runtime.precision import node_precisions
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Plan:
     order: tuple[str, ...] = ()
     reasons: dict[str, str] = field(default_factory=dict)
     arenas: dict[str, int] = field(default_factory=dict)  # device -> activation peak
+    precisions: dict[str, str | None] = field(default_factory=dict)  # node -> float/int8/None
 
     def partition(self, name: str) -> Partition:
         return next(p for p in self.partitions if p.name == name)
@@ -98,6 +100,7 @@ class Plan:
             "transfers": [asdict(t) for t in self.transfers],
             "order": list(self.order),
             "reasons": self.reasons,
+            "precisions": self.precisions,
         }
 
     def to_json(self) -> str:
@@ -180,7 +183,8 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
         busy[p.device] += p.stage_seconds
     plan = Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
-                device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}))
+                device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}),
+                precisions=dict(node_precisions(graph)))
     from runtime.partition.memory_plan import device_peak_bytes  # it reads plans
 
     plan.arenas = {d: device_peak_bytes(plan, graph, d) for d in {p.device for p in partitions}}
