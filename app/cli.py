@@ -168,6 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="port on 127.0.0.1 (default: a free one)")
     web.set_defaults(handler="app.web_cmd:run")
 
+    comp = sub.add_parser("compile", help="partition and compile a model ahead of time into "
+                                          "one bundle file (NAME.prism)")
+    _add_model_args(comp)
+    _add_serving_args(comp)
+    comp.add_argument("-o", "--output", required=True, metavar="NAME.prism",
+                      help="the bundle to write")
+    comp.add_argument("--json", action="store_true", help="print the bundle's manifest as JSON")
+    comp.set_defaults(handler="app.bundle_cmd:compile_command")
+    export = sub.add_parser("export-onnx", help="a bundle's whole network as one ONNX file, "
+                                                "each node tagged with its partition and device")
+    export.add_argument("bundle", help="a .prism bundle")
+    export.add_argument("-o", "--output", required=True, metavar="FILE.onnx")
+    export.set_defaults(handler="app.bundle_cmd:export_command")
+
     conf = sub.add_parser("conformance", help="ONNX's backend test suite through Prism, "
                                               "onnxruntime and the reference evaluator")
     conf.add_argument("--suite", default="all",

@@ -1,11 +1,21 @@
-"""Prism's headless core: graph IR, cost model, partitioner, devices and (later) the host."""
+"""Prism's headless core: graph IR, cost model, partitioner, devices and the host.
 
-from runtime.devices import DeviceConfig, parse_devices
-from runtime.errors import DeviceSpecError, ModelLoadError, PartitionError, PrismError
-from runtime.graph import Graph, Node, Tensor, load_graph
-from runtime.host import HostManager
-from runtime.partition import Partition, Plan, Transfer
+Names load on first use (PEP 562), so `import runtime.driver` pulls in neither the
+partitioner nor onnx: the bundle driver runs with numpy and onnxruntime alone.
+"""
 
-__all__ = ["DeviceConfig", "DeviceSpecError", "Graph", "HostManager", "ModelLoadError", "Node",
-           "Partition", "PartitionError", "Plan", "PrismError", "Tensor", "Transfer",
-           "load_graph", "parse_devices"]
+from runtime.lazy import lazy_names
+
+_EXPORTS = {
+    "DeviceConfig": "runtime.devices", "parse_devices": "runtime.devices",
+    "DeviceSpecError": "runtime.errors", "ModelLoadError": "runtime.errors",
+    "PartitionError": "runtime.errors", "PrismError": "runtime.errors",
+    "Graph": "runtime.graph", "Node": "runtime.graph", "Tensor": "runtime.graph",
+    "load_graph": "runtime.graph", "HostManager": "runtime.host",
+    "Partition": "runtime.partition", "Plan": "runtime.partition",
+    "Transfer": "runtime.partition",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_names(__name__, _EXPORTS)

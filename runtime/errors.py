@@ -25,6 +25,11 @@ class ProvisionError(PrismError):
     """A partition could not be compiled or loaded onto a device."""
 
 
+class BundleError(PrismError):
+    """A bundle cannot be used: not a bundle, corrupted, truncated, from a newer format,
+    or asking for devices this host cannot give."""
+
+
 class ExecutionError(PrismError):
     """A run failed; names network, partition, device and cause."""
 

@@ -1,9 +1,18 @@
-"""Devices: their configuration, backends and one manager per device."""
+"""Devices: their configuration, backends and one manager per device.
 
-from runtime.devices.backends import Function, supported_ops
-from runtime.devices.config import DeviceConfig
-from runtime.devices.manager import DeviceManager, DeviceStats
-from runtime.devices.spec import parse_devices, parse_size
+Names load on first use (PEP 562): importing `runtime.devices.config` must not pull in
+the manager and its backends, which import the partitioner's modules in turn.
+"""
 
-__all__ = ["DeviceConfig", "DeviceManager", "DeviceStats", "Function", "parse_devices",
-           "parse_size", "supported_ops"]
+from runtime.lazy import lazy_names
+
+_EXPORTS = {
+    "Function": "runtime.devices.backends", "supported_ops": "runtime.devices.backends",
+    "DeviceConfig": "runtime.devices.config", "DeviceManager": "runtime.devices.manager",
+    "DeviceStats": "runtime.devices.manager", "parse_devices": "runtime.devices.spec",
+    "parse_size": "runtime.devices.spec",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_names(__name__, _EXPORTS)

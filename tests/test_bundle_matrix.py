@@ -1,0 +1,44 @@
+"""A bundle run by the driver answers bit for bit what the just-in-time path answers
+(HostManager), under every policy, for every sample and real model, on 1 to 4 cpu
+devices, in every partition mode. Each bundle is compiled once and shared by the
+three policies' cases."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bundles import MODELS, MODES, assert_identical, case, cpus, devices, feeds
+from runtime.driver import POLICIES, open_bundle
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("model", MODELS)
+def test_bundle_matches_jit(model, n, mode, policy):
+    c = case(model, n, mode)
+    assert c.compiled.plan == c.jit_plan  # the same plan, not re-made at load
+    requests = feeds(model)
+    with open_bundle(c.path, policy) as driver:
+        if policy == "pipelined":  # requests in flight at once, from several threads
+            with ThreadPoolExecutor(len(requests)) as pool:
+                answers = list(pool.map(driver.run, requests))
+        else:
+            answers = [driver.run(f) for f in requests]
+    for got, want in zip(answers, c.jit_outputs, strict=True):
+        assert_identical(got, want, f"{model}/{n}/{mode}/{policy}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_matrix_splits_in_every_mode(mode):
+    """The matrix is worth its name: with 2+ devices every model splits in balanced and
+    user mode, and in memory mode wherever its devices could be sized to force it."""
+    default = cpus(1)[0].memory_bytes
+    for model in MODELS:
+        for n in (2, 3, 4):
+            parts = len(case(model, n, mode).compiled.plan.partitions)
+            tight = any(d.memory_bytes < default for d in devices(model, n, mode))
+            if mode != "memory" or tight:
+                assert parts > 1, f"{model} on {n} devices did not split in {mode} mode"
