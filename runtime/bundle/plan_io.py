@@ -34,7 +34,8 @@ def plan_from_dict(data: Mapping) -> Plan:
                 transfers=[Transfer(**_tuples(t)) for t in data["transfers"]],
                 bottleneck_seconds=data["bottleneck_seconds"],
                 device_seconds=dict(data["device_seconds"]), order=tuple(data["order"]),
-                reasons=dict(data["reasons"]), arenas=dict(data.get("arenas", {})))
+                reasons=dict(data["reasons"]), arenas=dict(data.get("arenas", {})),
+                precisions=dict(data.get("precisions", {})))
 
 
 def rename_devices(plan: Plan, names: Mapping[str, str],
@@ -45,12 +46,10 @@ def rename_devices(plan: Plan, names: Mapping[str, str],
         return names.get(old, old)
 
     configs = configs or {}
-    return Plan(network=plan.network, mode=plan.mode,
-                devices=[configs.get(new(d.name)) or d.with_name(new(d.name))
-                         for d in plan.devices],
-                partitions=[replace(p, device=new(p.device)) for p in plan.partitions],
-                transfers=[replace(t, src=new(t.src), dst=new(t.dst)) for t in plan.transfers],
-                bottleneck_seconds=plan.bottleneck_seconds,
-                device_seconds={new(d): s for d, s in plan.device_seconds.items()},
-                order=plan.order, reasons=dict(plan.reasons),
-                arenas={new(d): a for d, a in plan.arenas.items()})
+    return replace(plan, devices=[configs.get(new(d.name)) or d.with_name(new(d.name))
+                                  for d in plan.devices],
+                   partitions=[replace(p, device=new(p.device)) for p in plan.partitions],
+                   transfers=[replace(t, src=new(t.src), dst=new(t.dst))
+                              for t in plan.transfers],
+                   device_seconds={new(d): s for d, s in plan.device_seconds.items()},
+                   arenas={new(d): a for d, a in plan.arenas.items()})
