@@ -13,6 +13,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
+from runtime.partition.memory_plan import device_peak_bytes
 from runtime.units import human_bytes
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
@@ -59,8 +60,11 @@ class Transfer:
     dst_partitions: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """Complete when built: nothing changes a plan after `build_plan` (a plan with other
+    reasons is another plan, `dataclasses.replace`)."""
+
     network: str
     mode: str
     devices: list[DeviceConfig]
@@ -183,10 +187,10 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
                 readers = [home[c] for c in graph.consumers.get(t, ()) if home[c] != pname]
                 size = graph.tensor_bytes(t)
                 away = dict.fromkeys(device_of[r] for r in readers if device_of[r] != src.name)
-                for dev in away:
-                    dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dev))
-                    dst = by_device[dev]
-                    transfers.append(Transfer(t, src.name, dev, size,
+                for dname in away:
+                    dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dname))
+                    dst = by_device[dname]
+                    transfers.append(Transfer(t, src.name, dname, size,
                                               transfer_seconds(size, src, dst), pname, dsts))
                     incoming[min(dsts, key=topo.index)] += link_seconds(size, dst)
                 if away:
@@ -215,10 +219,8 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
     busy = dict.fromkeys((d.name for d in devices), 0.0)
     for p in partitions:
         busy[p.device] += p.stage_seconds
-    plan = Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
+    arenas = {d: device_peak_bytes(partitions, graph, d) for d in {p.device for p in partitions}}
+    return Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
-                device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}))
-    from runtime.partition.memory_plan import device_peak_bytes  # it reads plans
-
-    plan.arenas = {d: device_peak_bytes(plan, graph, d) for d in {p.device for p in partitions}}
-    return plan
+                device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}),
+                arenas=arenas)
