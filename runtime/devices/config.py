@@ -33,18 +33,19 @@ _DEFAULTS: dict[str, tuple[float, float, float, float, float, int]] = {
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """One device. Figures left as None take the backend's defaults."""
+    """One device. Figures left as None take the backend's defaults, so once built every
+    figure is set (hence typed without None; the ignores are for the defaults alone)."""
 
     name: str
     backend: str = "cpu"
-    memory_bytes: int | None = None
+    memory_bytes: int = None  # type: ignore[assignment]
     threads: int = 1
-    peak_flops: float | None = None
-    mem_bandwidth: float | None = None
-    link_bandwidth: float | None = None
+    peak_flops: float = None  # type: ignore[assignment]
+    mem_bandwidth: float = None  # type: ignore[assignment]
+    link_bandwidth: float = None  # type: ignore[assignment]
     supported_ops: frozenset[str] | None = None
-    launch_seconds: float | None = None
-    link_latency: float | None = None
+    launch_seconds: float = None  # type: ignore[assignment]
+    link_latency: float = None  # type: ignore[assignment]
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
