@@ -1,191 +1,162 @@
-"""An embedded runtime under live load, shared by the terminal and browser dashboards.
+"""An embedded runtime under live load: the in-process RuntimeSource both dashboards use.
 
-The UIs never touch runtime threads: they call `poll()` on their own timer, which
-drains the event bus into `Metrics` and returns a `LiveView`, a plain record of what
-to draw. Controls (pause, faster, slower, re-partition, record) are plain methods.
-A `LiveRuntime` can also replay a recorded JSON-lines file instead of running.
+`LiveRuntime` owns a HostManager, a load generator and an optional recording. The view
+model (`app.dashboard`) reads it through the RuntimeSource protocol only: the bus's events,
+the plan and its graph's outline, the devices' own counts. Controls (pause, faster, slower,
+re-partition with another mode, devices or model, record) are plain methods; a bad change
+leaves the old network serving and raises.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.dashboard.source import (
+    MODES,
+    DeviceCounters,
+    LoadSetting,
+    LoadState,
+    PartitionSteps,
+    Status,
+)
+from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL, DEFAULT_RATE
 from app.loadgen import LoadGenerator
-from runtime.devices import DeviceConfig, parse_devices
-from runtime.devices.manager import DeviceStats
+from runtime.devices import parse_devices
 from runtime.errors import DeviceMemoryError, PrismError
-from runtime.events import Event, JsonlRecorder, read_jsonl
-from runtime.graph import Graph, load_graph
+from runtime.events import Event, JsonlRecorder, write_jsonl
 from runtime.host import HostManager
-from runtime.metrics import Metrics, MetricsSnapshot
-from runtime.partition import MODES, Plan, Step, partition_steps, replay
-from runtime.partition.record import finish, tap
-from runtime.partition.steps import Replay
+from runtime.partition import Plan
+from runtime.partition.dot import Outline
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
-DEFAULT_MODEL = SAMPLES / "cnn.onnx"
-DEFAULT_DEVICES = "cpu:2,sim:2:mem=256MB"
-DEFAULT_RATE = 150.0
+MAX_QUEUE = 1000
+EVENTS_KEPT = 100_000  # events the dashboard's subscription holds between two polls
 
 
-@dataclass(frozen=True)
-class LiveView:
-    """Everything a dashboard draws, at one moment."""
-
-    network: str
-    mode: str
-    devices_spec: str
-    plan: Plan | None
-    metrics: MetricsSnapshot
-    devices: dict[str, DeviceStats]
-    paused: bool
-    load: str  # "150 req/s" or "8 clients"
-    recording: str | None
-    replaying: bool
-    errors: list[str] = field(default_factory=list)
-
-
-class Stepper:
-    """The partitioner's steps for one graph, devices and mode, to walk through."""
-
-    def __init__(self, graph: Graph, devices: list[DeviceConfig], mode: str):
-        self.graph, self.mode = graph, mode
-        self.steps: list[Step] = []
-        self.plan = finish(tap(partition_steps(graph, devices, mode), self.steps.append))
-        self.index = 0
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def step(self) -> Step:
-        return self.steps[self.index]
-
-    def go(self, index: int) -> Step:
-        self.index = max(0, min(len(self.steps) - 1, index))
-        return self.step
-
-    def next(self) -> Step:
-        return self.go(self.index + 1)
-
-    def previous(self) -> Step:
-        return self.go(self.index - 1)
-
-    def end(self) -> Step:
-        return self.go(len(self.steps) - 1)
-
-    def state(self) -> Replay:
-        """Node -> partition and partition -> device after the current step."""
-        return replay(self.steps[: self.index + 1])
+def dashboard_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise PrismError(f"dashboard mode must be {' or '.join(MODES)}, got {mode!r}")
+    return mode
 
 
 class LiveRuntime:
     def __init__(self, model: str | Path | None = None, devices: str | None = None,
                  mode: str = "balanced", *, rate: float | None = None,
-                 concurrency: int | None = None, replay_file: str | Path | None = None,
-                 start_load: bool = True, seed: int | None = None):
-        if mode not in MODES or mode == "user":
-            raise PrismError(f"dashboard mode must be memory or balanced, got {mode!r}")
+                 concurrency: int | None = None, start_load: bool = True,
+                 seed: int | None = None):
         self.model = Path(model) if model else DEFAULT_MODEL
         self.devices_spec = devices or DEFAULT_DEVICES
-        self.mode = mode
+        self.mode = dashboard_mode(mode)
         self.network = self.model.stem
         self.rate = rate if rate is not None or concurrency is not None else DEFAULT_RATE
         self.concurrency = concurrency
         self.seed = seed
         self._generation = 0
-        self.metrics = Metrics()
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
         self._recorder: JsonlRecorder | None = None
         self._record_path: str | None = None
         self.load: LoadGenerator | None = None
-        self.host: HostManager | None = None
-        self.plan: Plan | None = None
-        self.graph: Graph | None = None
-        self._replay: list[Event] | None = None
-        if replay_file is not None:
-            self._replay = list(read_jsonl(replay_file))
-            self.metrics.feed(self._replay)
-            loaded = [e for e in self._replay if e.kind == "network.loaded"]
-            if loaded and loaded[-1].get("mode") in MODES and loaded[-1].get("mode") != "user":
-                self.mode = loaded[-1].get("mode")  # the recorded plan, not today's default
-            self.graph = load_graph(self.model, name=self.network)
-            self.plan = finish(partition_steps(self.graph, parse_devices(self.devices_spec),
-                                               mode))
-            return
-        self.host = HostManager(parse_devices(self.devices_spec), max_queue=1000)
-        self._subscription = self.host.bus.subscribe(maxlen=100_000)
+        self.host: HostManager | None = HostManager(parse_devices(self.devices_spec),
+                                                    max_queue=MAX_QUEUE)
+        self._subscription = self.host.bus.subscribe(maxlen=EVENTS_KEPT)
         self._load_network()
         if start_load:
             self._start_load()
 
-    # -- set-up -----------------------------------------------------------------------
+    def _running(self) -> HostManager:
+        if self.host is None:
+            raise PrismError("the dashboard's runtime is closed")
+        return self.host
 
     def _load_network(self) -> None:
-        self.plan = self.host.add_network(self.network, self.model, partition=self.mode)
-        self.graph = self.host.graph(self.network)
+        host = self._running()
+        self._plan = host.add_network(self.network, self.model, partition=self.mode)
+        self._outline = Outline.of(host.graph(self.network))
 
     def _start_load(self, paused: bool = False) -> None:
-        self.load = LoadGenerator(self.host, self.network, rate=self.rate,
+        self.load = LoadGenerator(self._running(), self.network, rate=self.rate,
                                   concurrency=self.concurrency, seed=self.seed, timeout=10.0)
         if paused:
             self.load.pause()
         self.load.start()
 
-    # -- the view ---------------------------------------------------------------------
+    def _stop_load(self) -> None:
+        if self.load is not None:
+            self.load.stop(timeout=5.0)
+            self.load = None
 
-    def poll(self) -> LiveView:
-        """Drain new events into the metrics and describe the present. UI thread only."""
-        if self._replay is not None:
-            snapshot = self.metrics.snapshot(self._replay[-1].ts if self._replay else None)
-            devices: dict[str, DeviceStats] = {}
-        else:
-            self.metrics.feed(self._subscription.drain())
-            snapshot = self.metrics.snapshot()
-            devices = {name: m.stats() for name, m in self.host.devices.items()}
-        return LiveView(self.network, self.mode, self.devices_spec, self.plan, snapshot,
-                        devices, self.paused, self.load_label, self._record_path,
-                        self._replay is not None, list(snapshot.errors or self.errors))
+    # -- reading (RuntimeSource) ----------------------------------------------------------
+
+    def drain(self) -> list[Event]:
+        return self._subscription.drain() if self.host is not None else []
+
+    def now(self) -> float:
+        return time.monotonic()
 
     @property
     def paused(self) -> bool:
         return self.load is None or self.load.paused
 
-    @property
-    def load_label(self) -> str:
-        if self.load is None:
-            return "no load"
-        if self.load.rate is not None:
-            return f"{self.load.rate:.0f} req/s"
-        return f"{self.load.concurrency} clients"
+    def state(self) -> Status:
+        load = self.load
+        setting = None if load is None else LoadSetting(rate=load.rate) \
+            if load.rate is not None else LoadSetting(clients=load.concurrency)
+        return Status(str(self.model), self.network, self.mode, self.devices_spec,
+                      LoadState(setting, self.paused), self._record_path)
 
-    # -- controls ---------------------------------------------------------------------
+    def plan(self) -> Plan | None:
+        return self._plan
+
+    def outline(self) -> Outline | None:
+        return self._outline
+
+    def device_stats(self) -> dict[str, DeviceCounters]:
+        if self.host is None:
+            return {}
+        return {name: DeviceCounters(name, s.backend, s.used_bytes, s.total_bytes,
+                                     s.queue_length, s.runs)
+                for name, s in ((n, m.stats()) for n, m in self.host.devices.items())}
+
+    def partition_steps(self, mode: str) -> PartitionSteps:
+        return PartitionSteps.run(self._running().graph(self.network), self.devices_spec,
+                                  dashboard_mode(mode), self.model.stem)
+
+    def networks(self) -> list[str]:
+        return self.host.networks() if self.host is not None else []
+
+    # -- load -----------------------------------------------------------------------------
 
     def toggle_pause(self) -> None:
         if self.load is None:
-            if self.host is not None:  # started without load: start it now
-                self._start_load()
-            return
-        self.load.resume() if self.load.paused else self.load.pause()
+            self._start_load()  # started without load: start it now
+        elif self.load.paused:
+            self.load.resume()
+        else:
+            self.load.pause()
 
-    def faster(self) -> None:
-        self._scale(1.5)
-
-    def slower(self) -> None:
-        self._scale(1 / 1.5)
-
-    def _scale(self, factor: float) -> None:
-        """Change the load and remember it, so a re-partition keeps the new speed."""
+    def scale_load(self, factor: float) -> None:
+        """Faster (>1) or slower (<1), remembered so a re-partition keeps the new speed."""
         if self.load is not None:
             self.load.scale(factor)
             self.rate, self.concurrency = self.load.rate, self.load.concurrency
 
-    def next_mode(self) -> str:
-        return "memory" if self.mode == "balanced" else "balanced"
+    def set_load(self, setting: LoadSetting) -> None:
+        """A new rate or client count; switching open and closed loop starts a new
+        generator (paused if the old one was)."""
+        self.rate, self.concurrency = setting.rate, setting.clients
+        load = self.load
+        if load is None:
+            return
+        if setting.rate is not None and load.rate is not None:
+            load.rate = setting.rate  # read before every arrival
+        elif setting.clients is not None and load.concurrency is not None:
+            if setting.clients != load.concurrency:
+                load.scale(setting.clients / load.concurrency)
+        else:
+            paused = self.paused
+            self._stop_load()
+            self._start_load(paused)
+
+    # -- re-partitioning ------------------------------------------------------------------
 
     def repartition(self, mode: str | None = None, devices: str | None = None,
                     model: str | Path | None = None) -> Plan:
@@ -193,43 +164,40 @@ class LiveRuntime:
 
         On a bad model or devices the old network keeps serving and the error is raised.
         """
-        if self.host is None:
-            raise PrismError("a replay cannot re-partition")
-        with self._lock:
-            new_model = Path(model) if model else self.model
-            new_mode = mode or self.mode
-            new_devices = devices or self.devices_spec
-            if new_devices != self.devices_spec:
-                parse_devices(new_devices)  # a bad spec fails here, before anything stops
-                self._replace_host(new_devices, new_model, new_mode)
-            else:
-                self._replace_network(new_model, new_mode)
-            return self.plan
+        new_model = Path(model) if model else self.model
+        new_mode = dashboard_mode(mode or self.mode)
+        new_devices = devices or self.devices_spec
+        if new_devices != self.devices_spec:
+            parse_devices(new_devices)  # a bad spec fails here, before anything stops
+            self._replace_host(new_devices, new_model, new_mode)
+        else:
+            self._replace_network(new_model, new_mode)
+        return self._plan
 
     def _replace_network(self, model: Path, mode: str) -> None:
         """Load the new plan beside the old one (the old keeps serving if it fails), then
         switch the load over. If both do not fit, the old one goes first and comes back
         should the new one fail."""
+        host = self._running()
         self._generation += 1
         name, old = f"{model.stem}#{self._generation}", self.network
         paused = self.paused
         try:
-            self.host.add_network(name, model, partition=mode)
+            host.add_network(name, model, partition=mode)
             self._stop_load()
         except DeviceMemoryError:
             self._stop_load()
-            self.host.remove_network(old, timeout=10.0)
+            host.remove_network(old, timeout=10.0)
             try:
-                self.host.add_network(name, model, partition=mode)
+                host.add_network(name, model, partition=mode)
             except PrismError:
-                self.host.add_network(old, self.model, partition=self.mode)
+                host.add_network(old, self.model, partition=self.mode)
                 self._start_load(paused)
                 raise
         else:
-            self.host.remove_network(old, timeout=10.0)
+            host.remove_network(old, timeout=10.0)
         self.network, self.model, self.mode = name, model, mode
-        self.plan, self.graph = self.host.plan(name), self.host.graph(name)
-        self.metrics = Metrics()
+        self._plan, self._outline = host.plan(name), Outline.of(host.graph(name))
         self._start_load(paused)
 
     def _replace_host(self, devices: str, model: Path, mode: str) -> None:
@@ -240,30 +208,38 @@ class LiveRuntime:
             probe.close(timeout=5.0)
         paused = self.paused
         self._stop_load()
-        recording = self._record_path
-        self.stop_recording()
-        self.host.close(timeout=10.0)
-        self.host = HostManager(parse_devices(devices), max_queue=1000)
-        self._subscription = self.host.bus.subscribe(maxlen=100_000)
-        self.metrics = Metrics()
+        recording = self.stop_recording()
+        self._running().close(timeout=10.0)
+        self.host = HostManager(parse_devices(devices), max_queue=MAX_QUEUE)
+        self._subscription = self.host.bus.subscribe(maxlen=EVENTS_KEPT)
         self.devices_spec, self.model, self.mode = devices, model, mode
         self.network = model.stem
         self._load_network()
         self._start_load(paused)
         if recording:
-            self.start_recording(recording)
+            self._record(recording, append=True)
 
-    def stepper(self, mode: str | None = None) -> Stepper:
-        return Stepper(self.graph, parse_devices(self.devices_spec), mode or self.mode)
+    # -- recording ------------------------------------------------------------------------
 
     def start_recording(self, path: str | Path) -> str:
-        if self.host is None:
-            raise PrismError("a replay cannot be recorded again")
         self.stop_recording()
-        self._recorder = JsonlRecorder(self.host.bus, path)
+        return self._record(path, append=False)
+
+    def _record(self, path: str | Path, append: bool) -> str:
+        """Record the bus to `path`, opening with the state a replay starts from: the
+        network as loaded (mode, devices and their spec) and each device's memory."""
+        host, now = self._running(), time.monotonic()
+        opening = [Event("network.loaded", now, {
+            "network": self.network, "mode": self.mode, "partitions": len(self._plan.partitions),
+            "devices": sorted({p.device for p in self._plan.partitions}),
+            "nodes": len(self._outline.ops), "spec": self.devices_spec})]
+        opening += [Event("device.memory", now, {"device": c.name, "used_bytes": c.used_bytes,
+                                                  "total_bytes": c.total_bytes})
+                    for c in self.device_stats().values()]
+        with open(path, "a" if append else "w", encoding="utf-8") as fp:
+            write_jsonl(opening, fp)
+        self._recorder = JsonlRecorder(host.bus, path, append=True)
         self._record_path = str(path)
-        for manager in self.host.devices.values():  # a replay starts with today's memory
-            manager.publish_memory()
         return self._record_path
 
     def stop_recording(self) -> str | None:
@@ -272,17 +248,6 @@ class LiveRuntime:
             self._recorder.stop()
             self._recorder = None
         return path
-
-    def toggle_recording(self, path: str | Path | None = None) -> str | None:
-        """Start recording (to `path`, or a timestamped file) or stop; returns the path."""
-        if self._recorder is not None:
-            return self.stop_recording()
-        return self.start_recording(path or f"prism-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-
-    def _stop_load(self) -> None:
-        if self.load is not None:
-            self.load.stop(timeout=5.0)
-            self.load = None
 
     def close(self) -> None:
         """Stop load, recording and the host; returns once every thread has ended."""

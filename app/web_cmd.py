@@ -1,8 +1,9 @@
 """`prism web [MODEL] [--devices SPEC] [--port P]`: the Streamlit dashboard on loopback.
 
-Starts `streamlit run ui_web/dashboard.py` headless on 127.0.0.1, hands the model and devices to
-the app through the environment, waits until the server answers, prints the URL and
-stays in the foreground until Ctrl-C (or SIGTERM), which stops the server cleanly.
+Starts `streamlit run ui_web/dashboard.py` headless on 127.0.0.1, hands the model and devices
+(or a recording to replay) to the app through the environment (`app.sources`), waits until
+the server answers, prints the URL and stays in the foreground until Ctrl-C (or SIGTERM),
+which stops the server cleanly.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import urllib.request
 from pathlib import Path
 from types import FrameType
 
+from app.sources import SourceSettings
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 
-ENV_MODEL = "PRISM_WEB_MODEL"
-ENV_DEVICES = "PRISM_WEB_DEVICES"
 HOST = "127.0.0.1"
 APP_SCRIPT = Path(__file__).resolve().parent.parent / "ui_web" / "dashboard.py"
 START_TIMEOUT = 60.0
@@ -32,7 +32,7 @@ STOP_TIMEOUT = 10.0
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def streamlit_command(port: int) -> list[str]:
@@ -44,16 +44,7 @@ def streamlit_command(port: int) -> list[str]:
             "--logger.level", "warning"]
 
 
-def server_env(model: str | None, devices: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_MODEL, ENV_DEVICES)}
-    if model:
-        env[ENV_MODEL] = model
-    if devices:
-        env[ENV_DEVICES] = devices
-    return env
-
-
-def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
+def wait_until_up(url: str, proc: subprocess.Popen[bytes], timeout: float = START_TIMEOUT) -> None:
     """Until the server's health check answers; raises if it exits or takes too long."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -69,7 +60,7 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = START_TIMEO
     raise PrismError(f"the Streamlit server did not answer at {url} within {timeout:.0f} s")
 
 
-def stop(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
+def stop(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
     """SIGINT (what Ctrl-C sends), then SIGTERM, then SIGKILL, each with a bounded wait."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
@@ -86,7 +77,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _check_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
+def _settings(args: argparse.Namespace) -> SourceSettings:
     model = None
     if args.model:
         path = Path(args.model).expanduser().resolve()
@@ -95,14 +86,16 @@ def _check_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
         model = str(path)
     if args.devices:
         parse_devices(args.devices)  # a bad spec fails here, as one line
-    return model, args.devices
+    replay = getattr(args, "replay", None)  # `prism web --replay` once the CLI takes it
+    return SourceSettings(model, args.devices,
+                          replay=str(Path(replay).resolve()) if replay else None)
 
 
 def run(args: argparse.Namespace) -> int:
-    model, devices = _check_args(args)
+    settings = _settings(args)
     port = args.port or free_port()
     url = f"http://{HOST}:{port}"
-    proc = subprocess.Popen(streamlit_command(port), env=server_env(model, devices))
+    proc = subprocess.Popen(streamlit_command(port), env=settings.to_env(os.environ))
     # Ctrl-C even when started in the background, where SIGINT may come in ignored
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import overhead, partition_speed, pipeline, serving
+from benchmarks import overhead, partition_speed, pipeline, quantized, serving
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
-          "serving": serving.run}
+          "serving": serving.run, "quantized": quantized.run}
 HERE = Path(__file__).parent
 
 

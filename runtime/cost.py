@@ -2,7 +2,9 @@
 
 FLOPs follow the usual counts (a multiply-add is 2). Ops without a rule, including the
 subgraph nodes If, Loop and Scan, cost one FLOP per output element. Bytes read include
-weights (initializers); Constant outputs count as activations, never twice.
+weights (initializers); Constant outputs count as activations, never twice. Work in an
+int8 node (`runtime.precision`) runs at the device's `int8_ops`, and a QDQ node reads
+its dequantized inputs at their quantized size, as the fused kernel does.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph, Node
+from runtime.precision import node_precisions, stored_bytes
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class NodeCost:
     bytes_read: int
     bytes_written: int
     weight_bytes: int
+    precision: str | None = None  # `float`, `int8`, or None (moves integers)
 
     @property
     def bytes_moved(self) -> int:
@@ -125,9 +129,11 @@ def node_cost(graph: Graph, node: Node) -> NodeCost:
     outs = [tensors[t].shape if t in tensors else None for t in node.outputs]
     flops = FLOP_RULES.get(node.op_type, _fallback)(node, ins, outs)
     weights = sum(graph.tensor_bytes(t) for t in node.reads if graph.is_weight(t))
-    read = sum(graph.tensor_bytes(t) for t in node.reads)
+    precision = node_precisions(graph)[node.name]
+    size = (lambda t: stored_bytes(graph, t)) if precision == "int8" else graph.tensor_bytes
+    read = sum(size(t) for t in node.reads)
     written = sum(graph.tensor_bytes(t) for t in node.writes)
-    return NodeCost(flops, read, written, weights)
+    return NodeCost(flops, read, written, weights, precision)
 
 
 def graph_costs(graph: Graph) -> dict[str, NodeCost]:
@@ -135,8 +141,10 @@ def graph_costs(graph: Graph) -> dict[str, NodeCost]:
 
 
 def device_seconds(cost: NodeCost, device: DeviceConfig) -> float:
-    """Roofline: the slower of compute and memory traffic, plus a fixed launch cost."""
-    return max(cost.flops / device.peak_flops,
+    """Roofline: the slower of compute (at the node's precision) and memory traffic, plus a
+    fixed launch cost."""
+    peak = device.int8_ops if cost.precision == "int8" else device.peak_flops
+    return max(cost.flops / peak,
                cost.bytes_moved / device.mem_bandwidth) + device.launch_seconds
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
+from runtime.contrib_types import contrib_value_infos
 from runtime.errors import ModelLoadError
 
 Dim = int | str | None
@@ -238,7 +239,13 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     except Exception:  # inference is best effort; unknown shapes cost by fallback
         inferred = model
     g = inferred.graph
-    return {v.name: v for v in (*g.value_info, *g.input, *g.output)}
+    known = {v.name: v for v in (*g.value_info, *g.input, *g.output)}
+    extra = contrib_value_infos(model, known)
+    if extra and model is not inferred:
+        typed = copy.deepcopy(model)
+        typed.graph.value_info.extend(extra)
+        return {**_infer(typed), **{v.name: v for v in extra}}
+    return known
 
 
 def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: int

@@ -646,7 +646,7 @@ def test_to_dot_draws_a_copy_node_per_transfer():
     assert len(copies) == len(plan.transfers) == 3
     for t in plan.transfers:
         name = f"copy:{t.tensor}->{t.dst}"
-        assert re.search(rf'-> "{re.escape(name)}" \[style=dashed\]', dot)
+        assert re.search(rf'-> "{re.escape(name)}" \[style=dashed[,\]]', dot)
         assert re.search(rf'"{re.escape(name)}" -> ', dot)
     # no copy node when nothing crosses
     assert "copy:" not in partition(graph, [cpu()], "balanced").to_dot(graph)

@@ -19,11 +19,13 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from app.cli import build_parser, main
+from app.dashboard import DashboardModel
+from app.dashboard.source import MODES
 from app.live import LiveRuntime
 from app.loadgen import LoadGenerator
+from app.replay import Recording
 from runtime.partition import replay
 from ui_tui import PrismApp
-from ui_tui.figures import queue_series
 from ui_tui.keys import KeyState, key_enabled
 from ui_tui.screens.devices_prompt import DevicesPrompt
 from ui_tui.screens.stepper import StepperScreen
@@ -41,6 +43,10 @@ SIZE = (80, 24)
 # -- helpers -------------------------------------------------------------------------------
 
 
+def dashboard(source, **options) -> PrismApp:
+    return PrismApp(DashboardModel(source), **options)
+
+
 def drive(app: PrismApp, script: Callable[[Pilot], Awaitable[None]],
           size: tuple[int, int] = SIZE) -> None:
     async def main() -> None:
@@ -50,7 +56,7 @@ def drive(app: PrismApp, script: Callable[[Pilot], Awaitable[None]],
     try:
         asyncio.run(main())
     finally:
-        app.live.close()  # a no-op when `q` already closed it
+        app.model.close()  # a no-op when `q` already closed it
 
 
 async def wait_until(pilot: Pilot, cond: Callable[[], bool], timeout: float = 10.0,
@@ -127,9 +133,9 @@ def test_default_dashboard_shows_real_changing_figures(live_threads):
         seen["queue"] = shown(app.screen.query_one(QueuePanel).query_one("#rate"))
         await quit_app(pilot)
 
-    drive(PrismApp(live), script)
+    drive(dashboard(live), script)
     (lat1, runs1, dev_text1), (lat2, runs2, dev_text2) = seen["first"], seen["second"]
-    plan = live.plan
+    plan = live.plan()
     assert set(lat1) == {p.name for p in plan.partitions}
     for name in lat1:
         count1, count2 = (int(t[name][2].replace(",", "")) for t in (lat1, lat2))
@@ -156,25 +162,25 @@ def test_footer_load_keys_record_and_quit(tmp_path: Path, live_threads):
         assert not live.paused and "150 req/s" in shown(status)
 
         await pilot.press("p")
-        assert live.paused and app.view.paused and "paused" in shown(status)
-        done = app.view.metrics.requests_finished
+        assert live.paused and app.view.status.load.paused and "paused" in shown(status)
+        done = app.view.totals.finished
         await run_for(pilot, 0.5)
-        assert app.view.metrics.requests_finished <= done + 10  # only those in flight end
+        assert app.view.totals.finished <= done + 10  # only those in flight end
 
         await pilot.press("plus")
-        assert live.load_label == "225 req/s" and "225 req/s" in shown(status)
+        assert live.state().load.label == "225 req/s" and "225 req/s" in shown(status)
         await pilot.press("minus", "minus")
-        assert live.load_label == "100 req/s" and "100 req/s" in shown(status)
+        assert live.state().load.label == "100 req/s" and "100 req/s" in shown(status)
 
         await pilot.press("p")
         assert not live.paused and "running" in shown(status)
         await pilot.press("e")
         files = list(tmp_path.glob("prism-*.jsonl"))
-        assert len(files) == 1 and live.poll().recording == str(files[0])
+        assert len(files) == 1 and live.state().recording == str(files[0])
         assert "REC" in shown(status) and files[0].name in shown(status)
         await run_for(pilot, 0.5)
         await pilot.press("e")
-        assert live.poll().recording is None and "REC" not in shown(status)
+        assert live.state().recording is None and "REC" not in shown(status)
         size = files[0].stat().st_size
         await run_for(pilot, 0.3)
         assert size > 0 and files[0].stat().st_size == size  # stopped: no more writes
@@ -187,7 +193,7 @@ def test_footer_load_keys_record_and_quit(tmp_path: Path, live_threads):
         assert not isinstance(app.screen, StepperScreen)
         await quit_app(pilot)
 
-    app = PrismApp(live, record_dir=tmp_path)
+    app = dashboard(live, record_dir=tmp_path)
     drive(app, script)
     assert app.return_code == 0
     assert live.host is None and live.load is None
@@ -202,7 +208,7 @@ def test_mode_replan_and_devices_keys_repartition(live_threads):
         status = app.screen.query_one(StatusBar)
         dag = app.screen.query_one(PartitionDag)
         await pilot.pause(0.3)
-        before = live.plan
+        before = live.plan()
         assert live.mode == "balanced" and len(before.partitions) > 1
 
         await pilot.press("plus")
@@ -211,17 +217,17 @@ def test_mode_replan_and_devices_keys_repartition(live_threads):
         await pilot.pause(0.3)
         assert live.mode == "memory" and "memory" in shown(status)
         assert "225 req/s" in shown(status) and not live.paused  # the load carries on
-        assert live.plan is not before
-        assert [p.name for p in live.plan.partitions] != [p.name for p in before.partitions]
-        assert set(dag.dag.partitions) == {p.name for p in live.plan.partitions}
-        assert set(figures(app)) == {p.name for p in live.plan.partitions}
+        assert live.plan() is not before
+        assert [p.name for p in live.plan().partitions] != [p.name for p in before.partitions]
+        assert set(dag.dag.partitions) == {p.name for p in live.plan().partitions}
+        assert set(figures(app)) == {p.name for p in live.plan().partitions}
 
         await pilot.press("p")  # the rest needs no load (and the pilot waits less for idle)
         assert live.paused
-        memory_plan = live.plan
+        memory_plan = live.plan()
         await pilot.press("r")
         await wait_until(pilot, lambda: app.busy is None, what="the re-plan")
-        assert live.plan is not memory_plan and live.mode == "memory"
+        assert live.plan() is not memory_plan and live.mode == "memory"
 
         await pilot.press("d")
         assert isinstance(app.screen, DevicesPrompt)
@@ -231,7 +237,7 @@ def test_mode_replan_and_devices_keys_repartition(live_threads):
         await wait_until(pilot, lambda: app.busy is None and live.devices_spec == "cpu:1,sim:2",
                          what="the new devices")
         await pilot.pause(0.3)
-        assert {d.name for d in live.plan.devices} == {"cpu0", "sim0", "sim1"}
+        assert {d.name for d in live.plan().devices} == {"cpu0", "sim0", "sim1"}
         assert set(device_runs(app)) == {"cpu0", "sim0", "sim1"}
         assert "cpu:1,sim:2" in shown(status) and live.paused  # still paused on new devices
 
@@ -242,7 +248,7 @@ def test_mode_replan_and_devices_keys_repartition(live_threads):
         assert live.devices_spec == "cpu:1,sim:2"  # a bad spec keeps the old plan serving
         await quit_app(pilot)
 
-    drive(PrismApp(live), script)
+    drive(dashboard(live), script)
 
 
 def test_errors_panel_shows_request_failures(live_threads):
@@ -261,7 +267,7 @@ def test_errors_panel_shows_request_failures(live_threads):
         assert "1 failed" in shown(app.screen.query_one(QueuePanel).query_one("#rate"))
         await quit_app(pilot)
 
-    drive(PrismApp(live), script)
+    drive(dashboard(live), script)
 
 
 def test_large_terminal_draws_boxes(live_threads):
@@ -274,19 +280,19 @@ def test_large_terminal_draws_boxes(live_threads):
         assert "╭" in text or "┏" in text  # boxes once they fit
         assert dag.size.height > 20
         await pilot.press("down")
-        second = live.plan.partitions[1]
+        second = live.plan().partitions[1]
         assert dag.selected == second.name
         detail = shown(pilot.app.screen.query_one("#detail"))
         assert second.nodes[0] in detail and "weights" in detail
         assert f"Partition {second.name} on {second.device}" in str(
             pilot.app.screen.query_one("#detail-panel").border_title)
-        third = f" {live.plan.partitions[2].name} "
+        third = f" {live.plan().partitions[2].name} "
         line = next(i for i, ln in enumerate(text.splitlines()) if third in ln)
         await pilot.click(PartitionDag, offset=(4, line + 1))  # inside the third box
-        assert dag.selected == live.plan.partitions[2].name
+        assert dag.selected == live.plan().partitions[2].name
         await quit_app(pilot)
 
-    drive(PrismApp(live), script, size=(160, 50))
+    drive(dashboard(live), script, size=(160, 50))
 
 
 # -- the stepper ---------------------------------------------------------------------------
@@ -297,7 +303,7 @@ def _check_colouring(screen: StepperScreen) -> int:
     in the rows and in the drawn text; returns how many drawn nodes are coloured."""
     stepper = screen.stepper
     state = replay(stepper.steps[: stepper.index + 1])
-    colors = stepper.plan.colors()
+    colors = stepper.colors
     graph = screen.query_one(NodeGraph)
     console = Console()
     coloured = 0
@@ -328,7 +334,7 @@ def test_stepper_steps_forward_and_back_with_the_plans_colours(live_threads):
         checked.append((index, _check_colouring(screen)))
         assert f"step {index + 1}/{len(screen.stepper)}" in shown(
             screen.query_one("#stepper-status"))
-        assert shown(screen.query_one("#reason")) == screen.stepper.step.reason
+        assert shown(screen.query_one("#reason")) == screen.stepper.view().step.reason
 
     async def script(pilot: Pilot) -> None:
         app = pilot.app
@@ -357,14 +363,14 @@ def test_stepper_steps_forward_and_back_with_the_plans_colours(live_threads):
         await pilot.press("end")
         await check(pilot, screen, len(steps) - 1)
         final = replay(steps)
-        for p in live.plan.partitions:  # the last step is the plan the runtime serves
+        for p in live.plan().partitions:  # the last step is the plan the runtime serves
             assert {final.assignment[n] for n in p.nodes} == {int(p.name[1:])}
             assert final.devices[int(p.name[1:])] == p.device
         await pilot.press("home")
         await check(pilot, screen, 0)
         await quit_app(pilot)
 
-    drive(PrismApp(live), script)
+    drive(dashboard(live), script)
     assert checked[0][1] == 0  # nothing placed before the first step
     assert checked[3][1] > 0 and checked[4][1] > 0 and checked[7][1] > 0  # once assigned
 
@@ -390,61 +396,61 @@ def test_stepper_reruns_when_mode_changes(live_threads):
         _check_colouring(screen)
         await quit_app(pilot)
 
-    drive(PrismApp(live), script)
+    drive(dashboard(live), script)
 
 
 # -- replay --------------------------------------------------------------------------------
 
 
-def test_replay_shows_the_same_figures_as_live(tmp_path: Path, live_threads):
-    live = LiveRuntime(start_load=False, seed=4)
+@pytest.mark.parametrize("mode", MODES)
+def test_replay_shows_the_recorded_plan_and_figures(mode: str, tmp_path: Path, live_threads):
+    live = LiveRuntime(mode=mode, start_load=False, seed=4)
     seen: dict[str, object] = {}
 
     async def record(pilot: Pilot) -> None:
         app = pilot.app
         await pilot.press("e")
-        path = live.poll().recording
+        path = live.state().recording
         load = LoadGenerator(live.host, live.network, concurrency=2, requests=40, seed=1)
         load.start()
         await wait_until(pilot, lambda: load.stats.done == 40, what="40 requests")
         load.stop()
-        await wait_until(pilot, lambda: app.view.metrics.requests_finished == 40,
+        await wait_until(pilot, lambda: app.view.totals.finished == 40,
                          what="the dashboard to see them")
         await pilot.press("e")
         await pilot.pause(0.3)
-        seen.update(path=path, figures=figures(app),
+        seen.update(path=path, figures=figures(app), runs=device_runs(app),
                     rate=shown(app.screen.query_one(QueuePanel).query_one("#rate")),
-                    runs=device_runs(app), view=app.view)
+                    devices=app.view.devices)
         await quit_app(pilot)
 
-    drive(PrismApp(live, record_dir=tmp_path), record)
+    drive(dashboard(live, record_dir=tmp_path), record)
     assert Path(seen["path"]).parent == tmp_path
-
-    replayed = LiveRuntime(replay_file=seen["path"])
+    plan = live.plan()
 
     async def watch(pilot: Pilot) -> None:
         app = pilot.app
         await pilot.pause(0.3)
-        assert app.view.replaying and "replay" in shown(app.screen.query_one(StatusBar))
-        seen.update(replay_figures=figures(app), replay_view=app.view,
-                    replay_runs=device_runs(app),
-                    replay_rate=shown(app.screen.query_one(QueuePanel).query_one("#rate")))
+        status = shown(app.screen.query_one(StatusBar))
+        assert "replay" in status and f"· {mode} ·" in status
+        seen.update(replay_figures=figures(app), replay_runs=device_runs(app),
+                    replay_rate=shown(app.screen.query_one(QueuePanel).query_one("#rate")),
+                    dag=app.screen.query_one(PartitionDag).dag, replay_devices=app.view.devices)
         await pilot.press("p")  # live-only keys do nothing to a replay
         await pilot.press("m")
-        assert app.busy is None and replayed.mode == "balanced"
+        assert app.busy is None and app.view.status.mode == mode
         await quit_app(pilot)
 
-    drive(PrismApp(replayed, replay=seen["path"]), watch)
-    live_view, replay_view = seen["view"], seen["replay_view"]
-    assert replay_view.metrics.requests_finished == live_view.metrics.requests_finished == 40
+    drive(dashboard(Recording(seen["path"])), watch)  # the recording says which mode
+    assert [(p.name, p.device, p.nodes) for p in seen["dag"].plan.partitions] == [
+        (p.name, p.device, p.nodes) for p in plan.partitions]
     assert seen["replay_figures"] == seen["figures"]  # counts and percentiles alike
+    assert set(seen["figures"]) == {p.name for p in plan.partitions}
     assert all(row[2] == "40" for row in seen["figures"].values())
     assert seen["replay_runs"] == seen["runs"]
-    memory = {name: (d.used_bytes, d.total_bytes)
-              for name, d in live_view.metrics.devices.items()}
-    assert all(used > 0 for used, _ in memory.values())  # the recording starts with them
-    assert {name: (d.used_bytes, d.total_bytes)
-            for name, d in replay_view.metrics.devices.items()} == memory
+    memory = {d.name: (d.used_bytes, d.total_bytes) for d in seen["devices"]}
+    assert any(used > 0 for used, _ in memory.values())  # the recording starts with them
+    assert {d.name: (d.used_bytes, d.total_bytes) for d in seen["replay_devices"]} == memory
     assert "40 done" in seen["rate"] and "40 done" in seen["replay_rate"]
 
 
@@ -454,7 +460,7 @@ def test_replay_shows_the_same_figures_as_live(tmp_path: Path, live_threads):
 def test_snapshot_dashboard(snap_compare):
     live = LiveRuntime(start_load=False, seed=0)
     try:
-        assert snap_compare(PrismApp(live, close_runtime=False), terminal_size=SIZE,
+        assert snap_compare(dashboard(live, close_runtime=False), terminal_size=SIZE,
                             run_before=lambda pilot: pilot.pause(0.3))
     finally:
         live.close()
@@ -474,28 +480,13 @@ def test_snapshot_stepper(snap_compare):
         await pilot.pause(0.2)
 
     try:
-        assert snap_compare(PrismApp(live, close_runtime=False), terminal_size=SIZE,
+        assert snap_compare(dashboard(live, close_runtime=False), terminal_size=SIZE,
                             run_before=open_stepper)
     finally:
         live.close()
 
 
 # -- pieces --------------------------------------------------------------------------------
-
-
-def test_queue_series_is_a_fixed_minute_of_one_second_bins():
-    live = LiveRuntime(start_load=False)
-    try:
-        view = live.poll()
-        now = view.metrics.now
-        samples = [(now - 30.2, 3), (now - 30.1, 5), (now - 0.5, 2), (now - 90, 9)]
-        view.metrics.queue_depth[:] = samples
-        series = queue_series(view)
-        assert len(series) == 60
-        assert series[29] == 5 and series[28] == 0 and series[30] == 5  # held until next
-        assert series[-1] == 2 and max(series) == 5  # 90 s ago is out of the window
-    finally:
-        live.close()
 
 
 def test_cli_tui_arguments():

@@ -6,7 +6,6 @@ at the end through st.cache_resource, and no runtime thread may outlive it.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,14 +20,12 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.cli import main
-from app.dag import UNASSIGNED
-from app.live import DEFAULT_DEVICES, SAMPLES
-from app.web_cmd import ENV_DEVICES, ENV_MODEL
-from runtime.devices import parse_devices
-from runtime.graph import load_graph
-from runtime.partition import partition
+from app.dashboard.colors import UNASSIGNED
+from app.dashboard.source import MODES
+from app.defaults import DEFAULT_DEVICES, SAMPLES
+from app.sources import ENV_PREFIX
+from recordings import record_run
 from ui_web.cached import shared_live
-from ui_web.plan_dot import node_dot, partition_dot
 from ui_web.shared import SharedLive
 
 APP = Path(__file__).resolve().parent.parent / "ui_web" / "dashboard.py"
@@ -37,13 +34,13 @@ TIMEOUT = 30
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[SharedLive]:
-    saved = {k: os.environ.pop(k, None) for k in (ENV_MODEL, ENV_DEVICES)}
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(ENV_PREFIX)}
     st.cache_resource.clear()
     try:
         yield shared_live()
     finally:
         st.cache_resource.clear()  # on_release closes the runtime
-        os.environ.update({k: v for k, v in saved.items() if v is not None})
+        os.environ.update(saved)
     left = [t.name for t in threading.enumerate() if t.name.startswith("prism-")]
     assert not left, f"runtime threads outlived the dashboard: {left}"
 
@@ -78,9 +75,9 @@ def _dots(at: AppTest) -> list[str]:
 
 
 def _serving(shared: SharedLive, wait: float = 0.6) -> bool:
-    before = shared.view(max_age=0).metrics.requests_finished
+    before = shared.view(max_age=0).totals.finished
     time.sleep(wait)
-    return shared.view(max_age=0).metrics.requests_finished > before
+    return shared.view(max_age=0).totals.finished > before
 
 
 def test_live_page_draws_the_running_plan(at: AppTest, shared: SharedLive) -> None:
@@ -88,12 +85,13 @@ def test_live_page_draws_the_running_plan(at: AppTest, shared: SharedLive) -> No
     assert labels == ["Throughput", "Latency p50", "Latency p95", "Latency p99", "Requests"]
     [dot] = _dots(at)
     plan = shared.view().plan
+    assert dot == shared.view().drawing.node_dot  # the view model's drawing, as it is
     for p in plan.partitions:
         assert f'"cluster_{p.name}"' in dot
     assert plan.transfers and "copy " in dot and "style=dashed" in dot
     assert " KB" in dot  # tensor bytes on edges
     devices = at.dataframe[0].value
-    assert list(devices["device"]) == sorted(shared.view().devices)
+    assert list(devices["device"]) == [r.name for r in shared.view().devices]
     assert any("partitions on" in m.value for m in at.markdown)
 
 
@@ -101,13 +99,13 @@ def test_partition_level_toggle(at: AppTest, shared: SharedLive) -> None:
     at.toggle(key="dag_partitions").set_value(True).run()
     assert not at.exception
     [dot] = _dots(at)
-    assert dot.startswith("digraph partitions")
+    assert dot.startswith('digraph "cnn partitions"')
     assert dot.count("->") == len({(t.src_partition, d) for t in shared.view().plan.transfers
                                    for d in t.dst_partitions})
 
 
 def test_mode_control_repartitions_in_place(at: AppTest, shared: SharedLive) -> None:
-    assert shared.view().mode == "balanced" and len(shared.view().plan.partitions) > 1
+    assert shared.view().status.mode == "balanced" and len(shared.view().plan.partitions) > 1
     _apply(at, mode="memory")
     plan = shared.view().plan
     assert plan.mode == "memory"
@@ -123,12 +121,12 @@ def test_devices_and_model_controls_reprovision(at: AppTest, shared: SharedLive)
     _apply(at, devices="cpu:3", model="mlp.onnx", load_kind="clients", clients=2)
     view = shared.view(max_age=0)
     assert {d.name for d in view.plan.devices} == {"cpu0", "cpu1", "cpu2"}
-    assert view.network == "mlp" and view.load == "2 clients"
+    assert view.status.network == "mlp" and view.status.load.label == "2 clients"
     assert _serving(shared)
     _apply(at, devices=DEFAULT_DEVICES, model="cnn.onnx", load_kind="rate", rate=150.0)
     view = shared.view(max_age=0)
-    assert view.devices_spec == DEFAULT_DEVICES and view.network.startswith("cnn")
-    assert view.load == "150 req/s"
+    assert view.status.devices == DEFAULT_DEVICES and view.status.model == "cnn"
+    assert view.status.load.label == "150 req/s"
 
 
 def test_bad_upload_shows_error_and_keeps_serving(at: AppTest, shared: SharedLive) -> None:
@@ -147,12 +145,12 @@ def test_model_too_big_for_devices_shows_error(at: AppTest, shared: SharedLive) 
                                    "application/octet-stream"))
     _apply(at, devices="cpu:2:mem=200KB")
     assert at.error and "largest device" in at.error[0].value
-    assert shared.view().plan is before and shared.view().devices_spec == DEFAULT_DEVICES
+    assert shared.view().plan is before and shared.view().status.devices == DEFAULT_DEVICES
     assert _serving(shared)
     at.sidebar.button[0].click().run()  # pause is immediate, no Apply needed
-    assert shared.view(max_age=0).paused
+    assert shared.view(max_age=0).status.load.paused
     at.sidebar.button[0].click().run()
-    assert not shared.view(max_age=0).paused
+    assert not shared.view(max_age=0).status.load.paused
 
 
 def test_stepper_slider_moves_the_assignment(at: AppTest, shared: SharedLive) -> None:
@@ -162,22 +160,22 @@ def test_stepper_slider_moves_the_assignment(at: AppTest, shared: SharedLive) ->
     count = int(slider.max)
     assert slider.value == count
     final_reason, [final_dot] = at.info[0].value, _dots(at)
-    assert final_reason.startswith("planned") and UNASSIGNED not in final_dot
+    assert final_reason.startswith("planned") and UNASSIGNED.fill not in final_dot
 
     middle = count // 2 + 10
     at.slider(key="step_number").set_value(middle).run()
     reason, [dot] = at.info[0].value, _dots(at)
     assert reason != final_reason
-    assert 0 < dot.count(UNASSIGNED) < len(shared.graph().nodes)
+    assert 0 < dot.count(UNASSIGNED.fill) < len(shared.view().drawing.outline.ops)
 
     at.button(key="step_prev").click().run()
     assert at.slider(key="step_number").value == middle - 1
     earlier = _dots(at)[0]
-    assert earlier.count(UNASSIGNED) >= dot.count(UNASSIGNED)
+    assert earlier.count(UNASSIGNED.fill) >= dot.count(UNASSIGNED.fill)
     assert any(f"Step {middle - 1} of {count}" in m.value for m in at.markdown)
 
     at.slider(key="step_number").set_value(1).run()
-    assert _dots(at)[0].count(UNASSIGNED) == len(shared.graph().nodes)
+    assert _dots(at)[0].count(UNASSIGNED.fill) == len(shared.view().drawing.outline.ops)
 
 
 def test_tabs_share_one_runtime(shared: SharedLive) -> None:
@@ -212,14 +210,28 @@ def test_prism_web_rejects_bad_arguments(argv: list[str], capsys) -> None:
     assert "prism: error:" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("mode", ["balanced", "memory"])
-def test_plan_dot_covers_every_sample(mode: str) -> None:
-    devices = parse_devices(DEFAULT_DEVICES)
-    for path in sorted(SAMPLES.glob("*.onnx")):
-        graph = load_graph(path)
-        plan = partition(graph, devices, mode)
-        nodes, parts = node_dot(plan, graph), partition_dot(plan, graph)
-        assert all(json.dumps(n.name) in nodes for n in graph.nodes), path.name
-        assert all(f"{p.name} @ {p.device}" in parts for p in plan.partitions), path.name
-        assert nodes.count("shape=cds") == len(plan.transfers)
-        assert nodes.count("{") == nodes.count("}") and parts.count("[") == parts.count("]")
+@pytest.mark.parametrize("mode", MODES)
+def test_replay_draws_the_recorded_plan(mode: str, tmp_path: Path, shared: SharedLive,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / f"{mode}.jsonl"
+    plan = record_run(path, mode)
+    monkeypatch.setenv(f"{ENV_PREFIX}REPLAY", str(path))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    replayed = shared_live()
+    assert replayed is not shared  # a runtime per settings
+    view = replayed.view()
+    assert view.plan.mode == mode
+    assert [(p.name, p.device, p.nodes) for p in view.plan.partitions] == [
+        (p.name, p.device, p.nodes) for p in plan.partitions]
+    assert _dots(at) == [view.drawing.node_dot]
+    n = len(plan.partitions)
+    assert any(f"· {mode} · {n} partition{'s' * (n != 1)} on" in m.value
+               and f"replay of `{path.name}`" in m.value for m in at.markdown)
+    assert at.metric[4].value == "20" and view.totals.finished == 20
+    assert "Replaying" in at.sidebar.info[0].value and not at.sidebar.button
+
+    at.switch_page("views/stepper.py").run()
+    assert not at.exception, at.exception
+    assert at.segmented_control(key="stepper_mode").value == mode
+    assert UNASSIGNED.fill not in _dots(at)[0]  # opens on the finished plan

@@ -1,8 +1,9 @@
 """Prism's terminal dashboard (Textual): watch the runtime live, step through a plan.
 
+    from app.dashboard import DashboardModel
     from app.live import LiveRuntime
     from ui_tui import PrismApp
-    PrismApp(LiveRuntime()).run()
+    PrismApp(DashboardModel(LiveRuntime())).run()
 """
 
 from ui_tui.app import PrismApp

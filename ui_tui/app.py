@@ -1,7 +1,7 @@
-"""PrismApp: the terminal dashboard around one LiveRuntime.
+"""PrismApp: the terminal dashboard around one DashboardModel (the view model).
 
-A timer on the UI thread polls the runtime a few times a second (poll is cheap: it drains
-the event bus into the metrics). Anything slower, re-partitioning or running the
+A timer on the UI thread polls the model a few times a second (poll is cheap: it drains
+the source's new events into the metrics). Anything slower, re-partitioning or running the
 partitioner step by step, runs in a thread worker that posts a message back, so input is
 never blocked and no UI code ever runs on a runtime thread.
 """
@@ -17,7 +17,8 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import WorkerFailed
 
-from app.live import LiveRuntime, LiveView
+from app.dashboard import DashboardModel, DashboardView
+from runtime.errors import PrismError
 from runtime.units import human_seconds
 from ui_tui.keys import KeyState, key_enabled
 from ui_tui.messages import Repartitioned, StepperReady
@@ -46,16 +47,14 @@ class PrismApp(App[int]):
         Binding("d", "devices", "Devices"),
     ]
 
-    def __init__(self, live: LiveRuntime, *, replay: str | None = None,
-                 record_dir: str | Path | None = None, refresh: float = REFRESH_SECONDS,
-                 close_runtime: bool = True) -> None:
+    def __init__(self, model: DashboardModel, *, record_dir: str | Path | None = None,
+                 refresh: float = REFRESH_SECONDS, close_runtime: bool = True) -> None:
         super().__init__()
-        self.live = live
-        self.replay = replay
+        self.model = model
         self.record_dir = Path(record_dir) if record_dir is not None else Path()
         self.refresh_seconds = refresh
         self.close_runtime = close_runtime
-        self.view: LiveView | None = None
+        self.view: DashboardView | None = None
         self.busy: str | None = None  # what a runtime worker is doing, if anything
         self.quitting = False
         self.swapping = False  # a re-partition is replacing the runtime's plan or host
@@ -76,8 +75,8 @@ class PrismApp(App[int]):
         if self.swapping:
             self._show_busy()
             return
-        self.view = self.live.poll()
-        self.dashboard.show(self.view, self.live.graph, self.busy, self.replay)
+        self.view = self.model.poll()
+        self.dashboard.show(self.view, self.busy)
         self._refresh_keys()
 
     def _refresh_keys(self) -> None:
@@ -88,18 +87,18 @@ class PrismApp(App[int]):
             self.refresh_bindings()
 
     def _show_busy(self) -> None:
-        self.dashboard.show_busy(self.busy, self.replay)
+        self.dashboard.show_busy(self.busy)
         if isinstance(self.screen, StepperScreen):
             self.screen.show_busy(self.busy)
 
     # -- which keys apply ---------------------------------------------------------------
 
     def key_state(self) -> KeyState:
-        view = self.view
+        status = self.view.status if self.view is not None else self.model.status
         return KeyState(on_stepper=isinstance(self.screen, StepperScreen),
-                        replaying=view.replaying if view else self.replay is not None,
-                        has_load=self.live.load is not None, paused=self.live.paused,
-                        recording=bool(view and view.recording))
+                        replaying=not status.changeable,
+                        has_load=status.load.setting is not None, paused=status.load.paused,
+                        recording=status.recording is not None)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return key_enabled(action, self.key_state())
@@ -115,17 +114,17 @@ class PrismApp(App[int]):
     def _toggle_pause(self) -> None:
         if self._refuse_while_busy():
             return
-        self.live.toggle_pause()
+        self.model.toggle_pause()
         self.tick()
 
     def action_faster(self) -> None:
         if not self._refuse_while_busy():
-            self.live.faster()
+            self.model.faster()
             self.tick()
 
     def action_slower(self) -> None:
         if not self._refuse_while_busy():
-            self.live.slower()
+            self.model.slower()
             self.tick()
 
     def action_record(self) -> None:
@@ -133,8 +132,8 @@ class PrismApp(App[int]):
             return
         path = self.record_dir / f"prism-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         try:
-            started = self.live.start_recording(path)
-        except (OSError, ValueError) as exc:
+            started = self.model.start_recording(path)
+        except (OSError, ValueError, PrismError) as exc:
             self.notify(f"cannot record: {exc}", severity="error")
             return
         self.notify(f"recording events to {started}", title="Record")
@@ -143,7 +142,7 @@ class PrismApp(App[int]):
     def action_stop_recording(self) -> None:
         if self._refuse_while_busy():
             return
-        path = self.live.stop_recording()
+        path = self.model.stop_recording()
         if path:
             self.notify(f"events saved to {path}", title="Record")
         self.tick()
@@ -157,11 +156,11 @@ class PrismApp(App[int]):
     # -- re-partitioning (thread worker) -----------------------------------------------
 
     def action_next_mode(self) -> None:
-        mode = self.live.next_mode()
+        mode = self.model.next_mode()
         self._start_repartition(f"mode {mode}", mode=mode)
 
     def action_repartition(self) -> None:
-        self._start_repartition("re-plan", mode=self.live.mode)
+        self._start_repartition("re-plan", mode=self.model.status.mode)
 
     def action_devices(self) -> None:
         if self._refuse_while_busy():
@@ -171,7 +170,7 @@ class PrismApp(App[int]):
             if spec:
                 self._start_repartition(f"devices {spec}", devices=spec)
 
-        self.push_screen(DevicesPrompt(self.live.devices_spec), chosen)
+        self.push_screen(DevicesPrompt(self.model.status.devices), chosen)
 
     def _start_repartition(self, what: str, **change: str) -> None:
         if self._refuse_while_busy():
@@ -182,28 +181,12 @@ class PrismApp(App[int]):
 
     @work(thread=True, group="runtime", exit_on_error=False)
     def _repartition(self, what: str, change: dict[str, str]) -> None:
-        load = self.live.load
-        before = (load.rate, load.concurrency) if load is not None else None
         try:
-            plan = self.live.repartition(**change)
+            plan = self.model.repartition(**change)
         except Exception as exc:  # shown to the user; the old plan keeps serving
             self.post_message(Repartitioned(what, None, str(exc) or type(exc).__name__))
         else:
-            self._keep_load(before)
             self.post_message(Repartitioned(what, plan))
-
-    def _keep_load(self, before: tuple[float | None, int | None] | None) -> None:
-        """LiveRuntime restarts the load at its starting figure after a re-partition; put
-        back what faster/slower had made of it."""
-        load = self.live.load
-        if load is None or before is None:
-            return
-        rate, clients = before
-        if rate is not None and load.rate is not None and load.rate != rate:
-            load.scale(rate / load.rate)
-        elif clients is not None and load.concurrency is not None and \
-                load.concurrency != clients:
-            load.scale(clients / load.concurrency)
 
     def on_repartitioned(self, message: Repartitioned) -> None:
         self.busy, self.swapping = None, False
@@ -234,7 +217,7 @@ class PrismApp(App[int]):
     @work(thread=True, group="runtime", exit_on_error=False)
     def _build_stepper(self) -> None:
         try:
-            self.post_message(StepperReady(self.live.stepper()))
+            self.post_message(StepperReady(self.model.stepper()))
         except Exception as exc:
             self.post_message(StepperReady(None, str(exc) or type(exc).__name__))
 
@@ -244,9 +227,9 @@ class PrismApp(App[int]):
         if message.stepper is None:
             self.notify(message.error or "failed", title="Stepper", severity="error")
         elif isinstance(self.screen, StepperScreen):
-            self.screen.set_stepper(message.stepper, self.live.devices_spec)
+            self.screen.set_stepper(message.stepper)
         else:
-            self.push_screen(StepperScreen(message.stepper, self.live.devices_spec))
+            self.push_screen(StepperScreen(message.stepper))
         self._refresh_keys()
 
     # -- quitting ----------------------------------------------------------------------
@@ -262,7 +245,7 @@ class PrismApp(App[int]):
         await self.workers.wait_for_complete([w for w in self.workers if w.group == "runtime"])
         if self.close_runtime:
             try:
-                await self.run_worker(self.live.close, thread=True, group="close",
+                await self.run_worker(self.model.close, thread=True, group="close",
                                       exit_on_error=False).wait()
             except WorkerFailed as exc:
                 self.log.error(f"closing the runtime failed: {exc}")

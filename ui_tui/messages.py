@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from app.live import Stepper
+from app.dashboard import Stepper
 from runtime.partition import Plan
 
 

@@ -7,8 +7,8 @@ import os
 
 import streamlit as st
 
-from app.live import LiveRuntime
-from app.web_cmd import ENV_DEVICES, ENV_MODEL
+from app.dashboard import DashboardModel
+from app.sources import SourceSettings
 from ui_web.shared import SharedLive
 
 
@@ -17,10 +17,13 @@ def _release(shared: SharedLive) -> None:
 
 
 @st.cache_resource(show_spinner="Starting the runtime…", on_release=_release)
-def shared_live() -> SharedLive:
-    """The embedded runtime under live load; model and devices from `prism web`."""
-    live = LiveRuntime(model=os.environ.get(ENV_MODEL) or None,
-                       devices=os.environ.get(ENV_DEVICES) or None)
-    shared = SharedLive(live)
+def _shared(settings: SourceSettings) -> SharedLive:
+    shared = SharedLive(DashboardModel(settings.open()))
     atexit.register(shared.close)  # the server stopping never leaves a host half-open
     return shared
+
+
+def shared_live() -> SharedLive:
+    """The dashboard for what `prism web` asked for (an embedded runtime under live load, or
+    a recording), one per settings."""
+    return _shared(SourceSettings.from_env(os.environ))

@@ -16,7 +16,8 @@ PERCENTILE_COLORS = {"p50": "#4e79a7", "p95": "#f28e2b", "p99": "#e15759"}
 def line(x: str, y: str, y_title: str, *, whole_numbers: bool = False) -> Spec:
     """A line over the last minute: `x` in seconds before now, `y` the figure (drawn as
     steps when it counts whole things, so it never dips between samples)."""
-    y_axis: Spec = {"title": y_title, "tickMinStep": 1} if whole_numbers else {"title": y_title}
+    y_axis: Spec = {"title": y_title, "tickMinStep": 1, "format": "d"} if whole_numbers \
+        else {"title": y_title}
     return {
         "mark": {"type": "line", "interpolate": "step-after" if whole_numbers else "linear"},
         "encoding": {

@@ -1,11 +1,10 @@
-"""LiveView -> the pandas frames the live page draws. Pure functions, no Streamlit."""
+"""View-model rows and series as the pandas frames the live page draws. No Streamlit."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from app.live import LiveView
+from app.dashboard import DeviceRow, PartitionRow, Series
 from runtime.units import human_bytes
 
 MS = 1e3
@@ -18,40 +17,23 @@ def compact_bytes(n: float) -> str:
     return f"{float(number):.0f} {unit}" if float(number) >= 10 else text
 
 
-def devices_frame(view: LiveView) -> pd.DataFrame:
-    """One row per device: memory used (bar and text) and utilisation (bar)."""
-    util = view.metrics.devices
-    rows = []
-    for name, d in view.devices.items():
-        share = d.used_bytes / d.total_bytes if d.total_bytes else 0.0
-        rows.append({
-            "device": name,
-            "memory": round(100 * share, 1),
-            "used": f"{compact_bytes(d.used_bytes)}/{compact_bytes(d.total_bytes)}",
-            "utilisation": round(100 * (util[name].utilisation if name in util else 0.0), 1),
-        })
-    return pd.DataFrame(rows, columns=["device", "memory", "used", "utilisation"])
+def devices_frame(rows: tuple[DeviceRow, ...]) -> pd.DataFrame:
+    """One row per device: memory used (bar and text) and utilisation (bar), in percent."""
+    return pd.DataFrame(
+        [{"device": r.name, "memory": round(100 * r.memory_share, 1),
+          "used": f"{compact_bytes(r.used_bytes)}/{compact_bytes(r.total_bytes)}",
+          "utilisation": round(100 * r.utilisation, 1)} for r in rows],
+        columns=["device", "memory", "used", "utilisation"])
 
 
-def partitions_frame(view: LiveView) -> pd.DataFrame:
+def partitions_frame(rows: tuple[PartitionRow, ...]) -> pd.DataFrame:
     """One row per partition of the running plan: run-time percentiles in ms."""
-    stats = {p.partition: p for p in view.metrics.partitions.values()
-             if p.network == view.network}
-    rows = []
-    for p in view.plan.partitions if view.plan else ():
-        s = stats.get(p.name)
-        rows.append({
-            "partition": f"{p.name} @ {p.device}",
-            "nodes": len(p.nodes),
-            "runs": s.count if s else 0,
-            "p50 ms": s.p50 * MS if s else 0.0,
-            "p95 ms": s.p95 * MS if s else 0.0,
-            "p99 ms": s.p99 * MS if s else 0.0,
-            "wait ms": s.mean_queue_wait * MS if s else 0.0,
-            "est ms": p.est_seconds * MS,
-        })
-    return pd.DataFrame(rows, columns=["partition", "nodes", "runs", "p50 ms", "p95 ms",
-                                       "p99 ms", "wait ms", "est ms"])
+    return pd.DataFrame(
+        [{"partition": f"{r.name} @ {r.device}", "nodes": r.nodes, "runs": r.runs,
+          "p50 ms": r.p50 * MS, "p95 ms": r.p95 * MS, "p99 ms": r.p99 * MS,
+          "wait ms": r.mean_wait * MS, "est ms": r.est_seconds * MS} for r in rows],
+        columns=["partition", "nodes", "runs", "p50 ms", "p95 ms", "p99 ms", "wait ms",
+                 "est ms"])
 
 
 def latency_long(parts: pd.DataFrame) -> pd.DataFrame:
@@ -62,22 +44,7 @@ def latency_long(parts: pd.DataFrame) -> pd.DataFrame:
     return long
 
 
-def queue_depth_series(view: LiveView, bucket: float = 1.0) -> pd.DataFrame:
-    """Deepest queue in each `bucket` seconds (columns seconds ago, queued)."""
-    points = view.metrics.queue_depth
-    if not points:
-        return pd.DataFrame({"seconds ago": [0.0], "queued": [0]})
-    t = np.fromiter((p[0] for p in points), float, len(points)) - view.metrics.now
-    d = np.fromiter((p[1] for p in points), int, len(points))
-    bins = np.floor(t / bucket) * bucket
-    frame = pd.DataFrame({"seconds ago": bins, "queued": d})
-    return frame.groupby("seconds ago", sort=True, as_index=False).max()
-
-
-def throughput_series(view: LiveView) -> pd.DataFrame:
-    """Requests finished per second (columns seconds ago, req/s)."""
-    series = view.metrics.throughput_series
-    if not series:
-        return pd.DataFrame({"seconds ago": [0.0], "req/s": [0.0]})
-    return pd.DataFrame({"seconds ago": [round(t - view.metrics.now, 1) for t, _ in series],
-                         "req/s": [c for _, c in series]})
+def series_frame(series: Series, column: str, scale: float = 1.0) -> pd.DataFrame:
+    """A series as columns `seconds ago` and `column` (values times `scale`)."""
+    return pd.DataFrame({"seconds ago": series.seconds_ago,
+                         column: [v * scale for v in series.values]})

@@ -1,72 +1,76 @@
-"""The live page: plan DAG, devices, queue and throughput, per-partition latency, errors.
+"""The live page: plan DAG, devices, queue, throughput and latency, per-partition latency,
+errors.
 
 Everything below the title is one fragment that reruns about once a second; it polls the
-shared runtime (never a runtime thread) and redraws from the LiveView.
+shared view model (never a runtime thread) and lays out the DashboardView.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
+from pathlib import Path
 
 import streamlit as st
 
-from app.live import LiveView
-from runtime.graph import Graph
-from runtime.partition import Plan
+from app.dashboard import DashboardView
+from runtime.partition.dot import COPY
 from runtime.units import human_seconds
-from ui_web import charts, frames, plan_dot
+from ui_web import charts, frames
 from ui_web.cached import shared_live
 
 REFRESH_SECONDS = 1.0
 DAG_HEIGHT = 470
+CHART_HEIGHT = 150
 
 
-def legend(plan: Plan) -> None:
+def legend(colors: Mapping[str, str]) -> None:
     items = " ".join(
         f'<span style="white-space:nowrap;margin-right:0.8em">'
         f'<span style="display:inline-block;width:0.8em;height:0.8em;background:{color};'
         f'border-radius:2px;margin-right:0.3em"></span>{html.escape(name)}</span>'
-        for name, color in plan.colors().items())
-    copy = (f'<span style="white-space:nowrap;color:{plan_dot.COPY_COLOR}">'
-            "- - ▸ copy between devices</span>")
+        for name, color in colors.items())
+    copy = f'<span style="white-space:nowrap;color:{COPY}">- - ▸ copy between devices</span>'
     st.markdown(f'<div style="font-size:0.85em">{items} {copy}</div>', unsafe_allow_html=True)
 
 
-def status_line(view: LiveView) -> str:
+def status_line(view: DashboardView) -> str:
+    s = view.status
     n = len(view.plan.partitions) if view.plan else 0
-    state = "paused" if view.paused else "running"
-    return (f"**{view.network}** · {view.mode} · {n} partition{'s' * (n != 1)} on "
-            f"`{view.devices_spec}` · load {view.load} ({state})")
+    if s.replay is not None:
+        load = f"replay of `{Path(s.replay).name}`"
+    else:
+        load = f"load {s.load.label} ({'paused' if s.load.paused else 'running'})"
+    return (f"**{s.model}** · {s.mode} · {n} partition{'s' * (n != 1)} on "
+            f"`{s.devices}` · {load}")
 
 
-def headline(view: LiveView) -> None:
-    m = view.metrics
+def headline(view: DashboardView) -> None:
+    t = view.totals
     cols = st.columns(5)
-    cols[0].metric("Throughput", f"{m.throughput:.0f} req/s")
-    cols[1].metric("Latency p50", human_seconds(m.latency.p50))
-    cols[2].metric("Latency p95", human_seconds(m.latency.p95))
-    cols[3].metric("Latency p99", human_seconds(m.latency.p99))
-    cols[4].metric("Requests", f"{m.requests_finished:,}",
-                   delta=f"{m.requests_failed} failed" if m.requests_failed else None,
-                   delta_color="inverse")
+    cols[0].metric("Throughput", f"{t.throughput:.0f} req/s")
+    cols[1].metric("Latency p50", human_seconds(t.latency.p50))
+    cols[2].metric("Latency p95", human_seconds(t.latency.p95))
+    cols[3].metric("Latency p99", human_seconds(t.latency.p99))
+    cols[4].metric("Requests", f"{t.finished:,}",
+                   delta=f"{t.failed} failed" if t.failed else None, delta_color="inverse")
 
 
-def dag(view: LiveView, graph: Graph | None) -> None:
-    if view.plan is None or graph is None:
+def dag(view: DashboardView) -> None:
+    if view.drawing is None:
         st.info("No plan yet.")
         return
     by_partition = st.toggle("Partition-level view", key="dag_partitions",
                              help="one box per partition instead of one per node")
-    draw = plan_dot.partition_dot if by_partition else plan_dot.node_dot
-    text = draw(view.plan, graph)
+    text = view.drawing.partition_dot if by_partition else view.drawing.node_dot
     with st.container(height=DAG_HEIGHT, border=True):
         st.graphviz_chart(text, width="content")
-    legend(view.plan)
+    legend(view.colors)
 
 
-def devices(view: LiveView) -> None:
+def devices(view: DashboardView) -> None:
     st.dataframe(
-        frames.devices_frame(view), hide_index=True, width="stretch",
+        frames.devices_frame(view.devices), hide_index=True, width="stretch",
         column_config={
             "device": st.column_config.TextColumn("Device", width=58),
             "memory": st.column_config.ProgressColumn(
@@ -78,8 +82,20 @@ def devices(view: LiveView) -> None:
         })
 
 
-def latency(view: LiveView) -> None:
-    parts = frames.partitions_frame(view)
+def over_time(view: DashboardView) -> None:
+    """Queue depth, throughput and median latency over the last minute."""
+    for title, series, column, scale, whole in (
+            ("Queue depth", view.queue, "queued", 1.0, True),
+            ("Throughput", view.throughput, "req/s", 1.0, False),
+            ("Latency", view.latency, "p50 ms", frames.MS, False)):
+        st.subheader(title, anchor=False)
+        st.vega_lite_chart(frames.series_frame(series, column, scale),
+                           charts.line("seconds ago", column, column, whole_numbers=whole),
+                           width="stretch", height=CHART_HEIGHT)
+
+
+def latency(view: DashboardView) -> None:
+    parts = frames.partitions_frame(view.partitions)
     if parts.empty:
         st.caption("No partition has run yet.")
         return
@@ -91,7 +107,7 @@ def latency(view: LiveView) -> None:
         for name in ("p50 ms", "p95 ms", "p99 ms", "wait ms", "est ms")})
 
 
-def errors(view: LiveView) -> None:
+def errors(view: DashboardView) -> None:
     if not view.errors:
         st.caption("No errors.")
         return
@@ -100,24 +116,17 @@ def errors(view: LiveView) -> None:
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def live() -> None:
-    view, graph = shared_live().current()
+    view = shared_live().view()
     st.markdown(status_line(view))
     headline(view)
     left, right = st.columns([3, 2], gap="medium")
     with left:
         st.subheader("Plan", anchor=False)
-        dag(view, graph)
+        dag(view)
     with right:
         st.subheader("Devices", anchor=False)
         devices(view)
-        st.subheader("Queue depth", anchor=False)
-        st.vega_lite_chart(frames.queue_depth_series(view),
-                           charts.line("seconds ago", "queued", "queued", whole_numbers=True),
-                           width="stretch", height=150)
-        st.subheader("Throughput", anchor=False)
-        st.vega_lite_chart(frames.throughput_series(view),
-                           charts.line("seconds ago", "req/s", "req/s"),
-                           width="stretch", height=150)
+        over_time(view)
     st.subheader("Per-partition latency", anchor=False)
     latency(view)
     st.subheader("Errors", anchor=False)

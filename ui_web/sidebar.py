@@ -2,7 +2,7 @@
 
 The form's widgets change nothing until Apply, which re-partitions and re-provisions the
 running host in place; its outcome is kept in session state for the page to show.
-Pause acts at once.
+Pause acts at once. A replay has no controls.
 """
 
 from __future__ import annotations
@@ -11,30 +11,32 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui_web.shared import Applied, LoadSetting, SharedLive, sample_models
+from app.dashboard import LoadSetting, Status
+from app.dashboard.source import MODES
+from app.defaults import sample_models
+from ui_web.shared import Applied, SharedLive
 
 RESULT_KEY = "apply_result"
 UPLOAD_GEN = "upload_generation"
-MODES = ("balanced", "memory")
+DEFAULT_LOAD = LoadSetting(rate=100.0)
 LOAD_KINDS = ("rate", "clients")
 
 
-def _model_choices(shared: SharedLive) -> dict[str, Path]:
+def _model_choices(status: Status) -> dict[str, Path]:
     choices = sample_models()
-    current = shared.model
+    current = Path(status.model_path)
     if current.resolve() not in {p.resolve() for p in choices.values()}:
         choices = {f"{current.name} (current)": current, **choices}
     return choices
 
 
-def _defaults(shared: SharedLive, choices: dict[str, Path]) -> None:
+def _defaults(status: Status, choices: dict[str, Path]) -> None:
     """Start this tab's form from what the runtime runs now."""
-    view = shared.view()
-    load = shared.load
-    current = next((k for k, p in choices.items() if p.resolve() == shared.model.resolve()),
-                   next(iter(choices)))
-    for key, value in (("ctl_model", current), ("ctl_devices", view.devices_spec),
-                       ("ctl_mode", view.mode),
+    load = status.load.setting or DEFAULT_LOAD
+    model = Path(status.model_path).resolve()
+    current = next((k for k, p in choices.items() if p.resolve() == model), next(iter(choices)))
+    for key, value in (("ctl_model", current), ("ctl_devices", status.devices),
+                       ("ctl_mode", status.mode),
                        ("ctl_load_kind", LOAD_KINDS[load.rate is None]),
                        ("ctl_rate", float(load.rate or 100.0)),
                        ("ctl_clients", int(load.clients or 4)), (UPLOAD_GEN, 0)):
@@ -61,11 +63,18 @@ def _apply(shared: SharedLive, choices: dict[str, Path], upload) -> Applied:
 
 
 def render(shared: SharedLive) -> None:
-    choices = _model_choices(shared)
-    _defaults(shared, choices)
+    status = shared.view().status
+    if not status.changeable:
+        with st.sidebar:
+            st.header("Prism", anchor=False)
+            st.info(f"Replaying `{Path(status.replay or '').name}`: a recording cannot be "
+                    "changed.", icon=":material/replay:")
+        return
+    choices = _model_choices(status)
+    _defaults(status, choices)
     with st.sidebar:
         st.header("Prism", anchor=False)
-        paused = shared.view().paused
+        paused = status.load.paused
         st.button("Resume load" if paused else "Pause load", key="ctl_pause",
                   icon=":material/play_arrow:" if paused else ":material/pause:",
                   on_click=shared.toggle_pause, width="stretch")

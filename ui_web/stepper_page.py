@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.dag import step_dot
-from app.live import Stepper
+from app.dashboard import Stepper
+from app.dashboard.source import MODES
 from ui_web.cached import shared_live
 from ui_web.live_page import legend
-from ui_web.plan_dot import with_style
 
 STEP_KEY = "step_number"  # 1-based, as shown
 GRAPH_HEIGHT = 560
@@ -22,8 +21,8 @@ GRAPH_HEIGHT = 560
 def current_stepper(mode: str) -> Stepper:
     """This tab's Stepper for the running network, devices and `mode`."""
     shared = shared_live()
-    view = shared.view()
-    key = (view.network, view.devices_spec, mode)
+    status = shared.view().status
+    key = (status.network, status.devices, mode)
     held = st.session_state.get("stepper")
     if held is None or held[0] != key:
         held = (key, shared.stepper(mode))
@@ -38,10 +37,9 @@ def _move(by: int, count: int) -> None:
 
 def render() -> None:
     st.header("Partition stepper", anchor=False)
-    view = shared_live().view()
-    mode = st.segmented_control("Mode", ["balanced", "memory"], default=view.mode,
-                                key="stepper_mode",
-                                help="which partitioner to step through") or view.mode
+    running = shared_live().view().status.mode
+    mode = st.segmented_control("Mode", MODES, default=running, key="stepper_mode",
+                                help="which partitioner to step through") or running
     stepper = current_stepper(mode)
     count = len(stepper)
     st.session_state[STEP_KEY] = max(1, min(count, st.session_state.get(STEP_KEY, count)))
@@ -52,18 +50,14 @@ def render() -> None:
                     on_click=_move, args=(-1, count), width="stretch", disabled=number <= 1)
     next_col.button("Next", icon=":material/chevron_right:", key="step_next",
                     on_click=_move, args=(1, count), width="stretch", disabled=number >= count)
-    step = stepper.go(number - 1)
-    state = stepper.state()
+    view = stepper.go(number - 1)
 
-    total = len(stepper.graph.nodes)
-    text_col.markdown(f"**Step {number} of {count}** · `{step.kind}` · "
-                      f"{len(state.assignment)} of {total} nodes assigned · "
-                      f"{len(state.devices)} partitions open")
-    st.info(step.reason, icon=":material/info:")
+    total = len(stepper.outline.ops)
+    text_col.markdown(f"**Step {number} of {count}** · `{view.step.kind}` · "
+                      f"{total - view.unassigned} of {total} nodes assigned · "
+                      f"{len(view.legend)} partitions open")
+    st.info(view.step.reason, icon=":material/info:")
     only_step = st.toggle("Only this step's nodes and their neighbours", key="step_focus")
-    focus = set(step.nodes) if only_step and 0 < len(step.nodes) < total else None
-    devices = [d.name for d in stepper.plan.devices]
     with st.container(height=GRAPH_HEIGHT, border=True):
-        text = with_style(step_dot(stepper.graph, state, devices, focus=focus))
-        st.graphviz_chart(text, width="content")
-    legend(stepper.plan)
+        st.graphviz_chart(stepper.dot(focus_only=only_step), width="content")
+    legend(stepper.colors)

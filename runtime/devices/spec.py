@@ -13,7 +13,7 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e
           "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12}
 _KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
          "flops": "peak_flops", "bw": "mem_bandwidth", "link": "link_bandwidth",
-         "ops": "supported_ops"}
+         "ops": "supported_ops", "int8": "int8_ops", "precision": "precisions"}
 
 
 def parse_size(text: str | int | float) -> float:
@@ -42,7 +42,7 @@ def _device_fields(name: str, options: dict) -> dict:
     out = {}
     for key, value in options.items():
         target = _KEYS.get(key, key)
-        if target == "supported_ops":
+        if target in ("supported_ops", "precisions"):  # `ops=Conv+Relu`, `precision=int8`
             ops = value if isinstance(value, list) else str(value).split("+")
             out[target] = [str(op) for op in ops if str(op)]
         elif target == "threads":
@@ -50,7 +50,8 @@ def _device_fields(name: str, options: dict) -> dict:
                 raise DeviceSpecError(f"device {name}: threads must be a whole number, "
                                       f"got {value!r}")
             out[target] = int(value)
-        elif target in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
+        elif target in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth",
+                        "int8_ops"):
             out[target] = parse_size(value)
         elif target in ("launch_seconds", "link_latency"):
             out[target] = _number(name, key, value, float)

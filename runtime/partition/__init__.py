@@ -19,6 +19,7 @@ from runtime.graph import Graph
 from runtime.partition.balanced import balanced_mode
 from runtime.partition.greedy import Split, memory_mode
 from runtime.partition.order import choose_order, model_order
+from runtime.partition.pairs import keep_pairs
 from runtime.partition.placement import Annotations, Placement, place, read_annotations
 from runtime.partition.plan import Partition, Plan, Transfer, build_plan
 from runtime.partition.record import Recorder, Steps, finish, tap
@@ -153,7 +154,12 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             yield rec.step("order", why, nodes=tuple(order))
         for step in steps:
             yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
-    plan = replace(plan, reasons=_explained(placement, plan, mode))
+    plan, notes = yield from keep_pairs(graph, costs, devices, plan, placement.allowed, rec,
+                                        move=mode != "user")
+    reasons = _explained(placement, plan, mode)
+    for name, note in notes.items():
+        reasons[name] += f"; {note}"
+    plan = replace(plan, reasons=reasons)
     yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
                    f"{human_seconds(plan.bottleneck_seconds)}")
     return plan

@@ -19,6 +19,7 @@ from runtime.devices.backends import checks_nodes, node_problem, supported_ops
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import DEFAULT_DOMAINS, Graph, Node
+from runtime.precision import node_precisions
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ def unsupported(device: DeviceConfig, node: Node, graph: Graph | None = None) ->
     """Why `device` cannot run `node`, or None if it can."""
     if not device.can_run(node.op_type):
         return f"{node.op_type} is not in the device's op list"
+    precision = node_precisions(graph).get(node.name) if graph is not None else None
+    if device.precisions is not None and precision not in (None, *device.precisions):
+        return f"it computes in {precision}; the device runs {'+'.join(sorted(device.precisions))}"
     if node.domain in DEFAULT_DOMAINS:
         ops = supported_ops(device.backend)
         if ops is not None and node.op_type not in ops:

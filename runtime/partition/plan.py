@@ -12,12 +12,10 @@ from runtime.cost import NodeCost, device_seconds, link_seconds, send_seconds, t
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
+from runtime.partition.dot import Outline, plan_dot, scheme_inks
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
 from runtime.partition.memory_plan import device_peak_bytes
-from runtime.units import human_bytes
-
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac")
+from runtime.precision import node_precisions
 
 
 @dataclass(frozen=True)
@@ -75,6 +73,7 @@ class Plan:
     order: tuple[str, ...] = ()
     reasons: dict[str, str] = field(default_factory=dict)
     arenas: dict[str, int] = field(default_factory=dict)  # device -> activation peak
+    precisions: dict[str, str | None] = field(default_factory=dict)  # node -> float/int8/None
 
     def partition(self, name: str) -> Partition:
         return next(p for p in self.partitions if p.name == name)
@@ -105,49 +104,16 @@ class Plan:
             "transfers": [asdict(t) for t in self.transfers],
             "order": list(self.order),
             "reasons": self.reasons,
+            "precisions": self.precisions,
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def colors(self) -> dict[str, str]:
-        return {d.name: PALETTE[i % len(PALETTE)] for i, d in enumerate(self.devices)}
-
     def to_dot(self, graph: Graph | None = None) -> str:
         """Graphviz: a cluster per partition coloured by device, a copy node per transfer."""
-        colors = self.colors()
-        q = json.dumps
-        lines = [f"digraph {q(self.network)} {{", "  rankdir=TB;",
-                 '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
-        for p in self.partitions:
-            lines += [f"  subgraph {q('cluster_' + p.name)} {{",
-                      f"    label={q(f'{p.name} @ {p.device}')}; color={q(colors[p.device])};"]
-            for n in p.nodes:
-                op = graph.node(n).op_type if graph else ""
-                label = f"{n}\\n{op}" if op else n
-                lines.append(f"    {q(n)} [label=\"{label}\", fillcolor={q(colors[p.device])}];")
-            lines.append("  }")
-        home = {n: p for p in self.partitions for n in p.nodes}
-        copies = {(t.tensor, t.dst): f"copy:{t.tensor}->{t.dst}" for t in self.transfers}
-        for t in self.transfers:
-            label = f"copy {t.tensor}\\n{human_bytes(t.bytes)} {t.src}->{t.dst}"
-            lines.append(f"  {q(copies[t.tensor, t.dst])} [label=\"{label}\", shape=cds, "
-                         f"fillcolor=\"#dddddd\", style=\"filled,dashed\"];")
-        if graph is not None:
-            drawn = set()
-            for src, dst, data in graph.dag.edges(data=True):
-                for tensor in data["tensors"]:
-                    dev = home[dst].device
-                    copy = copies.get((tensor, dev)) if home[src].device != dev else None
-                    if copy is None:
-                        lines.append(f"  {q(src)} -> {q(dst)} [label={q(tensor)}];")
-                        continue
-                    if copy not in drawn:
-                        lines.append(f"  {q(src)} -> {q(copy)} [style=dashed];")
-                        drawn.add(copy)
-                    lines.append(f"  {q(copy)} -> {q(dst)} [style=dashed];")
-        lines.append("}")
-        return "\n".join(lines)
+        inks = scheme_inks(d.name for d in self.devices)
+        return plan_dot(self, inks, Outline.of(graph) if graph is not None else None)
 
 
 def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[DeviceConfig],
@@ -223,4 +189,4 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
     return Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
                 device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}),
-                arenas=arenas)
+                arenas=arenas, precisions=dict(node_precisions(graph)))

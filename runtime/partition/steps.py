@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-STEP_KINDS = ("place", "order", "open", "assign", "close", "move", "skip", "planned")
+STEP_KINDS = ("place", "order", "open", "assign", "close", "move", "skip", "split",
+              "planned")  # split: a boundary left between a quantize/dequantize node and its op
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ Models (exporter in brackets):
   gpt2      HF GPT2LMHeadModel, tiny, no cache     [dynamo]
   resnet    ResNet-18-style CNN in torch.nn        [legacy TorchScript, dynamo=False]
   gru       GRU + scripted loop over time (If/Loop) [legacy TorchScript, dynamo=False]
+  digits_qdq  small CNN trained on scikit-learn's digits, quantization-aware: fake-quant
+            activations (uint8) and per-channel weights (int8) [TorchScript, -> QDQ pairs]
+            (also needs scikit-learn in the venv)
 """
 
 from __future__ import annotations
@@ -234,8 +237,87 @@ def export_gru():
     _save("gru_loop", path, {"x": x, "steps": steps}, {"head": head, "seq": out})
 
 
+class QdqDigits(nn.Module):
+    """Conv-Conv-Pool-Linear on 8x8 digits. Every conv/linear input is fake-quantized to
+    uint8 per tensor (ranges from the training data), every weight to int8 per output
+    channel: TorchScript exports each as a QuantizeLinear/DequantizeLinear pair."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * 4 * 4, 10)
+        self.ranges: dict[str, tuple[float, float]] | None = None  # None: train in float
+
+    def _act(self, name, x):
+        if self.ranges is None:
+            return x
+        lo, hi = min(self.ranges[name][0], 0.0), max(self.ranges[name][1], 1e-6)
+        scale = (hi - lo) / 255
+        return torch.fake_quantize_per_tensor_affine(x, scale, round(-lo / scale), 0, 255)
+
+    def _weight(self, w):
+        if self.ranges is None:
+            return w
+        # scales as constants (not computed in the graph), so the export folds them
+        scale = torch.tensor((w.detach().abs().flatten(1).amax(1).clamp(min=1e-8) / 127)
+                             .tolist())
+        return torch.fake_quantize_per_channel_affine(
+            w, scale, torch.zeros_like(scale, dtype=torch.int32), 0, -128, 127)
+
+    def forward(self, x, observe: dict | None = None):
+        def seen(name, t):
+            if observe is not None:
+                lo, hi = observe.get(name, (np.inf, -np.inf))
+                observe[name] = (min(lo, t.min().item()), max(hi, t.max().item()))
+            return self._act(name, t)
+
+        f = nn.functional
+        x = f.relu(f.conv2d(seen("x", x), self._weight(self.conv1.weight), self.conv1.bias,
+                            padding=1))
+        x = f.relu(f.conv2d(seen("h1", x), self._weight(self.conv2.weight), self.conv2.bias,
+                            padding=1))
+        x = torch.flatten(f.max_pool2d(x, 2), 1)
+        return f.linear(seen("h2", x), self._weight(self.fc.weight), self.fc.bias)
+
+
+def export_digits_qdq():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images[:, None] / 16.0, dtype=torch.float32)
+    labels = torch.tensor(digits.target)
+    train = slice(0, 1400)  # the rest is the test split
+    model = QdqDigits()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(images[train]), labels[train])
+        loss.backward()
+        opt.step()
+    ranges: dict = {}
+    with torch.no_grad():
+        model(images[train], observe=ranges)
+    model.ranges = ranges
+    for _ in range(50):  # quantization-aware fine-tuning through the fake quantizers
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(images[train]), labels[train]).backward()
+        opt.step()
+    model.eval()
+    x = images[1400:1408]
+    with torch.no_grad():
+        expected = {"logits": model(x)}
+        test = images[1400:]
+        accuracy = (model(test).argmax(1) == labels[1400:]).float().mean().item()
+    print(f"digits_qdq: test accuracy {accuracy:.3f} on {len(test)} images")
+    path = HERE / "digits_qdq.onnx"
+    _export(model, (x,), path, input_names=["image"], output_names=["logits"],
+            dynamic={"image": (0,)}, dynamo=False)
+    _save("digits_qdq", path, {"image": x}, expected)
+
+
 EXPORTS = {"bert": export_bert, "gpt2": export_gpt2, "resnet": export_resnet,
-           "gru_loop": export_gru}
+           "gru_loop": export_gru, "digits_qdq": export_digits_qdq}
 
 if __name__ == "__main__":
     torch.manual_seed(0)

@@ -7,11 +7,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from app.live import LiveView
-from runtime.graph import Graph
-from ui_tui.figures import NO_COLOR, device_rows, latency_rows
+from app.dashboard import DashboardView
+from app.dashboard.colors import NO_COLOR
 from ui_tui.messages import PartitionSelected
-from ui_tui.widgets.dag import DagLayout, PartitionDag
+from ui_tui.widgets.dag import PartitionDag
 from ui_tui.widgets.detail import PartitionDetail
 from ui_tui.widgets.devices import DevicesPanel
 from ui_tui.widgets.errors import ErrorsPanel
@@ -29,9 +28,7 @@ def _panel(container: Vertical | VerticalScroll, title: str) -> Vertical | Verti
 class DashboardScreen(Screen):
     def __init__(self) -> None:
         super().__init__(id="dashboard")
-        self.view: LiveView | None = None
-        self.dag: DagLayout | None = None
-        self._plan = None
+        self.view: DashboardView | None = None
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -54,39 +51,37 @@ class DashboardScreen(Screen):
     def on_mount(self) -> None:
         self.query_one(PartitionDag).focus()
 
-    def show(self, view: LiveView, graph: Graph | None, busy: str | None = None,
-             replay: str | None = None) -> None:
-        """Draw one LiveView. Called on the UI thread by the app's timer."""
+    def show(self, view: DashboardView, busy: str | None = None) -> None:
+        """Draw one DashboardView. Called on the UI thread by the app's timer."""
         self.view = view
-        self.query_one(StatusBar).show(view, busy, replay)
-        if view.plan is not None and graph is not None and view.plan is not self._plan:
-            self._plan, self.dag = view.plan, DagLayout.of(view.plan, graph)
-        lat = latency_rows(view)
-        if self.dag is not None:
-            self.query_one(PartitionDag).show(self.dag, {r.partition: r for r in lat})
-        self.query_one(DevicesPanel).show(device_rows(view))
-        self.query_one(LatencyTable).show(lat)
+        self.query_one(StatusBar).show(view.status, busy)
+        if view.drawing is not None:
+            self.query_one(PartitionDag).show(view.drawing,
+                                              {r.name: r for r in view.partitions})
+        self.query_one(DevicesPanel).show(view.devices)
+        self.query_one(LatencyTable).show(view.partitions)
         self.query_one(QueuePanel).show(view)
         self._show_detail()
         self.query_one("#errors-panel").set_class(bool(view.errors), "has-errors")
         self.query_one(ErrorsPanel).show(view.errors)
 
-    def show_busy(self, busy: str | None, replay: str | None = None) -> None:
+    def show_busy(self, busy: str | None) -> None:
         if self.view is not None:
-            self.query_one(StatusBar).show(self.view, busy, replay)
+            self.query_one(StatusBar).show(self.view.status, busy)
 
     def _show_detail(self) -> None:
         name = self.query_one(PartitionDag).selected
         detail = self.query_one(PartitionDetail)
         panel = self.query_one("#detail-panel")
-        if self.dag is None or self.view is None or name not in self.dag.partitions:
+        drawing = self.view.drawing if self.view is not None else None
+        if self.view is None or drawing is None or name not in drawing.partitions:
             panel.border_title = "Selected partition"
             detail.show(None, NO_COLOR, None)
             return
-        p = self.dag.partitions[name]
-        lat = next((r for r in latency_rows(self.view) if r.partition == name), None)
+        p = drawing.partitions[name]
+        row = next((r for r in self.view.partitions if r.name == name), None)
         panel.border_title = f"Partition {name} on {p.device}"
-        detail.show(p, self.dag.color(name), lat)
+        detail.show(p, drawing.color(name), row)
 
     def on_partition_selected(self, message: PartitionSelected) -> None:
         self._show_detail()

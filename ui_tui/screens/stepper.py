@@ -12,36 +12,30 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.live import Stepper
-from runtime.partition.steps import Replay
+from app.dashboard import Stepper, StepView
 from ui_tui.paint import chip_style, set_text
 from ui_tui.widgets.node_graph import NodeGraph
 
 
-def header_text(stepper: Stepper, spec: str, busy: str | None) -> Text:
-    step = stepper.step
+def header_text(stepper: Stepper, view: StepView, busy: str | None) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" Prism stepper ", style="bold reverse")
-    text.append(f" {stepper.graph.name.split('#')[0]}", style="bold")
-    text.append(f" · {stepper.mode} · {spec} · step ")
-    text.append(f"{stepper.index + 1}/{len(stepper)}", style="bold")
-    text.append(f" {step.kind}")
+    text.append(f" {stepper.run.model}", style="bold")
+    text.append(f" · {stepper.mode} · {stepper.run.devices} · step ")
+    text.append(f"{view.index + 1}/{view.count}", style="bold")
+    text.append(f" {view.step.kind}")
     if busy:
         text.append(f" · {busy}…", style="italic")
     return text
 
 
-def legend_text(stepper: Stepper, state: Replay, colors: dict[str, str]) -> Text:
+def legend_text(view: StepView) -> Text:
     text = Text(no_wrap=False)
-    counts: dict[int, int] = {}
-    for part in state.assignment.values():
-        counts[part] = counts.get(part, 0) + 1
-    for part, device in sorted(state.devices.items()):
-        text.append(f" p{part} {device} ", style=chip_style(colors.get(device)))
-        text.append(f" {counts.get(part, 0)} nodes  ")
-    unplaced = len(stepper.graph.nodes) - len(state.assignment)
+    for entry in view.legend:
+        text.append(f" p{entry.partition} {entry.device} ", style=chip_style(entry.color))
+        text.append(f" {entry.nodes} nodes  ")
     text.append(" unassigned ", style=chip_style(None))
-    text.append(f" {unplaced} nodes")
+    text.append(f" {view.unassigned} nodes")
     return text
 
 
@@ -56,9 +50,9 @@ class StepperScreen(Screen):
         Binding("escape,s", "app.pop_screen", "Close", key_display="esc"),
     ]
 
-    def __init__(self, stepper: Stepper, spec: str) -> None:
+    def __init__(self, stepper: Stepper) -> None:
         super().__init__(id="stepper")
-        self.stepper, self.spec = stepper, spec
+        self.stepper = stepper
         self.busy: str | None = None
 
     def compose(self) -> ComposeResult:
@@ -74,13 +68,9 @@ class StepperScreen(Screen):
     def on_mount(self) -> None:
         self.redraw()
 
-    @property
-    def device_colors(self) -> dict[str, str]:
-        return self.stepper.plan.colors()
-
-    def set_stepper(self, stepper: Stepper, spec: str) -> None:
+    def set_stepper(self, stepper: Stepper) -> None:
         """A re-run (new mode or devices): start again from the first step."""
-        self.stepper, self.spec = stepper, spec
+        self.stepper = stepper
         self.redraw()
 
     def show_busy(self, busy: str | None) -> None:
@@ -89,17 +79,16 @@ class StepperScreen(Screen):
 
     def _show_header(self) -> None:
         set_text(self.query_one("#stepper-status", Static),
-                 header_text(self.stepper, self.spec, self.busy))
+                 header_text(self.stepper, self.stepper.view(), self.busy))
 
     def redraw(self) -> None:
-        stepper = self.stepper
-        step, state, colors = stepper.step, stepper.state(), self.device_colors
+        view = self.stepper.view()
         self._show_header()
         panel = self.query_one("#reason-panel")
-        panel.border_title = f"Step {stepper.index + 1} of {len(stepper)}: {step.kind}"
-        set_text(self.query_one("#reason", Static), Text(step.reason))
-        set_text(self.query_one("#legend", Static), legend_text(stepper, state, colors))
-        self.query_one(NodeGraph).show(stepper, colors)
+        panel.border_title = f"Step {view.index + 1} of {view.count}: {view.step.kind}"
+        set_text(self.query_one("#reason", Static), Text(view.step.reason))
+        set_text(self.query_one("#legend", Static), legend_text(view))
+        self.query_one(NodeGraph).show(view, self.stepper.outline)
 
     def action_go(self, delta: int) -> None:
         self.stepper.go(self.stepper.index + delta)

@@ -12,36 +12,15 @@ from textual.binding import Binding, BindingType
 from textual.events import Click
 from textual.widget import Widget
 
-from app.dag import PartitionEdge, partition_edges, partition_levels
-from runtime.graph import Graph
-from runtime.partition import Partition, Plan
+from app.dashboard import PartitionRow
+from app.dashboard.drawing import PlanDrawing
+from runtime.partition import Partition
 from runtime.units import human_bytes
-from ui_tui.figures import NO_COLOR, LatencyRow
 from ui_tui.messages import PartitionSelected
 from ui_tui.paint import chip_style, seconds
 
 GAP = 2
 BOX_MAX = 30
-
-
-@dataclass(frozen=True)
-class DagLayout:
-    levels: list[list[str]]
-    edges: list[PartitionEdge]
-    partitions: dict[str, Partition]
-    colors: dict[str, str]
-
-    @classmethod
-    def of(cls, plan: Plan, graph: Graph) -> DagLayout:
-        return cls(partition_levels(plan, graph), partition_edges(plan, graph),
-                   {p.name: p for p in plan.partitions}, plan.colors())
-
-    @property
-    def order(self) -> list[str]:
-        return [name for row in self.levels for name in row]
-
-    def color(self, name: str) -> str:
-        return self.colors.get(self.partitions[name].device, NO_COLOR)
 
 
 @dataclass
@@ -51,13 +30,13 @@ class Line:
     regions: list[tuple[int, int, str]] = field(default_factory=list)  # x0, x1, partition
 
 
-def _summary(p: Partition, lat: LatencyRow | None) -> str:
+def _summary(p: Partition, lat: PartitionRow | None) -> str:
     n = len(p.nodes)
-    figure = seconds(lat.p50, lat.count) if lat else "–"
+    figure = seconds(lat.p50, lat.runs) if lat else "–"
     return f"{n} node{'s' if n != 1 else ''} · p50 {figure}"
 
 
-def _edge_line(layout: DagLayout, level: int) -> Line:
+def _edge_line(layout: PlanDrawing, level: int) -> Line:
     """Edges arriving at `level`, each labelled src→dst with its bytes."""
     row = set(layout.levels[level])
     into = [e for e in layout.edges if e.dst in row]
@@ -79,7 +58,7 @@ def _edge_line(layout: DagLayout, level: int) -> Line:
     return Line(text, level)
 
 
-def _compact_row(layout: DagLayout, level: int, latency: dict[str, LatencyRow],
+def _compact_row(layout: PlanDrawing, level: int, latency: dict[str, PartitionRow],
                  selected: str | None) -> Line:
     text = Text(no_wrap=True, overflow="ellipsis")
     line = Line(text, level)
@@ -96,7 +75,7 @@ def _compact_row(layout: DagLayout, level: int, latency: dict[str, LatencyRow],
     return line
 
 
-def _boxed_rows(layout: DagLayout, level: int, latency: dict[str, LatencyRow],
+def _boxed_rows(layout: PlanDrawing, level: int, latency: dict[str, PartitionRow],
                 selected: str | None, width: int) -> list[Line]:
     names = layout.levels[level]
     w = max(12, min(BOX_MAX, (width - GAP * (len(names) - 1)) // len(names)))
@@ -125,7 +104,7 @@ def _boxed_rows(layout: DagLayout, level: int, latency: dict[str, LatencyRow],
     return lines
 
 
-def dag_lines(layout: DagLayout, latency: dict[str, LatencyRow], selected: str | None,
+def dag_lines(layout: PlanDrawing, latency: dict[str, PartitionRow], selected: str | None,
               width: int, height: int) -> list[Line]:
     """Boxes when they fit the height, else one-line chips; edges between levels."""
     n = len(layout.levels)
@@ -158,12 +137,12 @@ class PartitionDag(Widget, can_focus=True):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.dag: DagLayout | None = None
-        self.latency: dict[str, LatencyRow] = {}
+        self.dag: PlanDrawing | None = None
+        self.latency: dict[str, PartitionRow] = {}
         self.selected: str | None = None
         self._shown: list[Line] = []
 
-    def show(self, layout: DagLayout, latency: dict[str, LatencyRow]) -> None:
+    def show(self, layout: PlanDrawing, latency: dict[str, PartitionRow]) -> None:
         changed = layout is not self.dag or latency != self.latency
         self.dag, self.latency = layout, latency
         if self.selected not in layout.partitions:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from app.dashboard import PartitionRow
 from runtime.partition import Partition
 from runtime.units import human_bytes, human_seconds
-from ui_tui.figures import LatencyRow
 from ui_tui.paint import chip_style, seconds, set_text
 
 
@@ -16,15 +16,15 @@ def _names(values: tuple[str, ...], limit: int = 6) -> str:
     return shown + (f", … {len(values) - limit} more" if len(values) > limit else "") or "–"
 
 
-def detail_text(p: Partition, color: str, lat: LatencyRow | None) -> Text:
+def detail_text(p: Partition, color: str, lat: PartitionRow | None) -> Text:
     text = Text()
     text.append(f" {p.name} ", style=chip_style(color, bold=True))
     text.append(f" on {p.device} ({p.backend}) · {len(p.nodes)} nodes · est "
                 f"{human_seconds(p.est_seconds)}\n")
     text.append("latency ", style="bold")
-    if lat is not None and lat.count:
+    if lat is not None and lat.runs:
         text.append(f"p50 {seconds(lat.p50)} p95 {seconds(lat.p95)} p99 {seconds(lat.p99)} "
-                    f"last {seconds(lat.last)} · {lat.count:,} runs\n")
+                    f"last {seconds(lat.last)} · {lat.runs:,} runs\n")
     else:
         text.append("no runs yet\n", style="dim")
     text.append("weights ", style="bold")
@@ -40,6 +40,6 @@ def detail_text(p: Partition, color: str, lat: LatencyRow | None) -> Text:
 
 
 class PartitionDetail(Static):
-    def show(self, p: Partition | None, color: str, lat: LatencyRow | None) -> None:
+    def show(self, p: Partition | None, color: str, lat: PartitionRow | None) -> None:
         set_text(self, detail_text(p, color, lat) if p is not None
                  else Text("select a partition in the DAG (↑/↓ or click)", style="dim"))

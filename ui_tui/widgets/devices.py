@@ -6,22 +6,21 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widget import Widget
 
+from app.dashboard import DeviceRow
 from runtime.units import human_bytes
-from ui_tui.figures import DeviceRow
 from ui_tui.paint import bar, chip_style
 
 
-def device_lines(rows: list[DeviceRow], width: int) -> Text:
+def device_lines(rows: tuple[DeviceRow, ...], width: int) -> Text:
     out = Text(no_wrap=True, overflow="ellipsis")
     name_w = max((len(r.name) for r in rows), default=4)
     for i, r in enumerate(rows):
         if i:
             out.append("\n")
         mem = f" {human_bytes(r.used_bytes)}/{human_bytes(r.total_bytes)}"
-        frac = r.used_bytes / r.total_bytes if r.total_bytes else 0.0
         out.append(f" {r.name:<{name_w}} ", style=chip_style(r.color, bold=True))
         out.append(" ")
-        out.append_text(bar(frac, max(4, width - name_w - 3 - len(mem)), r.color))
+        out.append_text(bar(r.memory_share, max(4, width - name_w - 3 - len(mem)), r.color))
         out.append(mem)
         out.append("\n")
         out.append(f" {r.backend:<{name_w}}  ", style="dim")
@@ -39,9 +38,9 @@ class DevicesPanel(Widget):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.rows: list[DeviceRow] = []
+        self.rows: tuple[DeviceRow, ...] = ()
 
-    def show(self, rows: list[DeviceRow]) -> None:
+    def show(self, rows: tuple[DeviceRow, ...]) -> None:
         if rows != self.rows:
             resized = len(rows) != len(self.rows)
             self.rows = rows

@@ -5,20 +5,20 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from ui_tui.figures import LatencyRow
+from app.dashboard import PartitionRow
 from ui_tui.paint import chip_style, seconds
 
 COLUMNS = ("partition", "device", "count", "p50", "p95", "p99", "last")
 WIDTHS = {"count": 7, "p50": 8, "p95": 8, "p99": 8, "last": 8}
 
 
-def row_cells(row: LatencyRow) -> list[Text]:
+def row_cells(row: PartitionRow) -> list[Text]:
     hot = "bold red" if row.slowest else ""
-    figures = [seconds(v, row.count) for v in (row.p50, row.p95, row.p99, row.last)]
+    figures = [seconds(v, row.runs) for v in (row.p50, row.p95, row.p99, row.last)]
     return [
-        Text(f"{'▲' if row.slowest else ' '}{row.partition}", style=hot),
+        Text(f"{'▲' if row.slowest else ' '}{row.name}", style=hot),
         Text(f" {row.device} ", style=chip_style(row.color)),
-        Text(f"{row.count:,}", style=hot, justify="right"),
+        Text(f"{row.runs:,}", style=hot, justify="right"),
         *(Text(f, style=hot, justify="right") for f in figures),
     ]
 
@@ -35,18 +35,18 @@ class LatencyTable(DataTable):
         for name in COLUMNS:
             self.add_column(name, key=name, width=WIDTHS.get(name))
 
-    def show(self, rows: list[LatencyRow]) -> None:
-        partitions = tuple(r.partition for r in rows)
+    def show(self, rows: tuple[PartitionRow, ...]) -> None:
+        partitions = tuple(r.name for r in rows)
         if partitions != self._partitions:
             self.clear()
             for r in rows:
-                self.add_row(*row_cells(r), key=r.partition)
+                self.add_row(*row_cells(r), key=r.name)
             self._partitions = partitions
             return
         for r in rows:
             for column, cell in zip(COLUMNS, row_cells(r), strict=True):
-                if self.get_cell(r.partition, column) != cell:
-                    self.update_cell(r.partition, column, cell)
+                if self.get_cell(r.name, column) != cell:
+                    self.update_cell(r.name, column, cell)
 
     def figures(self) -> dict[str, tuple[str, ...]]:
         """What the table shows, partition -> cells as plain text (for tests and checks)."""

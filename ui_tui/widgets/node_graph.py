@@ -10,9 +10,8 @@ from itertools import pairwise
 from rich.text import Text
 from textual.widget import Widget
 
-from app.live import Stepper
-from runtime.graph import Graph
-from runtime.partition.steps import Replay
+from app.dashboard import StepView
+from runtime.partition.dot import Outline
 from ui_tui.paint import chip_style
 
 FOCUS, NEIGHBOUR, CONTEXT = "focus", "neighbour", "context"
@@ -30,46 +29,18 @@ class NodeRow:
     preds: tuple[str, ...]
 
 
-def node_order(stepper: Stepper, state: Replay) -> list[str]:
-    return list(state.order) or [n.name for n in stepper.graph.nodes]
-
-
-def step_focus(stepper: Stepper, state: Replay, order: list[str]) -> list[str]:
-    """The nodes the current step is about: those it assigns or moves; for an `open`, the
-    next node still to place; for a `close`, the partition's last node."""
-    step = stepper.step
-    if step.nodes and step.kind != "order":
-        return list(step.nodes)
-    if step.kind == "open":
-        nxt = next((n for n in order if n not in state.assignment), None)
-        return [nxt] if nxt else []
-    if step.kind == "close":
-        members = [n for n in order if state.assignment.get(n) == step.partition]
-        return members[-1:]
-    return order[:1]
-
-
-def color_of(node: str, state: Replay, colors: dict[str, str]) -> str | None:
-    part = state.assignment.get(node)
-    if part is None:
-        return None
-    return colors.get(state.devices.get(part, ""))
-
-
 def _gaps(positions: list[int]) -> int:
     return sum(1 for a, b in pairwise(positions) if b > a + 1)
 
 
-def node_rows(stepper: Stepper, colors: dict[str, str], height: int) -> list[NodeRow | None]:
-    """Rows for at most `height` lines; None marks a gap in the order."""
-    graph: Graph = stepper.graph
-    state = stepper.state()
-    order = node_order(stepper, state)
+def node_rows(view: StepView, outline: Outline, height: int) -> list[NodeRow | None]:
+    """Rows for at most `height` lines: the step's nodes and their neighbours, then as many
+    nodes around them in order as fit; None marks a gap in the order."""
+    order = view.order
     pos = {n: i for i, n in enumerate(order)}
-    focus = [n for n in step_focus(stepper, state, order) if n in pos]
-    neighbours = {m for n in focus for m in (*graph.dag.predecessors(n),
-                                             *graph.dag.successors(n))} - set(focus)
-    required = sorted(set(focus) | neighbours, key=pos.__getitem__)[: max(1, height)]
+    focus = [n for n in view.focus if n in pos]
+    required = sorted(set(focus) | (view.neighbours & pos.keys()),
+                      key=pos.__getitem__)[: max(1, height)]
     centre = pos[focus[0]] if focus else 0
     shown = set(required)
     for radius in range(len(order)):
@@ -87,11 +58,11 @@ def node_rows(stepper: Stepper, colors: dict[str, str], height: int) -> list[Nod
         if last is not None and pos[n] > last + 1:
             rows.append(None)
         last = pos[n]
-        part = state.assignment.get(n)
-        device = state.devices.get(part) if part is not None else None
-        role = FOCUS if n in focus else NEIGHBOUR if n in neighbours else CONTEXT
-        rows.append(NodeRow(n, graph.node(n).op_type, part, device, color_of(n, state, colors),
-                            role, tuple(graph.dag.predecessors(n))))
+        part = view.state.assignment.get(n)
+        device = view.state.devices.get(part) if part is not None else None
+        role = FOCUS if n in focus else NEIGHBOUR if n in view.neighbours else CONTEXT
+        rows.append(NodeRow(n, outline.ops[n], part, device, view.color(n), role,
+                            outline.predecessors[n]))
     return rows
 
 
@@ -119,18 +90,17 @@ def rows_text(rows: list[NodeRow | None], width: int) -> Text:
 class NodeGraph(Widget):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.stepper: Stepper | None = None
-        self.device_colors: dict[str, str] = {}
+        self.shown: tuple[StepView, Outline] | None = None
         self.rows: list[NodeRow | None] = []
         self.text = Text()
 
-    def show(self, stepper: Stepper, colors: dict[str, str]) -> None:
-        self.stepper, self.device_colors = stepper, colors
+    def show(self, view: StepView, outline: Outline) -> None:
+        self.shown = (view, outline)
         self.refresh()
 
     def render(self) -> Text:
-        if self.stepper is None:
+        if self.shown is None:
             return Text("no steps", style="dim")
-        self.rows = node_rows(self.stepper, self.device_colors, max(1, self.content_size.height))
+        self.rows = node_rows(*self.shown, max(1, self.content_size.height))
         self.text = rows_text(self.rows, self.content_size.width)
         return self.text

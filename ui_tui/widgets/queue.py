@@ -7,30 +7,28 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from app.live import LiveView
-from ui_tui.figures import current_queue_depth, queue_series, throughput_series
+from app.dashboard import DashboardView, Totals
 from ui_tui.paint import seconds, set_text
 
 
-def depth_text(series: list[float], now: int) -> Text:
+def depth_text(view: DashboardView) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append("queue ")
-    text.append(f"{now}", style="bold")
-    text.append(f" now · max {max(series, default=0):.0f} in 60 s")
+    text.append(f"{view.totals.queue_now}", style="bold")
+    text.append(f" now · max {view.queue.peak:.0f} in {len(view.queue.values)} s")
     return text
 
 
-def rate_text(view: LiveView) -> Text:
-    m = view.metrics
+def rate_text(t: Totals) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(f"{m.throughput:.1f}", style="bold")
+    text.append(f"{t.throughput:.1f}", style="bold")
     text.append(" req/s · ")
-    text.append(f"{m.requests_finished:,}", style="bold")
+    text.append(f"{t.finished:,}", style="bold")
     text.append(" done")
-    if m.requests_failed:
-        text.append(f" · {m.requests_failed:,} failed", style="bold red")
-    text.append(f" · p50 {seconds(m.latency.p50, m.latency.count)}"
-                f" p99 {seconds(m.latency.p99, m.latency.count)}")
+    if t.failed:
+        text.append(f" · {t.failed:,} failed", style="bold red")
+    text.append(f" · p50 {seconds(t.latency.p50, t.latency.count)}"
+                f" p99 {seconds(t.latency.p99, t.latency.count)}")
     return text
 
 
@@ -41,12 +39,10 @@ class QueuePanel(Vertical):
         yield Static(id="rate")
         yield Sparkline([0.0], id="rate-spark")
 
-    def show(self, view: LiveView) -> None:
-        depth = queue_series(view)
-        set_text(self.query_one("#queue-label", Static),
-                 depth_text(depth, current_queue_depth(view)))
-        set_text(self.query_one("#rate", Static), rate_text(view))
-        for spark_id, series in (("#queue-spark", depth), ("#rate-spark", throughput_series(view))):
+    def show(self, view: DashboardView) -> None:
+        set_text(self.query_one("#queue-label", Static), depth_text(view))
+        set_text(self.query_one("#rate", Static), rate_text(view.totals))
+        for spark_id, series in (("#queue-spark", view.queue), ("#rate-spark", view.throughput)):
             spark = self.query_one(spark_id, Sparkline)
-            if list(spark.data or []) != series:
-                spark.data = series
+            if list(spark.data or []) != list(series.values):
+                spark.data = list(series.values)

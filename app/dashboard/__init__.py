@@ -1,0 +1,23 @@
+"""The dashboards' view model: what the TUI and the web UI show, computed once.
+
+    model = DashboardModel(LiveRuntime())      # or Recording("run.jsonl"), any RuntimeSource
+    view = model.poll()                         # a DashboardView: rows, series, drawing
+    model.faster(); model.repartition(mode="memory"); stepper = model.stepper()
+"""
+
+from app.dashboard.model import DashboardModel, DashboardView, Totals
+from app.dashboard.rows import DeviceRow, PartitionRow
+from app.dashboard.series import Series
+from app.dashboard.source import (
+    DeviceCounters,
+    LoadSetting,
+    LoadState,
+    PartitionSteps,
+    RuntimeSource,
+    Status,
+)
+from app.dashboard.stepper import LegendEntry, Stepper, StepView
+
+__all__ = ["DashboardModel", "DashboardView", "DeviceCounters", "DeviceRow", "LegendEntry",
+           "LoadSetting", "LoadState", "PartitionRow", "PartitionSteps", "RuntimeSource",
+           "Series", "Status", "StepView", "Stepper", "Totals"]

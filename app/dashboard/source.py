@@ -1,0 +1,150 @@
+"""What a dashboard reads of a runtime, and may change in it: the `RuntimeSource` protocol.
+
+A source is the event stream (`drain`) plus a few queries and the controls. The view model
+reads nothing else, so the runtime can be embedded (`app.live.LiveRuntime`, over a
+HostManager), a recording (`app.replay.Recording`), or another process. Every record a
+source hands over is plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from runtime.devices import parse_devices
+from runtime.errors import PrismError
+from runtime.events import Event
+from runtime.graph import Graph
+from runtime.partition import Plan, Step, partition_steps
+from runtime.partition.dot import Outline
+from runtime.partition.record import finish, tap
+
+MODES = ("balanced", "memory")  # the modes a dashboard switches between
+
+
+@dataclass(frozen=True)
+class LoadSetting:
+    """Open loop at `rate` requests/s, or closed loop with `clients` waiting clients."""
+
+    rate: float | None = None
+    clients: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.rate is None) == (self.clients is None):
+            raise PrismError("load: give either a rate or a number of clients")
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate:.0f} req/s" if self.rate is not None else f"{self.clients} clients"
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """The load generator: its setting (None: there is none) and whether it is paused."""
+
+    setting: LoadSetting | None = None
+    paused: bool = True
+
+    @property
+    def label(self) -> str:
+        return self.setting.label if self.setting is not None else "no load"
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the source runs: `network` is the runtime's name for it (`cnn#2` after a
+    re-plan), `model_path` the file it was loaded from; `replay` the recording, if any."""
+
+    model_path: str
+    network: str
+    mode: str
+    devices: str  # the device spec
+    load: LoadState = LoadState()
+    recording: str | None = None
+    replay: str | None = None
+
+    @property
+    def model(self) -> str:
+        return Path(self.model_path).stem
+
+    @property
+    def changeable(self) -> bool:
+        """Load, plan and recording can be changed (not in a replay)."""
+        return self.replay is None
+
+
+@dataclass(frozen=True)
+class DeviceCounters:
+    """A device's own counts, as its manager keeps them."""
+
+    name: str
+    backend: str
+    used_bytes: int
+    total_bytes: int
+    queue_length: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class PartitionSteps:
+    """The partitioner's steps for one model, mode and devices, and the plan they end in."""
+
+    model: str
+    mode: str
+    devices: str
+    steps: tuple[Step, ...]
+    plan: Plan
+    outline: Outline
+
+    @classmethod
+    def run(cls, graph: Graph, devices: str, mode: str, model: str) -> PartitionSteps:
+        """Run the partitioner on `graph` over the `devices` spec, keeping every step."""
+        steps: list[Step] = []
+        plan = finish(tap(partition_steps(graph, parse_devices(devices), mode), steps.append))
+        return cls(model, mode, devices, tuple(steps), plan, Outline.of(graph))
+
+
+class RuntimeSource(Protocol):
+    def drain(self) -> list[Event]:
+        """The events published since the last call."""
+        ...
+
+    def now(self) -> float:
+        """The present, on the events' clock."""
+        ...
+
+    def state(self) -> Status: ...
+
+    def plan(self) -> Plan | None:
+        """The running plan: the same object until it changes."""
+        ...
+
+    def outline(self) -> Outline | None:
+        """The running plan's graph."""
+        ...
+
+    def device_stats(self) -> dict[str, DeviceCounters]:
+        """Each device's own counts; empty where the source has none (a recording)."""
+        ...
+
+    def partition_steps(self, mode: str) -> PartitionSteps: ...
+
+    def networks(self) -> list[str]: ...
+
+    # controls: a source that cannot (a recording) raises PrismError saying so
+
+    def toggle_pause(self) -> None: ...
+
+    def scale_load(self, factor: float) -> None: ...
+
+    def set_load(self, setting: LoadSetting) -> None: ...
+
+    def repartition(self, mode: str | None = None, devices: str | None = None,
+                    model: str | Path | None = None) -> Plan: ...
+
+    def start_recording(self, path: str | Path) -> str: ...
+
+    def stop_recording(self) -> str | None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,104 @@
+"""A recorded run (JSON lines) as a RuntimeSource: the dashboards replay it, unchanged.
+
+The plan is the one the recording ran: the model partitioned in the recorded mode on the
+recorded devices (the last `network.loaded` event says both; a recording made before
+events carried them falls back to the given mode and devices). Every event comes in the
+first drain; the clock stands at the last event. Nothing can be changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.dashboard.source import (
+    MODES,
+    DeviceCounters,
+    LoadSetting,
+    LoadState,
+    PartitionSteps,
+    Status,
+)
+from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL
+from runtime.errors import PrismError
+from runtime.events import Event, read_jsonl
+from runtime.graph import load_graph
+from runtime.partition import Plan
+from runtime.partition.dot import Outline
+
+
+class Recording:
+    def __init__(self, path: str | Path, model: str | Path | None = None,
+                 devices: str | None = None, mode: str = "balanced") -> None:
+        self.path = str(path)
+        self.events = list(read_jsonl(path))
+        loaded = [e for e in self.events if e.kind == "network.loaded"]
+        last = loaded[-1] if loaded else None
+        self.mode = last.get("mode", mode) if last is not None else mode
+        if self.mode not in MODES:
+            raise PrismError(f"{self.path} was recorded in {self.mode!r} mode; a replay "
+                             f"can rebuild only {' or '.join(MODES)} plans")
+        specs = [e["spec"] for e in loaded if e.get("spec")]
+        self.devices = devices or (specs[-1] if specs else DEFAULT_DEVICES)
+        self.model = Path(model) if model else DEFAULT_MODEL
+        runs = [e for e in self.events if e.kind == "partition.run.finished"]
+        self.network = last["network"] if last is not None else \
+            runs[-1]["network"] if runs else self.model.stem
+        self._steps = PartitionSteps.run(load_graph(self.model, name=self.network),
+                                         self.devices, self.mode, self.model.stem)
+        self._drained = False
+
+    def drain(self) -> list[Event]:
+        if self._drained:
+            return []
+        self._drained = True
+        return self.events
+
+    def now(self) -> float:
+        return self.events[-1].ts if self.events else 0.0
+
+    def state(self) -> Status:
+        return Status(str(self.model), self.network, self.mode, self.devices, LoadState(),
+                      replay=self.path)
+
+    def plan(self) -> Plan:
+        return self._steps.plan
+
+    def outline(self) -> Outline:
+        return self._steps.outline
+
+    def device_stats(self) -> dict[str, DeviceCounters]:
+        return {}
+
+    def partition_steps(self, mode: str) -> PartitionSteps:
+        if mode == self.mode:
+            return self._steps
+        graph = load_graph(self.model, name=self.network)
+        return PartitionSteps.run(graph, self.devices, mode, self.model.stem)
+
+    def networks(self) -> list[str]:
+        return [self.network]
+
+    def _refuse(self, what: str) -> PrismError:
+        return PrismError(f"a replay cannot {what}: {self.path} is a recording")
+
+    def toggle_pause(self) -> None:
+        raise self._refuse("pause its load")
+
+    def scale_load(self, factor: float) -> None:
+        raise self._refuse("change its load")
+
+    def set_load(self, setting: LoadSetting) -> None:
+        raise self._refuse("change its load")
+
+    def repartition(self, mode: str | None = None, devices: str | None = None,
+                    model: str | Path | None = None) -> Plan:
+        raise self._refuse("re-partition")
+
+    def start_recording(self, path: str | Path) -> str:
+        raise self._refuse("be recorded again")
+
+    def stop_recording(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass

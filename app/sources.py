@@ -1,0 +1,60 @@
+"""Where a dashboard's runtime comes from: embedded under live load, or a recording.
+
+`prism tui` builds `SourceSettings` from its arguments; `prism web` hands them to its
+Streamlit process through the environment (`to_env`, `from_env`), which opens the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app.dashboard.source import RuntimeSource
+from app.live import LiveRuntime
+from app.replay import Recording
+from runtime.errors import PrismError
+
+ENV_PREFIX = "PRISM_WEB_"
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    model: str | None = None
+    devices: str | None = None
+    mode: str = "balanced"
+    rate: float | None = None
+    concurrency: int | None = None
+    seed: int | None = None
+    replay: str | None = None  # a recording (JSON lines) to replay instead of running
+
+    def __post_init__(self) -> None:
+        if self.replay is not None and not Path(self.replay).is_file():
+            raise PrismError(f"--replay: no such file: {self.replay}")
+
+    def open(self) -> RuntimeSource:
+        if self.replay is not None:
+            return Recording(self.replay, self.model, self.devices, self.mode)
+        return LiveRuntime(self.model, self.devices, self.mode, rate=self.rate,
+                           concurrency=self.concurrency, seed=self.seed)
+
+    def to_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """`env` with these settings in place of any it held."""
+        out = {k: v for k, v in env.items() if not k.startswith(ENV_PREFIX)}
+        out.update({ENV_PREFIX + k.upper(): str(v) for k, v in asdict(self).items()
+                    if v is not None})
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SourceSettings:
+        def get(name: str) -> str | None:
+            return env.get(ENV_PREFIX + name.upper()) or None
+
+        def number(name: str, kind: type[int] | type[float]) -> Any:
+            text = get(name)
+            return kind(text) if text is not None else None
+
+        return cls(get("model"), get("devices"), get("mode") or "balanced",
+                   number("rate", float), number("concurrency", int), number("seed", int),
+                   get("replay"))

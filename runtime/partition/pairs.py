@@ -1,0 +1,84 @@
+"""Boundaries of a quantized plan pass int8: quantize/dequantize nodes stay with their ops.
+
+A cut between a DequantizeLinear and the op it feeds, or between an op and the
+QuantizeLinear after it, copies a float tensor (four times the bytes of the int8 one
+beside it) and stops onnxruntime fusing the op into an integer kernel. After a mode has
+split the graph, each such dequantize node moves to its consumers' partition and each
+such quantize node to its producer's, so the cut falls between the pair. A move is a
+step; a pair left split (a user map, a dequantize feeding several partitions, a move
+the devices cannot take) is a `split` step and a note in the plan's reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from runtime.cost import NodeCost
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError
+from runtime.graph import Graph
+from runtime.partition.plan import Plan, build_plan
+from runtime.partition.record import Recorder, Steps
+from runtime.partition.validate import validate_plan
+from runtime.precision import DEQUANTIZE_OPS, split_pairs
+from runtime.units import human_bytes
+
+
+def _index(name: str) -> int | None:
+    """A mode's partitions are named p0, p1, ... after their step index."""
+    return int(name[1:]) if name[:1] == "p" and name[1:].isdigit() else None
+
+
+def _moves(graph: Graph, home: Mapping[str, str], device: Mapping[str, str],
+           allowed: Mapping[str, frozenset[str]]) -> dict[str, str]:
+    """Quantize/dequantize node -> the partition it should join (one placement allows)."""
+    moves = {}
+    for a, b in split_pairs(graph, home):
+        if graph.node(a).op_type in DEQUANTIZE_OPS:
+            readers = {home[c] for t in graph.node(a).writes for c in graph.consumers[t]}
+            node, part = a, home[b] if len(readers) == 1 else None
+        else:
+            node, part = b, home[a]
+        if part is not None and device[part] in allowed[node]:
+            moves[node] = part
+    return moves
+
+
+def keep_pairs(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[DeviceConfig],
+               plan: Plan, allowed: Mapping[str, frozenset[str]], rec: Recorder, *,
+               move: bool = True) -> Steps[tuple[Plan, dict[str, str]]]:
+    """Move quantize/dequantize nodes across boundaries to their ops (if `move`); return
+    the plan and a note per node of each pair still split."""
+    home = {n: p.name for p in plan.partitions for n in p.nodes}
+    device = {p.name: p.device for p in plan.partitions}
+    moves = _moves(graph, home, device, allowed) if move else {}
+    if moves:
+        new_home = {**home, **moves}
+        position = {n: i for i, n in enumerate(plan.order or (n.name for n in graph.nodes))}
+        groups = [(p.name, p.device, sorted((n for n, h in new_home.items() if h == p.name),
+                                            key=position.__getitem__))
+                  for p in plan.partitions]
+        try:
+            moved = build_plan(graph, costs, devices, [g for g in groups if g[2]],
+                               mode=plan.mode, order=plan.order)
+            validate_plan(moved, graph, allowed)
+        except PartitionError as exc:
+            yield rec.step("split", f"kept quantize/dequantize nodes where the split put "
+                           f"them: moving them to their ops fails ({exc})")
+        else:
+            for node, part in moves.items():
+                op = graph.node(node).op_type
+                side = "ops it feeds" if op in DEQUANTIZE_OPS else "op it quantizes"
+                yield rec.step("move", f"moved {node} ({op}) from {home[node]} to {part} with "
+                               f"the {side}: no float copy between them", _index(part),
+                               device[part], (node,))
+            plan, home = moved, new_home
+    notes = {}
+    for a, b in split_pairs(graph, home):
+        t = next(t for t in graph.node(a).writes if b in graph.consumers.get(t, ()))
+        note = (f"boundary {home[a]} -> {home[b]} splits {a} ({graph.node(a).op_type}) from "
+                f"{b} ({graph.node(b).op_type}): {t} crosses as float "
+                f"({human_bytes(graph.tensor_bytes(t))}) and the pair cannot be fused")
+        yield rec.step("split", note, nodes=(a, b))
+        notes[a] = notes[b] = note
+    return plan, notes

@@ -1,0 +1,122 @@
+"""Calibration data: an .npz with one array per graph input, samples along the first axis.
+
+`image` of shape [N, 3, 32, 32] for a model taking [batch, 3, 32, 32] is N samples. A
+model with a fixed first dimension B takes them B at a time (N must be a multiple of B).
+Names, dtypes and the other dimensions must match the model's inputs exactly: anything
+else is refused in one line naming the file, the input and what the model takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from zipfile import BadZipFile
+
+import numpy as np
+
+from runtime.errors import PrismError
+from runtime.graph import Graph
+from runtime.inputs import input_specs
+
+DEFAULT_BATCH = 32  # samples per run where the model's batch dimension is free
+
+
+class QuantizeError(PrismError):
+    """Calibration data, a profile or a quantization option that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Calibration samples: input name -> array with the samples along axis 0."""
+
+    arrays: dict[str, np.ndarray]
+    batch: int  # samples per run
+    source: str = "samples"
+    fixed: bool = False  # the model's batch dimension is fixed at `batch`
+
+    @property
+    def count(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    def batches(self) -> Iterator[dict[str, np.ndarray]]:
+        for start in range(0, self.count, self.batch):
+            yield {k: v[start:start + self.batch] for k, v in self.arrays.items()}
+
+    def runs(self) -> int:
+        return -(-self.count // self.batch)
+
+    def even(self) -> Samples:
+        """The same samples in runs of one size (histogram calibrators stack runs)."""
+        size = next(d for d in range(min(self.batch, self.count), 0, -1) if self.count % d == 0)
+        return Samples(self.arrays, size, self.source, self.fixed)
+
+    def split(self, holdout: float) -> tuple[Samples, Samples]:
+        """(calibration, held-out): the last `holdout` share of the samples is held out."""
+        unit = self.batch if self.fixed else 1
+        keep = self.count - max(unit, round(self.count * holdout / unit) * unit)
+        if keep < unit:
+            raise QuantizeError(f"{self.source}: {self.count} samples are too few to hold out "
+                                f"{holdout:.0%} and still calibrate; give more samples")
+        head = {k: v[:keep] for k, v in self.arrays.items()}
+        tail = {k: v[keep:] for k, v in self.arrays.items()}
+        return (Samples(head, self.batch, self.source, self.fixed),
+                Samples(tail, self.batch, self.source, self.fixed))
+
+
+def _describe(dims) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def check_samples(arrays: dict[str, np.ndarray], graph: Graph, source: str) -> Samples:
+    """Samples for `graph`, or a QuantizeError naming what does not match."""
+    specs = {s.name: s for s in input_specs(graph)}
+    where = f"{source}: "
+    missing = [n for n in specs if n not in arrays]
+    if missing:
+        raise QuantizeError(f"{where}no array for input {missing[0]!r} of {graph.name} (the "
+                            f"file has {', '.join(sorted(arrays)) or 'nothing'})")
+    extra = sorted(set(arrays) - set(specs))
+    if extra:
+        raise QuantizeError(f"{where}array {extra[0]!r} is not an input of {graph.name} "
+                            f"(inputs: {', '.join(specs)})")
+    counts = set()
+    batch, fixed = DEFAULT_BATCH, False
+    for name, spec in specs.items():
+        value = arrays[name]
+        if spec.type is not None or spec.dims is None or spec.dtype is None:
+            raise QuantizeError(f"{where}input {name!r} of {graph.name} is "
+                                f"{spec.describe()}; calibration takes tensors of known shape")
+        if value.dtype != spec.dtype:
+            raise QuantizeError(f"{where}input {name!r} is {value.dtype}; {graph.name} takes "
+                                f"{spec.dtype}")
+        dims = spec.dims
+        wrong = value.ndim != len(dims) or not dims or any(
+            isinstance(d, int) and d != s for d, s in zip(dims[1:], value.shape[1:],
+                                                          strict=False))
+        if wrong:
+            raise QuantizeError(f"{where}input {name!r} has shape {tuple(value.shape)}; "
+                                f"{graph.name} takes {_describe(dims)} (samples along the "
+                                f"first axis)")
+        if isinstance(dims[0], int):
+            if value.shape[0] % dims[0]:
+                raise QuantizeError(f"{where}input {name!r} has {value.shape[0]} rows; "
+                                    f"{graph.name} takes them {dims[0]} at a time")
+            batch, fixed = dims[0], True
+        counts.add(value.shape[0])
+    if len(counts) != 1 or not min(counts):
+        raise QuantizeError(f"{where}inputs have different or no sample counts "
+                            f"({', '.join(f'{k}: {len(v)}' for k, v in arrays.items())})")
+    return Samples({n: arrays[n] for n in specs}, batch, source, fixed)
+
+
+def read_samples(path: str | Path, graph: Graph) -> Samples:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise QuantizeError(f"calibration data not found: {path}") from None
+    except (OSError, ValueError, BadZipFile) as exc:
+        raise QuantizeError(f"{path} is not an .npz of arrays: {exc}") from None
+    return check_samples(arrays, graph, str(path))
