@@ -64,7 +64,8 @@ class HostManager:
         self.bus = bus or EventBus()
         opened = [d if isinstance(d, Device) else device_factory(d, self.bus) for d in devices]
         for device in opened:
-            device.bus = device.bus or self.bus
+            if device.bus is None:
+                device.bus = self.bus
         self.devices: dict[str, Device] = {d.name: d for d in opened}
         self.max_queue = max_queue
         self.max_active = max_active or max(2, 2 * len(devices))
