@@ -27,6 +27,7 @@ chromium:
 
 test: $(STAMP) chromium
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 # The suite against the newest releases of every dependency, in a venv of its own: drift

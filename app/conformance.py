@@ -19,7 +19,8 @@ import unittest
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -149,8 +150,8 @@ class _ReferenceRep:
         inits = {t.name for t in model.graph.initializer}
         self.names = [i.name for i in model.graph.input if i.name not in inits]
 
-    def run(self, inputs: list) -> list:
-        return self.evaluator.run(None, dict(zip(self.names, inputs, strict=False)))
+    def run(self, inputs: list) -> list:  # every output, in order (no names asked)
+        return cast(list, self.evaluator.run(None, dict(zip(self.names, inputs, strict=False))))
 
 
 def _prepare(runtime: str, model: onnx.ModelProto, devices: str | None):
@@ -230,29 +231,31 @@ class Worker:
     def __init__(self, devices: str | None = None):
         self.devices = devices
         self._ctx = multiprocessing.get_context("spawn")
-        self._proc = None
-        self._conn = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
         self._warm: set[str] = set()  # suites the current process has loaded
 
-    def _start(self) -> None:
+    def _start(self) -> Connection:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_worker, args=(child, self.devices), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
+        return parent
 
     def run(self, runtime: str, test: TestRef, timeout: float, warmup: float = 60.0
             ) -> Outcome:
         """Run one test; `warmup` extra seconds while the process first loads a suite."""
-        if self._proc is None or not self._proc.is_alive():
-            self._start()
+        conn = self._conn
+        if self._proc is None or not self._proc.is_alive() or conn is None:
+            conn = self._start()
         start = time.perf_counter()
-        self._conn.send((runtime, test.suite, test.name))
+        conn.send((runtime, test.suite, test.name))
         extra = 0.0 if test.suite in self._warm else warmup
         self._warm.add(test.suite)
-        if self._conn.poll(timeout + extra):
+        if conn.poll(timeout + extra):
             try:
-                outcome = self._conn.recv()
+                outcome = conn.recv()
             except (EOFError, OSError):
                 self.stop()
                 return Outcome(False, time.perf_counter() - start, "worker crashed")
@@ -264,7 +267,7 @@ class Worker:
         return Outcome(False, time.perf_counter() - start, f"timed out after {timeout:g} s")
 
     def stop(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and self._conn is not None:
             if self._proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):
                     self._conn.send(None)
@@ -273,7 +276,7 @@ class Worker:
                 self._proc.kill()
                 self._proc.join()
             self._conn.close()
-        self._proc = self._conn = None
+        self._proc, self._conn = None, None
         self._warm.clear()
 
 

@@ -23,11 +23,11 @@ from functools import partial
 
 import numpy as np
 
+from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import PrismError, QueueFullError
 from runtime.graph import Graph
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
-from runtime.submodel import cpu_session, loadable
 
 POOL = 64  # distinct random feed sets per generator
 OnResult = Callable[[dict, dict | None, BaseException | None, float], None]
@@ -130,7 +130,7 @@ class LoadGenerator:
         """Faster (>1) or slower (<1): scales the rate, or the client count in closed loop."""
         if self.rate is not None:
             self.rate = max(0.1, self.rate * factor)
-        else:
+        elif self.concurrency is not None:
             new = max(1, round(self.concurrency * factor))
             if new == self.concurrency and factor > 1:
                 new += 1
@@ -192,7 +192,7 @@ class LoadGenerator:
     def _send(self, client: int) -> None:
         """Send client's next request. An answer that is there at once (the device was
         idle and ran it on this thread) puts the client back in the ready queue."""
-        if client >= self.concurrency or self._stop.is_set():
+        if client >= (self.concurrency or 0) or self._stop.is_set():
             self._retire(client)
             return
         if self.paused:
@@ -222,7 +222,7 @@ class LoadGenerator:
     def _arrivals(self) -> None:
         next_at = time.perf_counter()
         while not self._stop.is_set():
-            next_at += self.rng.exponential(1.0 / self.rate)
+            next_at += self.rng.exponential(1.0 / (self.rate or 1.0))  # open loop: set
             delay = next_at - time.perf_counter()
             if delay > 0 and self._stop.wait(delay):
                 return
@@ -241,9 +241,9 @@ class LoadGenerator:
                 continue
             with self._lock:
                 self._outstanding.add(future)
-            future.add_done_callback(lambda f, fd=feeds, s=start: self._landed(f, fd, s))
+            future.add_done_callback(partial(self._landed, feeds, start))
 
-    def _landed(self, future: Future, feeds: dict, start: float) -> None:
+    def _landed(self, feeds: dict, start: float, future: Future) -> None:
         with self._lock:
             self._outstanding.discard(future)
         self._settle(future, feeds, start)

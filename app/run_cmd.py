@@ -20,13 +20,13 @@ from rich.table import Table
 from app.loadgen import LoadGenerator
 from app.loading import network_options
 from runtime.devices import parse_devices
+from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.events import JsonlRecorder
 from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
 from runtime.inputs import check_feeds, input_specs
 from runtime.metrics import Metrics, MetricsSnapshot
-from runtime.submodel import cpu_session, loadable
 from runtime.units import human_bytes, human_seconds
 
 

@@ -29,7 +29,8 @@ from runtime.bundle.plan_io import plan_from_dict
 from runtime.bundle.reader import read_bundle
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
-from runtime.driver import load_stage, session_options
+from runtime.devices.ort_options import session_options
+from runtime.driver import load_stage
 from runtime.graph import load_graph
 from runtime.submodel import extract
 

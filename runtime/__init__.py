@@ -4,7 +4,16 @@ Names load on first use (PEP 562), so `import runtime.driver` pulls in neither t
 partitioner nor onnx: the bundle driver runs with numpy and onnxruntime alone.
 """
 
+from typing import TYPE_CHECKING
+
 from runtime.lazy import lazy_names
+
+if TYPE_CHECKING:  # the names as mypy and readers see them
+    from runtime.devices import DeviceConfig, parse_devices  # noqa: F401
+    from runtime.errors import DeviceSpecError, ModelLoadError, PartitionError, PrismError  # noqa: F401
+    from runtime.graph import Graph, Node, Tensor, load_graph  # noqa: F401
+    from runtime.host import HostManager  # noqa: F401
+    from runtime.partition import Partition, Plan, Transfer  # noqa: F401
 
 _EXPORTS = {
     "DeviceConfig": "runtime.devices", "parse_devices": "runtime.devices",

@@ -2,10 +2,15 @@
 
 Requests for one network wait in a priority queue of their own. A batch leaves when it
 reaches `max_batch_size`, when a preferred size is reached (the largest one available),
-or when the oldest waiting request has waited `max_queue_delay_ms`, and a place among
-the host's `max_active` is free. Only requests whose inputs agree in everything but the
-first (batch) dimension go together. Inputs are concatenated on that dimension, the
-network runs once, and each output is split back to its request.
+or when the oldest waiting request has waited `max_queue_delay_ms`, and one of the host's
+`max_active` slots is free. Only requests whose inputs agree in everything but the first
+(batch) dimension go together. Inputs are concatenated on that dimension, the network
+runs once, and each output is split back to its request (`split`, where the host ends
+requests).
+
+A batch is a Request of its own holding the slot, with its live requests as `members`.
+Everything a batcher does happens on its thread: forming and launching batches, and
+answering finished ones (`post`), so its count of batches in flight needs no lock.
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from runtime.errors import PrismError
 from runtime.graph import Graph
 from runtime.requests import Request, RequestQueue
+
+Finish = Callable[[Request, dict | None, BaseException | None], None]
 
 
 @dataclass(frozen=True)
@@ -82,14 +91,20 @@ def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dic
 
 
 class Batcher:
-    """Gathers one network's requests; `launch` runs a batch once a place is free."""
+    """Gathers one network's requests and runs them in batches.
 
-    def __init__(self, name: str, config: BatchingConfig, take_place: Callable[[], bool],
-                 give_back: Callable[[], None], launch: Callable[[list[Request]], None],
-                 failed: Callable[[list[Request], BaseException], None]):
-        self.name, self.config = name, config
-        self._take_place, self._give_back, self._launch = take_place, give_back, launch
-        self._failed = failed
+    Its host lends it: `take_slot()` (one of the host's slots, or False), `begin(batch,
+    done)` (run a batch on a replica; `done` when it ends) and `finish(request, outputs,
+    error)` (the host's one place where requests end; for a batch, each member with its
+    rows). Up to `in_flight` batches run at once, two per stage: one running and one
+    queued on the device, so the device never waits for the batcher."""
+
+    def __init__(self, name: str, config: BatchingConfig, in_flight: int, *,
+                 take_slot: Callable[[], bool], begin: Callable[[Request, Finish], None],
+                 finish: Finish, bus: Any = None):
+        self.name, self.config, self.bus = name, config, bus
+        self._take_slot, self._begin, self._finish = take_slot, begin, finish
+        self._limit, self._in_flight = in_flight, 0
         self._queue = RequestQueue()
         self._cv = threading.Condition()
         self._closed = False
@@ -115,7 +130,7 @@ class Batcher:
         with self._cv:
             self._queue.discard(request)
 
-    def place_freed(self) -> None:
+    def slot_freed(self) -> None:
         with self._cv:
             self._cv.notify()
 
@@ -154,25 +169,55 @@ class Batcher:
             self._queue.push(r)  # back in its place: the queue orders by request id
         return alike
 
-    def post(self, completion: Callable[[], None]) -> None:
-        """Run `completion` (a finished batch's splitting and answering) on the batcher's
-        thread: the device's own thread goes straight on to the next batch, so one
-        batch's Python work overlaps the next batch's run. One hand-off per batch."""
+    def _launch(self, formed: list[Request]) -> None:
+        """Start the members still waiting, concatenate, run once (batcher's thread)."""
+        batch = Request(self.name, {}, slot=True, members=[])
+        try:
+            live = [m for m in formed if m.start()]  # started: a deadline finds it running
+            if live:
+                now, size = time.monotonic(), len(live)
+                for m in live:
+                    m.started_at, m.batch_size = now, size
+                if self.bus is not None and self.bus.active:
+                    for m in live:
+                        self.bus.publish("request.started", network=self.name, request=m.id,
+                                         queue_wait=now - m.queued_at, batch_size=size)
+                batch.members, batch.batch_size, batch.started_at = live, size, now
+                batch.queued_at = min(m.queued_at for m in live)
+                batch.rows, batch.feeds = sum(m.rows for m in live), concatenate(live)
+                self._begin(batch, self._finished)
+                return
+        except Exception as exc:  # the batcher must outlive any one batch
+            self._done(batch, None, exc)
+            return
+        self._done(batch, None, None)  # everything formed had ended: the slot goes back
+
+    def _finished(self, batch: Request, outputs: dict | None, error: BaseException | None
+                  ) -> None:
+        """A batch's run ended (on a device's thread): answer it on the batcher's thread,
+        so the device goes straight on to the next batch. One hand-off per batch."""
         with self._cv:
-            self._completions.append(completion)
+            self._completions.append(partial(self._done, batch, outputs, error))
             self._cv.notify()
+
+    def _done(self, batch: Request, outputs: dict | None, error: BaseException | None) -> None:
+        if not batch.ended:  # only this thread ends batches
+            self._in_flight -= 1
+            self._finish(batch, outputs, error)
 
     def _loop(self) -> None:
         while True:
-            batch = completion = None
+            formed: list[Request] | None = None
+            completion = None
             with self._cv:
                 while True:
                     now = time.monotonic()
                     # A ready batch goes first: the requests a finished batch sent again
                     # should run before the next finished batch is answered.
                     if (not self._closed and self._queue.size and self._ready(now)
-                            and self._take_place()):
-                        batch = self._form()
+                            and self._in_flight < self._limit and self._take_slot()):
+                        self._in_flight += 1
+                        formed = self._form()
                         break
                     if self._completions:
                         completion = self._completions.pop(0)
@@ -181,19 +226,14 @@ class Batcher:
                         return
                     oldest = self._queue.oldest()
                     if oldest is None or self._ready(now):
-                        wait = 0.05  # nothing queued, or ready but no place: until notified
+                        wait = 0.05  # nothing queued, or ready but no slot: until notified
                     else:
                         wait = oldest.queued_at + self.config.max_queue_delay_ms / 1e3 - now
                     self._cv.wait(min(max(wait, 1e-4), 0.05))
             if completion is not None:
                 completion()
-            elif not batch:  # everything waiting had ended meanwhile
-                self._give_back()
-            else:
-                try:
-                    self._launch(batch)
-                except Exception as exc:  # the batcher must outlive any one batch
-                    self._failed(batch, exc)
+            elif formed is not None:
+                self._launch(formed)
 
     def close(self, timeout: float = 2.0) -> list[Request]:
         """Stop; returns the requests still waiting."""

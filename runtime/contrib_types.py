@@ -11,6 +11,8 @@ with these, so the ops after them get types too.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -42,7 +44,8 @@ def _out_shape(node: onnx.NodeProto, known: dict) -> list | None:
     if node.op_type in ("QLinearAdd", "QLinearMul") and len(node.input) > 3:
         other = _shape(known.get(node.input[3]))
         if other is not None and all(isinstance(d, int) for d in first + other):
-            return list(np.broadcast_shapes(tuple(first), tuple(other)))
+            ints = cast(list[int], first), cast(list[int], other)
+            return list(np.broadcast_shapes(tuple(ints[0]), tuple(ints[1])))
     return first
 
 

@@ -12,8 +12,9 @@ and writes and the rows it waits for; the policy, chosen at open, decides how ro
 - `pipelined`: the same workers with many requests in flight, so one request's later
   rows overlap the next one's earlier rows; `run` may be called from many threads.
 
-It imports only numpy, onnxruntime and the bundle reader (no partitioner, no onnx, no
-events); tests/test_driver.py checks that in a fresh interpreter. `cpu` and `sim` rows
+It imports only numpy, onnxruntime, the bundle reader and the session options it shares
+with the just-in-time path (no partitioner, no onnx, no events); tests/test_driver.py
+checks that in a fresh interpreter. `cpu` and `sim` rows
 run in onnxruntime (a `sim` row computes its values; the driver models no time);
 `reference` rows need onnx's evaluator and are refused.
 """
@@ -32,6 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
+from runtime.devices.ort_options import session_options
 from runtime.errors import (
     BundleError,
     ExecutionError,
@@ -46,16 +48,10 @@ DEFAULT_TIMEOUT = 300.0  # seconds `run` waits for an answer (parallel, pipeline
 _POLL = 0.5  # bound on each idle worker wait
 
 
-def session_options(threads: int, weights: np.ndarray | None = None) -> ort.SessionOptions:
-    """The options the just-in-time path uses (intra-op threads, sequential, full graph
-    optimization, which at load adds only the machine-specific layout passes to a
-    bundle's already optimized model), with the bundle's weights as in-memory external
-    data."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = max(1, int(threads))
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 4
+def stage_options(threads: int, weights: np.ndarray | None = None) -> ort.SessionOptions:
+    """The just-in-time path's options (`session_options`), with the bundle's weights as
+    in-memory external data."""
+    opts = session_options(threads)
     if weights is not None and weights.size:
         opts.add_external_initializers_from_files_in_memory([EXTERNAL_LOCATION], [weights],
                                                             [weights.size])
@@ -87,7 +83,7 @@ def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
                           f"{' and '.join(RUNS_IN_ORT)} partitions only")
     model, weights = bundle.member(row["model"]), bundle.weights()
     try:
-        session = ort.InferenceSession(model, session_options(row["threads"], weights),
+        session = ort.InferenceSession(model, stage_options(row["threads"], weights),
                                        providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise BundleError(f"{where} does not load in onnxruntime {ort.__version__}: "
@@ -108,7 +104,8 @@ class _Worker:
     """A device's thread: runs its rows, one at a time, in arrival order."""
 
     def __init__(self, driver: Driver, device: str):
-        self.driver, self.jobs = driver, queue.SimpleQueue()
+        self.driver = driver
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name=f"prism-driver-{device}",
                                        daemon=True)
         self.thread.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -103,7 +104,7 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
     if type(feeds) is not dict and not isinstance(feeds, Mapping):
         raise InvalidInputError(f"feeds for {network} must be a dict of input name -> array, "
                                 f"got {type(feeds).__name__}")
-    out = {}
+    out: dict[str, Any] = {}  # arrays; lists and None for sequence and optional inputs
     for spec in specs:
         value = feeds.get(spec.name)
         if spec.type is not None and (value is not None or spec.name in feeds
@@ -144,12 +145,12 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
                  ) -> dict[str, np.ndarray]:
     """Random feeds of the right dtype and shape; symbolic dims from `bindings` or 1."""
     bindings = bindings or {}
-    feeds = {}
+    feeds: dict[str, Any] = {}
     for spec in specs:
         if spec.type is not None:
             feeds[spec.name] = _random_value(spec.type, rng)
             continue
-        shape = tuple(d if isinstance(d, int) else int(bindings.get(d, default_dim))
+        shape = tuple(d if isinstance(d, int) else int(bindings.get(str(d), default_dim))
                       for d in (spec.dims or ()))
         dtype = spec.dtype or np.dtype(np.float32)
         if dtype.kind == "f":

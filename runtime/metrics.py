@@ -50,7 +50,10 @@ class PartitionStats:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceStats:
+class DeviceUsage:
+    """One device as the event stream shows it, over the window (`devices.DeviceStats` is
+    the same device's own counters, read from the device)."""
+
     device: str
     runs: int = 0
     busy_seconds: float = 0.0
@@ -70,7 +73,7 @@ class MetricsSnapshot:
     queue_wait: Percentiles = Percentiles()
     batch_sizes: Percentiles = Percentiles()
     partitions: dict[str, PartitionStats] = field(default_factory=dict)
-    devices: dict[str, DeviceStats] = field(default_factory=dict)
+    devices: dict[str, DeviceUsage] = field(default_factory=dict)
     queue_depth: list[tuple[float, int]] = field(default_factory=list)
     throughput_series: list[tuple[float, float]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -289,7 +292,7 @@ class Metrics:
             b = busy.get(name, 0.0) + sum(max(0.0, min(end, now) - max(start, lo))
                                           for start, end in dev.intervals)
             util = min(1.0, max(0.0, b / span)) if span > 0 else 0.0
-            devices[name] = DeviceStats(name, dev.runs, dev.busy, util, dev.used, dev.total,
+            devices[name] = DeviceUsage(name, dev.runs, dev.busy, util, dev.used, dev.total,
                                         queued.get(name, 0))
         partitions = {}
         for key, p in self._parts.items():

@@ -1,19 +1,22 @@
-"""Provisioner: each partition becomes a sub-model, compiled and loaded onto a device.
+"""Provisioner: each partition becomes a program (its sub-model), loaded onto a device.
 
 A partition goes to the device its plan names when that device has room; otherwise to
 another device with the same backend and figures. Any failure unloads everything this
-call loaded, so a failed add leaves every device as it was.
+call loaded, so a failed add leaves every device as it was. Programs are extracted once
+per plan and loaded once per replica.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 from runtime.devices.config import DeviceConfig
-from runtime.devices.manager import DeviceManager
-from runtime.errors import DeviceMemoryError, PrismError, ProvisionError
+from runtime.devices.device import Device, Program
+from runtime.errors import DeviceMemoryError, PrismError, ProvisionError, first_line
 from runtime.graph import Graph
 from runtime.partition.plan import Partition, Plan
 from runtime.submodel import extract
@@ -24,7 +27,7 @@ from runtime.units import human_bytes
 class LoadedPartition:
     partition: Partition
     key: str
-    device: DeviceManager
+    device: Device
 
 
 def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
@@ -32,60 +35,77 @@ def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
     return replace(a, name=b.name) == b
 
 
-def _candidates(devices: Mapping[str, DeviceManager], name: str) -> list[DeviceManager]:
-    """The named device, then its twins (same figures but the name), by most free bytes."""
-    want = devices[name].config
-    others = [m for m in devices.values() if m.config.name != name and twins(m.config, want)]
-    return [devices[name], *sorted(others, key=lambda m: -m.free_bytes)]
-
-
-def provision(graph: Graph, plan: Plan, devices: Mapping[str, DeviceManager], *,
-              network: str, tag: str = "", bus=None,
-              place: Mapping[str, str] | None = None) -> list[LoadedPartition]:
-    """Load every partition of `plan`, in plan order, or none of them. `place` maps the
-    plan's devices to others (a replica's twins)."""
-    loaded: list[LoadedPartition] = []
+@contextmanager
+def _one_line(network: str) -> Iterator[None]:
+    """Errors Prism did not raise on purpose become one-line ProvisionErrors."""
     try:
-        for part in plan.partitions:
-            if part.device not in devices:
-                raise ProvisionError(f"{network}/{part.name}: plan names device {part.device}, "
-                                     f"which this host does not have")
-            model = extract(graph, part)
-            key = f"{network}{tag}/{part.name}"
-            start = time.perf_counter()
-            target = (place or {}).get(part.device, part.device)
-            for manager in _candidates(devices, target):
-                try:
-                    manager.load(key, model, part.weight_bytes, plan.arenas[part.device],
-                                 part.stage_seconds)
-                    break
-                except DeviceMemoryError:
-                    continue
-            else:
-                m = devices[target]
-                raise DeviceMemoryError(
-                    f"{network}/{part.name} needs {human_bytes(part.memory_bytes)} on "
-                    f"{target}, {human_bytes(m.free_bytes)} free of "
-                    f"{human_bytes(m.config.memory_bytes)}")
-            loaded.append(LoadedPartition(part, key, manager))
-            if bus is not None and bus.active:
-                bus.publish("provision.loaded", network=network, partition=part.name,
-                            device=manager.name, weight_bytes=part.weight_bytes,
-                            activation_bytes=part.activation_bytes,
-                            seconds=time.perf_counter() - start)
+        yield
     except PrismError:
-        unload(loaded, network=network, bus=bus)
         raise
     except Exception as exc:
-        unload(loaded, network=network, bus=bus)
         raise ProvisionError(f"{network}: provisioning failed: {type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                             f"{first_line(exc)}") from exc
+
+
+def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
+    """partition name -> its program: the sub-model, its weights, the device's arena (the
+    peak of its memory plan) and the stage time a modelled device is held for."""
+    with _one_line(plan.network):
+        return {p.name: Program.of(extract(graph, p), p.weight_bytes, plan.arenas[p.device],
+                                   p.stage_seconds) for p in plan.partitions}
+
+
+def _candidates(devices: Mapping[str, Device], name: str) -> list[Device]:
+    """The named device, then its twins (same figures but the name), by most free bytes."""
+    want = devices[name].config
+    others = [d for d in devices.values() if d.name != name and twins(d.config, want)]
+    return [devices[name], *sorted(others, key=lambda d: -d.free_bytes)]
+
+
+def provision(plan: Plan, made: Mapping[str, Program], devices: Mapping[str, Device], *,
+              network: str, tag: str = "", bus: Any = None,
+              onto: Mapping[str, str] | None = None) -> list[LoadedPartition]:
+    """Load every partition of `plan`, in plan order, or none of them. `onto` maps the
+    plan's devices to others (a replica's twins); `tag` tells a replica's keys apart."""
+    loaded: list[LoadedPartition] = []
+    try:
+        with _one_line(network):
+            for part in plan.partitions:
+                target = (onto or {}).get(part.device, part.device)
+                loaded.append(_load(part, made[part.name], devices, network, tag, target, bus))
+    except BaseException:
+        unload(loaded, network=network, bus=bus)
+        raise
     return loaded
 
 
-def unload(loaded: list[LoadedPartition], *, network: str, bus=None) -> None:
+def _load(part: Partition, program: Program, devices: Mapping[str, Device], network: str,
+          tag: str, target: str, bus: Any) -> LoadedPartition:
+    if target not in devices:
+        raise ProvisionError(f"{network}/{part.name}: plan names device {target}, which this "
+                             f"host does not have")
+    key, start = f"{network}{tag}/{part.name}", time.perf_counter()
+    for device in _candidates(devices, target):
+        try:
+            device.load(key, program)
+            break
+        except DeviceMemoryError:
+            continue
+    else:
+        d = devices[target]
+        raise DeviceMemoryError(f"{network}/{part.name} needs {human_bytes(part.memory_bytes)} "
+                                f"on {target}, {human_bytes(d.free_bytes)} free of "
+                                f"{human_bytes(d.config.memory_bytes)}")
+    if bus is not None and bus.active:
+        bus.publish("provision.loaded", network=network, partition=part.name,
+                    device=device.name, weight_bytes=part.weight_bytes,
+                    activation_bytes=part.activation_bytes, seconds=time.perf_counter() - start)
+    return LoadedPartition(part, key, device)
+
+
+def unload(loaded: list[LoadedPartition], *, network: str, bus: Any = None) -> None:
     for item in reversed(loaded):
-        freed = item.device.evict(item.key)
+        freed = item.device.unload(item.key)
         if bus is not None and bus.active:
             bus.publish("provision.evicted", network=network, partition=item.partition.name,
                         device=item.device.name, bytes=freed)

@@ -1,36 +1,44 @@
-"""Replication (Glow's saturateHost): whole copies of a plan on free twin devices.
+"""Replication (Glow's saturateHost): whole replicas of a plan on free twin devices.
 
 With `replicas=N` the plan is made over the first 1/N of the devices (in canonical
-order) and copied N-1 times onto twins: devices with the same figures. With
-"saturate" the plan uses the fewest devices it fits on, and is copied onto as many
-twin groups as remain.
+order) and placed N-1 more times onto twins: devices with the same figures. With
+"saturate" the plan uses the fewest devices it fits on, and is placed onto as many twin
+groups as remain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError, PrismError
 from runtime.partition import Plan, canonical_devices
 from runtime.provision import twins
 
+T = TypeVar("T")
 
-def plan_devices(devices: Sequence[DeviceConfig], replicas: int | str,
-                 fits: Callable[[list[DeviceConfig]], bool]) -> list[DeviceConfig]:
-    """The devices one copy is planned over. `fits(devices)` tries to plan on them."""
+
+def planned_over(devices: Sequence[DeviceConfig], replicas: int | str,
+                 attempt: Callable[[list[DeviceConfig]], T]) -> T:
+    """Plan one replica: `attempt(some devices)` plans on them, or raises PartitionError.
+    "saturate" tries the fewest devices first and keeps the first plan that fits, so
+    each device count is planned once; N shares every group of twins N ways."""
+    if replicas == 1:
+        return attempt(list(devices))
     ordered = canonical_devices(devices)
     if replicas == "saturate":
-        for k in range(1, len(ordered) + 1):
-            if fits(ordered[:k]):
-                return ordered[:k]
-        return ordered
+        for k in range(1, len(ordered)):
+            try:
+                return attempt(ordered[:k])
+            except PartitionError:
+                continue
+        return attempt(ordered)  # all of them: its error, if any, is the one to tell
     if not isinstance(replicas, int) or replicas < 1:
         raise PrismError(f"replicas must be a whole number >= 1 or 'saturate', got {replicas!r}")
     if replicas > len(ordered):
         raise PrismError(f"replicas={replicas} needs at least {replicas} devices; "
                          f"the host has {len(ordered)}")
-    # Each copy gets an equal share of every group of twins.
     groups: list[list[DeviceConfig]] = []
     for d in ordered:
         group = next((g for g in groups if twins(g[0], d)), None)
@@ -38,13 +46,13 @@ def plan_devices(devices: Sequence[DeviceConfig], replicas: int | str,
     share = [d for g in groups for d in g[: len(g) // replicas]]
     if not share:
         raise PrismError(f"replicas={replicas}: no group of twin devices has {replicas} "
-                         f"members to give each copy one")
-    return share
+                         f"members to give each replica one")
+    return attempt(share)
 
 
 def twin_maps(plan: Plan, devices: Sequence[DeviceConfig], wanted: int | None
               ) -> list[dict[str, str]]:
-    """For each further copy, plan device -> a twin not used by any copy yet."""
+    """For each further replica, plan device -> a twin no replica uses yet."""
     used = {p.device for p in plan.partitions}
     logical = sorted(used)
     maps: list[dict[str, str]] = []
@@ -62,6 +70,6 @@ def twin_maps(plan: Plan, devices: Sequence[DeviceConfig], wanted: int | None
             break
         maps.append(mapping)
     if wanted is not None and len(maps) < wanted:
-        raise PartitionError(f"only {len(maps) + 1} copies of {plan.network} fit: the plan "
+        raise PartitionError(f"only {len(maps) + 1} replicas of {plan.network} fit: the plan "
                              f"uses {', '.join(logical)} and too few twin devices remain")
     return maps

@@ -55,9 +55,10 @@ class Request:
     batch_size: int = 1  # requests in the batch it ran in
     rows: int = 1  # its first dimension, when its network batches
     key: tuple = ()  # what must agree for requests to share a batch (batching.batch_shape)
-    slot: bool = False  # holds one of the host's max_active places
+    slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
-    copy: Any = None  # the executor (plan copy) running it
+    replica: Any = None  # the Executor (one replica of the plan) running it
+    members: list[Request] | None = None  # a batch: the requests it runs as one
     id: int = field(default_factory=_ids.__next__)
     future: RequestFuture = field(default_factory=RequestFuture)
     _token: list = field(default_factory=[True].copy, repr=False)  # pop() is atomic
@@ -81,6 +82,16 @@ class Request:
         except InvalidStateError:  # cancelled while queued: the cancellation stands
             pass
         return True
+
+    def start(self) -> bool:
+        """Mark the future running; False if it was cancelled or the request has already
+        ended (say, timed out between leaving its queue and starting)."""
+        if not self._token:
+            return False
+        try:
+            return self.future.set_running_or_notify_cancel()
+        except RuntimeError:  # finished meanwhile
+            return False
 
     @property
     def ended(self) -> bool:

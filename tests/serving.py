@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections import Counter
 
@@ -39,6 +38,12 @@ def assert_same(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+def idle(host: HostManager) -> bool:
+    """Nothing running and nothing waiting: every slot free, every queue empty."""
+    stats = host.stats()
+    return stats.slots_used == 0 and stats.queued == 0
+
+
 def poll(predicate, timeout: float = 10.0, interval: float = 0.005) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -69,22 +74,6 @@ class Events:
     def ran(self, request_id: int) -> bool:
         return any(e.kind == "partition.run.started" and e["request"] == request_id
                    for e in self.all())
-
-
-class Gate:
-    """A function that blocks every run until opened."""
-
-    def __init__(self, inner, wait: float = WAIT):
-        self.inner, self.output_names, self.wait = inner, inner.output_names, wait
-        self.opened, self.entered = threading.Event(), threading.Event()
-        self.calls = 0
-
-    def run(self, feeds):
-        self.calls += 1
-        self.entered.set()
-        if not self.opened.wait(self.wait):
-            raise RuntimeError("gate never opened")
-        return self.inner.run(feeds)
 
 
 def count_outcomes(records: list, model) -> Counter:

@@ -18,23 +18,23 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
+from fakes import FakeDevice, Gate
 from onnx import TensorProto, helper, numpy_helper
 
+from runtime.batching import Batcher, BatchingConfig
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.devices.backends import compiler
 from runtime.errors import PrismError, RequestTimeoutError
 from runtime.host import HostManager
 from runtime.requests import Request, RequestQueue
-from runtime.submodel import extract
 from serving import (
     MLP,
     TRANSFORMER,
     WAIT,
     Events,
-    Gate,
     assert_same,
     count_outcomes,
     expected,
+    idle,
     poll,
 )
 
@@ -110,28 +110,14 @@ def seq_model(width: int = 8, out: int = 4) -> tuple[onnx.ModelProto, np.ndarray
     return model, w
 
 
-def wrap_function(host: HostManager, network: str, wrap) -> None:
-    """Swap the only partition's loaded function for `wrap(fresh function)` through the
-    DeviceManager's public evict/load_function; the byte account stays as it was."""
-    [part] = host.plan(network).partitions
-    key = f"{network}/{part.name}"
-    [manager] = [m for m in host.devices.values() if key in m.keys]
-    inner = compiler(manager.config.backend)(extract(host.graph(network), part),
-                                             manager.config, 0.0)
-    manager.evict(key)
-    manager.load_function(key, wrap(inner), part.weight_bytes, part.activation_bytes)
+def faked(spec: str = "cpu:1", **kw) -> HostManager:
+    """A host on fake devices with the figures of `spec` (values from onnxruntime)."""
+    return HostManager(parse_devices(spec), device_factory=FakeDevice, **kw)
 
 
-class Shapes:
-    """A function that records the shape of every run's first input."""
-
-    def __init__(self, inner):
-        self.inner, self.output_names = inner, inner.output_names
-        self.seen: list[tuple[int, ...]] = []
-
-    def run(self, feeds):
-        self.seen.append(next(iter(feeds.values())).shape)
-        return self.inner.run(feeds)
+def run_rows(host: HostManager) -> list[int]:
+    """The batch dimension of every run on cpu0 (a fake device), in order."""
+    return [shape[0] for _, shape, _ in host.devices["cpu0"].runs]
 
 
 def mlp_feeds(rng, batch: int | None = None) -> dict:
@@ -171,7 +157,7 @@ def test_batched_equals_unbatched_request_by_request(path, make):
         assert any(len(g) > 1 for g in groups), "nothing was batched"
         mixed = [g for g in groups if len({rows(by_id[e["request"]]) for e in g}) == 2]
         assert mixed, "no batch mixed requests of 1 and 2 rows"
-        assert poll(lambda: host._active == 0)
+        assert poll(lambda: idle(host))
 
 
 def test_requests_with_different_non_batch_shapes_never_share_a_batch():
@@ -269,29 +255,25 @@ def test_preferred_batch_sizes_are_honoured():
 def test_max_batch_size_bounds_the_concatenated_batch_dimension():
     """Triton counts max_batch_size (and preferred sizes) in rows of the batch dimension:
     four requests of 2 rows are a batch of 8, which max_batch_size=4 does not allow."""
-    with HostManager(parse_devices("cpu:1"), max_queue=1000) as host:
+    with faked(max_queue=1000) as host:
         host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 5})
-        shapes: list[Shapes] = []
-        wrap_function(host, "m", lambda f: shapes.append(Shapes(f)) or shapes[-1])
         rng = np.random.default_rng()
         feeds = [mlp_feeds(rng, batch=2) for _ in range(64)]
         with cf.ThreadPoolExecutor(16) as pool:
             futures = list(pool.map(lambda f: host.run("m", f), feeds))
         for f, fut in zip(feeds, futures, strict=True):
             assert_same(fut.result(timeout=WAIT), expected(MLP, f))
-        run_rows = [s[0] for s in shapes[0].seen]
-        assert sum(run_rows) == 128
-        assert max(run_rows) <= 4, f"batches of {Counter(run_rows)} rows with max_batch_size=4"
+        rows = run_rows(host)
+        assert sum(rows) == 128
+        assert max(rows) <= 4, f"batches of {Counter(rows)} rows with max_batch_size=4"
 
 
 
 def test_a_request_larger_than_max_batch_size_is_refused():
     """Triton refuses a request whose batch dimension exceeds max_batch_size; it must not
     run as an oversized batch."""
-    with HostManager(parse_devices("cpu:1")) as host:
+    with faked() as host:
         host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        shapes: list[Shapes] = []
-        wrap_function(host, "m", lambda f: shapes.append(Shapes(f)) or shapes[-1])
         rng = np.random.default_rng()
         try:
             error = host.run("m", mlp_feeds(rng, batch=6)).exception(timeout=WAIT)
@@ -299,10 +281,10 @@ def test_a_request_larger_than_max_batch_size_is_refused():
             error = exc
         assert isinstance(error, PrismError), f"a 6-row request ran: got {error!r}"
         assert "\n" not in str(error) and "4" in str(error) and "6" in str(error), str(error)
-        assert all(s[0] <= 4 for s in shapes[0].seen), shapes[0].seen
+        assert all(rows <= 4 for rows in run_rows(host)), run_rows(host)
         ok = mlp_feeds(rng, batch=4)  # exactly the maximum is fine
         assert_same(host.run("m", ok).result(timeout=WAIT), expected(MLP, ok))
-        assert poll(lambda: host._active == 0)
+        assert poll(lambda: idle(host))
 
 # -- refusals --------------------------------------------------------------------------------
 
@@ -395,79 +377,84 @@ def test_request_never_waits_past_timeout_plus_one_batch_run():
                       if "in the queue" in e["error"]]
         assert queued_out, "no request timed out while queued"
         assert not started & set(queued_out), "requests timed out 'in the queue' had started"
-        assert poll(lambda: host._active == 0)
+        assert poll(lambda: idle(host))
         feeds = mlp_feeds(rng)
         assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
 
 
-def test_timeout_between_batch_forming_and_launch_does_not_kill_the_batcher():
-    """A member whose deadline passes after the batcher took it from the queue but before
-    the batch starts: its future is already finished, and the batch launch must skip it.
-    The launch is delayed here to widen that window, which is otherwise microseconds."""
-    host = HostManager([DeviceConfig(name="cpu0")])
+def test_a_batch_whose_members_ended_meanwhile_gives_its_slot_back_and_batching_goes_on():
+    """Between forming a batch and launching it a member may end (a deadline, a
+    cancellation): the launch skips it, and a batch left with nobody gives back its slot
+    at once. Driven through the Batcher's own interface: requests cancelled before it
+    starts them stand for that window, deterministically."""
+    rng = np.random.default_rng()
+    slots, begun, ended = [1], [], []
+    lock = threading.Lock()
+
+    def take_slot() -> bool:
+        with lock:
+            if not slots[0]:
+                return False
+            slots[0] -= 1
+            return True
+
+    def finish(request, outputs, error) -> None:
+        with lock:
+            slots[0] += request.slot  # the batch holds the slot
+        ended.append((request, outputs, error))
+
+    def begin(batch, done) -> None:
+        begun.append(batch)
+        done(batch, {"y": batch.feeds["x"] * 2}, None)
+
+    batcher = Batcher("m", BatchingConfig(max_batch_size=4, max_queue_delay_ms=1), 2,
+                      take_slot=take_slot, begin=begin, finish=finish)
     try:
-        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        batcher = host._networks["m"].batcher
-        launch = batcher._launch
-        delay = threading.Event()
-        delay.set()
-
-        def slow_launch(members):
-            if delay.is_set():
-                time.sleep(0.06)
-            launch(members)
-
-        batcher._launch = slow_launch
-        rng = np.random.default_rng()
-        doomed = host.run("m", mlp_feeds(rng), timeout=0.02)
-        assert isinstance(doomed.exception(timeout=WAIT), RequestTimeoutError)
-        time.sleep(0.1)
-        delay.clear()
-        feeds = mlp_feeds(rng)
-        later = host.run("m", feeds)
-        assert_same(later.result(timeout=3), expected(MLP, feeds))
-        assert poll(lambda: host._active == 0, 2), f"_active stuck at {host._active}"
+        doomed = [Request("m", mlp_feeds(rng, 1), rows=1) for _ in range(3)]
+        for r in doomed:
+            assert r.future.cancel()  # cancelled, not yet ended: the batcher finds out late
+            batcher.push(r)
+        assert poll(lambda: len(ended) == 1, 5), "the empty batch never gave its slot back"
+        [(batch, outputs, error)] = ended
+        assert batch.members == [] and outputs is None and error is None and not begun
+        assert slots == [1]
+        kept = Request("m", mlp_feeds(rng, 2), rows=2)
+        batcher.push(kept)
+        assert poll(lambda: len(ended) == 2, 5), "the batcher stopped batching"
+        assert begun[0].members == [kept] and kept.future.running()
+        np.testing.assert_array_equal(ended[1][1]["y"], kept.feeds["x"] * 2)
+        assert slots == [1]
     finally:
-        host.close(timeout=1)
+        batcher.close()
 
 
-
-def test_a_request_ending_while_its_batch_launches_is_reported_consistently(monkeypatch):
-    """A deadline that passes after a member's future was marked running but before the
-    launch records started_at: the failure says "in the queue" and request.started is
-    then published after request.failed. The launch is slowed (concatenation) to widen
-    a window that is otherwise microseconds."""
-    import runtime.host
-
-    concatenate = runtime.host.concatenate
-
-    def slow_concatenate(members):
-        time.sleep(0.06)
-        return concatenate(members)
-
-    monkeypatch.setattr(runtime.host, "concatenate", slow_concatenate)
-    with HostManager(parse_devices("cpu:1")) as host:
+def test_a_request_timing_out_while_its_batch_runs_is_reported_running_after_it_started():
+    """A member's deadline that passes while its batch runs: it fails as "running", and
+    its request.started came first (started_at and the event precede the run)."""
+    with faked(max_active=1) as host:
         host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
+        gate = host.devices["cpu0"].gate = Gate()
         events = Events(host, kinds=("request.",))
         rng = np.random.default_rng()
-        fut = host.run("m", mlp_feeds(rng), timeout=0.03)
+        fut = host.run("m", mlp_feeds(rng), timeout=0.05)
+        assert gate.entered.wait(5)
         assert isinstance(fut.exception(timeout=WAIT), RequestTimeoutError)
-        assert poll(lambda: host._active == 0, 5)
+        gate.opened.set()
+        assert poll(lambda: idle(host), 5)
         [failed] = events.of("request.failed")
-        started = events.of("request.started")
-        if started:  # it did start: then it timed out running, and started came first
-            assert "running" in failed["error"], failed["error"]
-            assert events.seen.index(started[0]) < events.seen.index(failed)
+        [started] = events.of("request.started")
+        assert "running" in failed["error"], failed["error"]
+        assert events.seen.index(started) < events.seen.index(failed)
+        feeds = mlp_feeds(rng)
+        assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
 
 # -- priorities -------------------------------------------------------------------------------
 
 
 def test_priorities_with_batching_on():
-    with HostManager(parse_devices("cpu:1"), max_active=1, max_queue=100) as host:
+    with faked(max_active=1, max_queue=100) as host:
         host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        gates: list[Gate] = []
-        wrap_function(host, "m", lambda f: gates.append(Gate(f)) or gates[-1])
-        gate = gates[0]
+        gate = host.devices["cpu0"].gate = Gate()
         events = Events(host, kinds=("request.",))
         rng = np.random.default_rng()
         first = host.run("m", mlp_feeds(rng, 1))
@@ -499,11 +486,9 @@ def test_priorities_with_batching_on():
 
 
 def test_priority_order_without_batching_under_load():
-    with HostManager(parse_devices("cpu:1"), max_active=1, max_queue=200) as host:
+    with faked(max_active=1, max_queue=200) as host:
         host.add_network("m", MLP)
-        gates: list[Gate] = []
-        wrap_function(host, "m", lambda f: gates.append(Gate(f)) or gates[-1])
-        gate = gates[0]
+        gate = host.devices["cpu0"].gate = Gate()
         events = Events(host, kinds=("request.",))
         box: list = []
         blocker = threading.Thread(target=lambda: box.append(
@@ -525,7 +510,7 @@ def test_priority_order_without_batching_under_load():
         with cf.ThreadPoolExecutor(4) as pool:
             for f in [pool.submit(client, i) for i in range(4)]:
                 f.result(timeout=WAIT)
-        assert len(host._queue) == 100
+        assert host.stats().queued == 100
         gate.opened.set()
         blocker.join(WAIT)
         box[0].result(timeout=WAIT)
@@ -579,7 +564,7 @@ def test_2000_batched_requests_with_cancellations_and_timeouts_end_once():
             f"{sum(not f.done() for _, _, f in records)} futures left pending"
         outcomes = count_outcomes(records, MLP)
         assert min(outcomes["cancelled"], outcomes["timeout"], outcomes["result"]) > 0, outcomes
-        assert poll(lambda: host._active == 0), f"host._active = {host._active}"
+        assert poll(lambda: idle(host)), host.stats()
         assert poll(lambda: len(events.of("request.finished"))
                     + len(events.of("request.failed")) >= 2000)
         ended = Counter(e["request"] for e in itertools.chain(
@@ -593,61 +578,35 @@ def test_2000_batched_requests_with_cancellations_and_timeouts_end_once():
         assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
 
 
-def test_timeout_between_dequeue_and_start_does_not_break_the_releasing_caller():
-    """Without batching: a queued request is taken from the queue by the thread that
-    releases a place (here the caller of an earlier request that ran inline), then started.
-    If its deadline passes in between, that caller's run() must still return its own
-    future. The start is delayed here to widen a window that is otherwise microseconds."""
-    devices = [DeviceConfig(name="sim0", backend="sim", peak_flops=2.1e7)]  # ~50 ms a run
-    with HostManager(devices, max_active=1) as host:
-        host.add_network("m", MLP)
-        begin = host._begin
-
-        def slow_begin(request, net):
-            if not request.inline:  # a request taken from the queue
-                time.sleep(0.1)
-            begin(request, net)
-
-        host._begin = slow_begin
-        rng = np.random.default_rng()
-        first = mlp_feeds(rng)
-        box: list = []
-
-        def caller() -> None:
-            try:
-                box.append(host.run("m", first))
-            except Exception as exc:  # what the caller would see
-                box.append(exc)
-
-        thread = threading.Thread(target=caller, daemon=True)
-        thread.start()
-        assert poll(lambda: host._active == 1, 5)
-        queued = host.run("m", mlp_feeds(rng), timeout=0.08)
-        thread.join(WAIT)
-        assert isinstance(queued.exception(timeout=WAIT), RequestTimeoutError)
-        assert box and isinstance(box[0], cf.Future), f"the first caller's run() got {box}"
-        assert_same(box[0].result(timeout=WAIT), expected(MLP, first))
-        assert poll(lambda: host._active == 0, 5)
+def test_a_request_that_ended_after_leaving_its_queue_does_not_start():
+    """The thread that frees a slot takes the next queued request and starts it; if the
+    request's deadline passed (or it was cancelled) in between, starting it must decline
+    quietly, so that thread's own run() still returns its future."""
+    timed_out, cancelled, fresh = (Request("m", {}) for _ in range(3))
+    assert timed_out.end(error=RequestTimeoutError("late"))
+    assert cancelled.future.cancel()
+    assert not timed_out.start() and not cancelled.start()
+    assert fresh.start() and fresh.future.running()
+    assert not fresh.start()  # once
 
 
 @contextlib.contextmanager
 def one_batch_held():
     """A batching mlp on one cpu with one place, its first request's run held at a gate:
-    (host, [gate], that request's future, rng)."""
-    with HostManager(parse_devices("cpu:1"), max_active=1) as host:
+    (host, gate, that request's future, rng)."""
+    with faked(max_active=1) as host:
         host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        gates: list[Gate] = []
-        wrap_function(host, "m", lambda f: gates.append(Gate(f)) or gates[-1])
+        gate = host.devices["cpu0"].gate = Gate()
         rng = np.random.default_rng()
         first = host.run("m", mlp_feeds(rng, 1))
-        assert gates[0].entered.wait(5)
-        yield host, gates, first, rng
+        assert gate.entered.wait(5)
+        yield host, gate, first, rng
 
 
 def test_close_with_batched_requests_waiting_ends_every_one():
-    with one_batch_held() as (host, gates, first, rng):
+    with one_batch_held() as (host, gate, first, rng):
         waiting = [host.run("m", mlp_feeds(rng)) for _ in range(10)]
-        opener = threading.Timer(0.3, gates[0].opened.set)
+        opener = threading.Timer(0.3, gate.opened.set)
         opener.start()
         t0 = time.monotonic()
         host.close(timeout=0.1)
@@ -663,13 +622,13 @@ def test_close_with_batched_requests_waiting_ends_every_one():
 def test_batcher_does_not_poll_while_a_ready_batch_waits_for_a_place():
     """Every place freed wakes the batcher (place_freed), so while the device is busy a
     ready batch should wait, not re-check the clock every 0.1 ms on a 2-core host."""
-    with one_batch_held() as (host, gates, first, rng):
+    with one_batch_held() as (host, gate, first, rng):
         waiting = [host.run("m", mlp_feeds(rng, 1)) for _ in range(8)]
         time.sleep(0.05)  # past the delay: a batch is ready, no place is free
         cpu = time.process_time()
         time.sleep(0.5)
         spent = time.process_time() - cpu
-        gates[0].opened.set()
+        gate.opened.set()
         first.result(timeout=WAIT)
         for fut in waiting:
             fut.result(timeout=WAIT)

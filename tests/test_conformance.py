@@ -24,8 +24,8 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from runtime.devices.ort import supported_opset
 from runtime.onnx_backend import PrismBackend, PrismRep, default_devices
-from runtime.submodel import supported_opset
 
 FAILURES_FILE = Path(__file__).with_name("conformance_failures.toml")
 _LISTED = tomllib.loads(FAILURES_FILE.read_text())

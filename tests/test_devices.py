@@ -1,18 +1,22 @@
-"""DeviceManager and backends: real small models, memory account, ordering, errors, close."""
+"""Devices: the in-process DeviceManager through the Device interface (load/unload with the
+memory account, `call` with a completion callback, `run_now` on the caller's thread),
+every backend on real small models, ordering, errors, events and close."""
 
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
 import pytest
+from fakes import blocking
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.devices import DeviceConfig, DeviceManager, supported_ops
+from runtime.devices import DeviceConfig, DeviceManager, Program, open_device, supported_ops
 from runtime.devices.manager import on_device_thread
+from runtime.devices.sim import SimDevice
 from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
 
 MB = 1_000_000
@@ -86,16 +90,35 @@ class Bus:
         return [f for k, f in self.events if k == kind]
 
 
-def device(name="d0", backend="cpu", bus=None, **kw) -> DeviceManager:
-    return DeviceManager(DeviceConfig(name=name, backend=backend, **kw), bus)
+def device(name="d0", backend="cpu", bus=None, **kw):
+    """A real device of the backend's own kind (what a host opens)."""
+    return open_device(DeviceConfig(name=name, backend=backend, **kw), bus)
+
+
+def handmade(name="d0", bus=None, **functions) -> DeviceManager:
+    """A DeviceManager whose programs compile to the hand-made functions given by name:
+    `load("k", named("k"))` installs functions["k"]."""
+    return DeviceManager(DeviceConfig(name=name), lambda program, config:
+                         functions[program.name], bus)
+
+
+def named(name: str, weight_bytes: int = 0) -> Program:
+    return Program(b"", frozenset(), weight_bytes, 0, name=name)
+
+
+def x(n: int) -> dict:
+    return {"x": np.array(n)}
 
 
 @pytest.fixture
 def managers():
-    made: list[DeviceManager] = []
+    made: list = []
 
-    def make(*args, **kw):
-        made.append(device(*args, **kw))
+    def make(*args, functions=None, **kw):
+        made.append(handmade(*args, **kw, **functions) if functions is not None
+                    else device(*args, **kw))
+        for key in functions or ():
+            made[-1].load(key, named(key))
         return made[-1]
 
     yield make
@@ -104,26 +127,30 @@ def managers():
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference", "sim"])
-def test_backend_runs_real_model(managers, backend):
+def test_backend_runs_real_model_through_call_and_run_now(managers, backend):
     m = managers("d0", backend)
+    assert isinstance(m, SimDevice) == (backend == "sim")  # each backend opens its kind
     model, w = matmul_relu()
-    m.load("net/p0", model, weight_bytes=w.nbytes, activation_bytes=1000)
+    m.load("net/p0", Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000))
     assert m.keys == ("net/p0",) and m.used_bytes == w.nbytes + 1000
-    for _ in range(3):
-        x = RNG.standard_normal((5, 8)).astype(np.float32)
-        out = m.run("net/p0", {"x": x}, timeout=5)
+    for run in (lambda feeds: blocking(m, "net/p0", feeds), lambda feeds: m.run_now(
+            "net/p0", feeds)) * 2:
+        feeds = {"x": RNG.standard_normal((5, 8)).astype(np.float32)}
+        out = run(feeds)
         assert list(out) == ["y"]
-        np.testing.assert_allclose(out["y"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out["y"], np.maximum(feeds["x"] @ w, 0), rtol=1e-5,
+                                   atol=1e-5)
     stats = m.stats()
-    assert (stats.name, stats.backend, stats.runs, stats.queue_length) == ("d0", backend, 3, 0)
+    assert (stats.name, stats.backend, stats.runs, stats.queue_length) == ("d0", backend, 4, 0)
     assert stats.busy_seconds > 0 and stats.total_bytes == m.config.memory_bytes
+    assert stats.used_bytes == m.used_bytes
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_unloadable_model_is_provision_error_and_frees(managers, backend):
     m = managers("d0", backend)
     with pytest.raises(ProvisionError) as info:
-        m.load("net/bad", bad_model(), 100, 0)
+        m.load("net/bad", Program.of(bad_model(), 100, 0))
     assert "\n" not in str(info.value) and "d0" in str(info.value)
     assert m.used_bytes == 0 and m.keys == ()
 
@@ -131,152 +158,158 @@ def test_unloadable_model_is_provision_error_and_frees(managers, backend):
 def test_config_op_list_is_enforced(managers):
     m = managers("s0", "sim", supported_ops={"MatMul"})
     with pytest.raises(ProvisionError, match="Relu"):
-        m.load("net/p0", matmul_relu()[0], 10, 0)
+        m.load("net/p0", Program.of(matmul_relu()[0], 10, 0))
     assert m.used_bytes == 0
 
 
 def test_memory_refusal_before_compile_and_account_unchanged(managers):
     bus = Bus()
     m = managers("cpu0", memory_bytes=64 * MB, bus=bus)
-    m.load("bert/p0", matmul_relu()[0], 40 * MB, 12 * MB)
+    m.load("bert/p0", Program.of(matmul_relu()[0], 40 * MB, 12 * MB))
     before = (m.used_bytes, m.free_bytes, m.keys)
     # a model that would fail to compile: the memory refusal must come first
     with pytest.raises(DeviceMemoryError) as info:
-        m.load("bert/p1", bad_model(), 80 * MB, 4 * MB)
+        m.load("bert/p1", Program.of(bad_model(), 80 * MB, 4 * MB))
     # its 4 MB of activations fit in the 12 MB arena p0 already holds: 80 MB more
     assert str(info.value) == "bert/p1 needs 80.0 MB on cpu0, 12.0 MB free of 64.0 MB"
     assert (m.used_bytes, m.free_bytes, m.keys) == before
     with pytest.raises(ProvisionError, match="already loaded"):
-        m.load("bert/p0", matmul_relu()[0], 1, 0)
-    assert m.evict("bert/p0") == 52 * MB
-    assert m.evict("bert/p0") == 0
+        m.load("bert/p0", Program.of(matmul_relu()[0], 1, 0))
+    assert m.unload("bert/p0") == 52 * MB
+    assert m.unload("bert/p0") == 0
     assert (m.used_bytes, m.free_bytes, m.keys) == (0, 64 * MB, ())
     assert bus.of("device.memory") == [
         {"device": "cpu0", "used_bytes": 52 * MB, "total_bytes": 64 * MB},
         {"device": "cpu0", "used_bytes": 0, "total_bytes": 64 * MB}]
 
 
-def test_fifo_under_many_submitters(managers):
-    m = managers("d0")
+def test_call_runs_in_arrival_order_under_many_callers(managers):
     probe = Probe(hold=0.0005)
-    m.load_function("k", probe)
+    m = managers("d0", functions={"k": probe})
     order_lock = threading.Lock()
     seq = iter(range(10_000))
-    futures = []
+    answered: list[int] = []
+    all_in = threading.Event()
 
-    def submitter():
+    def done(outputs, error):
+        assert error is None
+        answered.append(int(outputs["y"]))  # done runs on the device's one worker
+        if len(answered) == 200:
+            all_in.set()
+
+    def caller():
         for _ in range(25):
             with order_lock:  # arrival order = sequence order
-                n = next(seq)
-                futures.append(m.submit("k", {"x": np.array(n)}))
+                m.call("k", x(next(seq)), None, done)
 
-    threads = [threading.Thread(target=submitter) for _ in range(8)]
+    threads = [threading.Thread(target=caller) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    done, _ = wait(futures, timeout=10)
-    assert len(done) == 200
-    assert [n for n, _ in probe.calls] == list(range(200))
+    assert all_in.wait(10)
+    assert [n for n, _ in probe.calls] == answered == list(range(200))
+    assert {name for _, name in probe.calls} == {"prism-d0"}
     assert m.stats().runs == 200
 
 
-def test_inline_when_idle_and_not_from_worker(managers):
-    a, b = managers("a"), managers("b")
-    pa, pb = Probe(), Probe()
-    a.load_function("k", pa)
-    b.load_function("k", pb)
-    assert b.run("k", {"x": np.array(0)}) == {"y": 0}
+def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
+    gate = threading.Event()
+    pa, pb, busy = Probe(), Probe(), Probe(gate=gate)
+    a = managers("a", functions={"k": pa, "busy": busy})
+    b = managers("b", functions={"k": pb})
+    assert b.run_now("k", x(0)) == {"y": 0}
     assert pb.calls == [(0, threading.current_thread().name)]
     assert not on_device_thread()
 
-    # from a's worker thread, b (idle) must hand off to its own worker
-    gate = threading.Event()
-    busy = Probe(gate=gate)
-    a.load_function("busy", busy)
-    holder = threading.Thread(target=a.run, args=("busy", {"x": np.array(0)}))
-    holder.start()
+    a.call("busy", x(0), None, lambda *_: None)  # a's worker holds it at the gate
     assert busy.entered.wait(5)
-    nested = []
-    chained = threading.Event()
+    assert a.run_now("k", x(9)) is None  # busy: the caller must queue instead
+    nested, chained = [], threading.Event()
 
-    def chain(_):
-        nested.append(b.submit("k", {"x": np.array(2)}))
-        chained.set()
+    def chain(outputs, error):  # on a's worker: b is idle, yet must not run here
+        nested.append(b.run_now("k", {"x": outputs["y"] + 1}))
+        b.call("k", {"x": outputs["y"] + 1}, None, lambda out, err: (
+            nested.append(out), chained.set()))
 
-    f = a.submit("k", {"x": np.array(1)})
-    f.add_done_callback(chain)
+    a.call("k", x(1), None, chain)
+    assert a.stats().queue_length == 1
     gate.set()
     assert chained.wait(5)
-    holder.join(5)
     assert pa.calls[-1] == (1, "prism-a")
-    assert nested[0].result(5) == {"y": 2}
-    assert pb.calls[-1] == (2, "prism-b")
+    assert nested == [None, {"y": 2}] and pb.calls[-1] == (2, "prism-b")
 
 
 class Forward:
-    """Runs inline on the caller, and submits onward to another device from inside."""
+    """Runs on the caller, and from inside sends onward to another device."""
 
     output_names = ("y",)
 
     def __init__(self, target: DeviceManager):
         self.target, self.nested = target, []
+        self.landed = threading.Event()
 
     def run(self, feeds):
         assert on_device_thread()
-        self.nested.append(self.target.submit("k", feeds))
+        self.nested.append(self.target.run_now("k", feeds))  # declines: a device thread
+        self.target.call("k", feeds, None, lambda out, err: (self.nested.append(out),
+                                                             self.landed.set()))
         return {"y": feeds["x"]}
 
 
-def test_inline_run_counts_as_device_thread(managers):
-    a, b = managers("a"), managers("b")
+def test_an_inline_run_counts_as_a_device_thread(managers):
     pb = Probe()
-    b.load_function("k", pb)
+    b = managers("b", functions={"k": pb})
     forward = Forward(b)
-    a.load_function("k", forward)
-    assert a.run("k", {"x": np.array(5)}) == {"y": 5}  # inline on this thread
-    assert forward.nested[0].result(5) == {"y": 5}
-    assert pb.calls == [(5, "prism-b")]
+    a = managers("a", functions={"k": forward})
+    assert a.run_now("k", x(5)) == {"y": 5}  # on this thread
+    assert forward.landed.wait(5)
+    assert forward.nested == [None, {"y": 5}] and pb.calls == [(5, "prism-b")]
     assert not on_device_thread()
 
 
-def test_raise_fails_only_that_future(managers):
+def test_a_failing_run_fails_only_that_call(managers):
     bus = Bus()
-    m = managers("cpu1", bus=bus)
-    m.load_function("bert/p2", Raiser())
-    m.load_function("ok", Probe())
-    f = m.submit("bert/p2", {"x": np.array(0)}, tag={"network": "bert", "request": 7})
-    err = f.exception(5)
-    assert isinstance(err, ExecutionError)
-    assert str(err) == "cpu1 failed running bert/p2: boom"
-    assert isinstance(err.__cause__, ValueError)
-    assert m.run("ok", {"x": np.array(4)}) == {"y": 4}
-    missing = m.submit("nope", {"x": np.array(0)}).exception(5)
-    assert "cpu1" in str(missing) and "nope" in str(missing)
+    m = managers("cpu1", bus=bus, functions={"bert/p2": Raiser(), "ok": Probe()})
+    with pytest.raises(ExecutionError) as info:
+        blocking(m, "bert/p2", x(0), tag={"network": "bert", "request": 7})
+    assert str(info.value) == "cpu1 failed running bert/p2: boom"
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(ExecutionError, match="boom"):
+        m.run_now("bert/p2", x(0))
+    assert m.run_now("ok", x(4)) == {"y": 4} and blocking(m, "ok", x(3)) == {"y": 3}
+    with pytest.raises(ExecutionError) as missing:
+        blocking(m, "nope", x(0))
+    assert "cpu1" in str(missing.value) and "nope" in str(missing.value)
     started, finished = bus.of("partition.run.started"), bus.of("partition.run.finished")
     assert started == [{"network": "bert", "request": 7, "device": "cpu1"}]
     assert finished[0]["ok"] is False and finished[0]["device"] == "cpu1"
     assert finished[0]["queue_wait"] >= 0 and finished[0]["run_seconds"] >= 0
 
 
+def test_a_broken_callback_does_not_stop_the_device(managers):
+    m = managers("d0", functions={"k": Probe()})
+    m.call("k", x(1), None, lambda *_: 1 / 0)
+    assert blocking(m, "k", x(2)) == {"y": 2}
+
+
 def test_events_published_only_when_bus_active(managers):
     bus = Bus()
     bus.active = False
-    m = managers("d0", bus=bus)
-    m.load_function("k", Probe())
-    m.run("k", {"x": np.array(1)})
-    m.submit("k", {"x": np.array(1)}, tag={"request": 1}).result(5)
+    m = managers("d0", bus=bus, functions={"k": Probe()})
+    m.run_now("k", x(1), tag={"request": 1})
+    blocking(m, "k", x(1), tag={"request": 1})
     assert bus.events == []
 
 
 def test_sim_holds_for_est_seconds(managers):
     m = managers("s0", "sim")
     model, _ = matmul_relu()
-    m.load("k", model, 0, 0, est_seconds=0.02)
-    x = RNG.standard_normal((2, 8)).astype(np.float32)
-    for _ in range(3):
+    m.load("k", Program.of(model, 0, 0, est_seconds=0.02))
+    batch = {"x": RNG.standard_normal((2, 8)).astype(np.float32)}
+    for run in (lambda: m.run_now("k", batch), lambda: blocking(m, "k", batch)) * 2:
         t0 = time.perf_counter()
-        m.run("k", {"x": x})
+        run()
         wall = time.perf_counter() - t0
         assert 0.02 <= wall < 0.06
 
@@ -286,95 +319,70 @@ def test_sim_devices_overlap(managers):
     devs = [managers(f"s{i}", "sim") for i in range(4)]
     model, _ = matmul_relu()
     for d in devs:
-        d.load("k", model, 0, 0, est_seconds=est)
-    x = RNG.standard_normal((2, 8)).astype(np.float32)
+        d.load("k", Program.of(model, 0, 0, est_seconds=est))
+    batch = {"x": RNG.standard_normal((2, 8)).astype(np.float32)}
     with ThreadPoolExecutor(4) as pool:
         t0 = time.perf_counter()
-        list(pool.map(lambda d: d.run("k", {"x": x}, timeout=5), devs))
+        list(pool.map(lambda d: blocking(d, "k", batch), devs))
         wall = time.perf_counter() - t0
     assert est <= wall < 1.6 * est
 
 
 def test_chained_callbacks_across_devices(managers):
-    devs = [managers(f"d{i}") for i in range(4)]
-    for d in devs:
-        d.load_function("k", Probe(hold=0.0002))
+    devs = [managers(f"d{i}", functions={"k": Probe(hold=0.0002)}) for i in range(4)]
     finals = []
     all_done = threading.Event()
 
-    def hop(i, n):
-        def callback(f):
+    def hop(i):
+        def done(outputs, error):
+            assert error is None
             if i + 1 < len(devs):
-                devs[i + 1].submit("k", {"x": f.result()["y"]}).add_done_callback(hop(i + 1, n))
+                devs[i + 1].call("k", {"x": outputs["y"]}, None, hop(i + 1))
             else:
-                finals.append(int(f.result()["y"]))
+                finals.append(int(outputs["y"]))
                 if len(finals) == 64:
                     all_done.set()
-        return callback
-
-    def start(n):
-        devs[0].submit("k", {"x": np.array(n)}).add_done_callback(hop(0, n))
+        return done
 
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(start, range(64)))
+        list(pool.map(lambda n: devs[0].call("k", x(n), None, hop(0)), range(64)))
     assert all_done.wait(10)
     assert sorted(finals) == list(range(64))
 
 
 def test_close_fails_queued_and_is_bounded(managers):
-    m = managers("d0")
     gate = threading.Event()
     slow = Probe(gate=gate)
-    m.load_function("k", slow)
+    m = managers("d0", functions={"k": slow})
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(m.run, "k", {"x": np.array(0)})
+        first = pool.submit(m.run_now, "k", x(0))  # inline, on the pool's thread
         assert slow.entered.wait(5)
-        queued = [m.submit("k", {"x": np.array(i)}) for i in (1, 2)]
+        queued = [pool.submit(blocking, m, "k", x(i)) for i in (1, 2)]
         threading.Timer(0.1, gate.set).start()
         t0 = time.perf_counter()
         m.close(timeout=2.0)
         assert time.perf_counter() - t0 < 1.0
         assert first.result(5) == {"y": 0}  # the running job finished
-    for f in queued:
-        assert str(f.exception(1)) == "device d0 closed"
-    late = m.submit("k", {"x": np.array(3)})
-    assert isinstance(late.exception(1), ExecutionError)
+        for f in queued:
+            assert str(f.exception(5)) == "device d0 closed"
+    with pytest.raises(ExecutionError, match="closed"):
+        blocking(m, "k", x(3))
+    assert m.run_now("k", x(3)) is None
     assert [n for n, _ in slow.calls] == [0]
 
 
 def test_close_returns_within_bound_when_job_hangs(managers):
-    m = managers("d0")
     gate = threading.Event()
     stuck = Probe(gate=gate)
-    m.load_function("k", stuck)
-    # make the worker (not the caller) run the stuck job: keep the device busy first
-    busy_gate = threading.Event()
-    m.load_function("busy", Probe(gate=busy_gate))
-    t = threading.Thread(target=m.run, args=("busy", {"x": np.array(0)}))
-    t.start()
-    f = m.submit("k", {"x": np.array(1)})
-    busy_gate.set()
+    m = managers("d0", functions={"k": stuck})
+    landed = threading.Event()
+    m.call("k", x(1), None, lambda *_: landed.set())  # the worker runs the stuck job
     assert stuck.entered.wait(5)
     t0 = time.perf_counter()
     m.close(timeout=0.2)
     assert time.perf_counter() - t0 < 0.5
     gate.set()
-    assert f.result(5) == {"y": 1}
-    t.join(5)
-
-
-def test_run_timeout_is_execution_error(managers):
-    m = managers("d0")
-    gate = threading.Event()
-    m.load_function("busy", Probe(gate=gate))
-    m.load_function("k", Probe())
-    t = threading.Thread(target=m.run, args=("busy", {"x": np.array(0)}))
-    t.start()
-    time.sleep(0.02)
-    with pytest.raises(ExecutionError, match="did not finish"):
-        m.run("k", {"x": np.array(1)}, timeout=0.05)
-    gate.set()
-    t.join(5)
+    assert landed.wait(5)
 
 
 def test_supported_ops():

@@ -13,10 +13,10 @@ from collections import Counter, defaultdict
 import numpy as np
 import onnx
 import pytest
+from fakes import FakeDevice, Gate, blocking
 from onnx import TensorProto, helper
 
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.devices.backends import compiler
 from runtime.errors import (
     ExecutionError,
     HostClosedError,
@@ -24,6 +24,7 @@ from runtime.errors import (
     NetworkBusyError,
     NetworkExistsError,
     NetworkNotFoundError,
+    PrismError,
     QueueFullError,
     RequestTimeoutError,
 )
@@ -31,16 +32,15 @@ from runtime.events import EVENT_KINDS, Event
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
 from runtime.partition import partition_steps
-from runtime.submodel import extract
 from serving import (
     MLP,
     TRANSFORMER,
     WAIT,
     Events,
-    Gate,
     assert_same,
     count_outcomes,
     expected,
+    idle,
     poll,
 )
 
@@ -71,27 +71,18 @@ def toy_expected(feeds: dict) -> np.ndarray:
     return -np.maximum(feeds["x"], 0)
 
 
-def replace_function(host: HostManager, network: str, part, wrap) -> None:
-    """Swap one partition's loaded function for `wrap(fresh compiled function)`, through the
-    DeviceManager's public evict/load_function; the byte account stays as it was."""
-    key = f"{network}/{part.name}"
-    [manager] = [m for m in host.devices.values() if key in m.keys]
-    graph = host.graph(network)
-    inner = compiler(manager.config.backend)(extract(graph, part), manager.config, 0.0)
-    freed = manager.evict(key)
-    assert freed == part.weight_bytes + part.activation_bytes
-    manager.load_function(key, wrap(inner), part.weight_bytes, part.activation_bytes)
+def faked(spec: str, **kw) -> HostManager:
+    """A host on fake devices with the figures of `spec`: real values, injectable faults."""
+    return HostManager(parse_devices(spec), device_factory=FakeDevice, **kw)
 
 
 def gated_toy(max_active: int = 1, max_queue: int = 10) -> tuple[HostManager, Gate]:
     """A 2-partition toy on cpu0 -> cpu1 whose second partition waits at a gate."""
-    host = HostManager(parse_devices("cpu:2"), max_active=max_active, max_queue=max_queue)
+    host = faked("cpu:2", max_active=max_active, max_queue=max_queue)
     plan = host.add_network("toy", toy_chain(), partition=TOY_MAP)
     assert [p.device for p in plan.partitions] == ["cpu0", "cpu1"]
-    gates = []
-    replace_function(host, "toy", plan.partitions[1],
-                     lambda f: gates.append(Gate(f)) or gates[-1])
-    return host, gates[0]
+    gate = host.devices["cpu1"].gate = Gate()
+    return host, gate
 
 
 class Blocked:
@@ -242,35 +233,18 @@ def test_500_requests_from_16_threads_each_resolve_once_with_own_outputs():
         assert len(finished) == 500 and set(finished.values()) == {1}
         assert set(finished) == queued
         assert events.of("request.failed") == []
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
 
 
 # -- fault injection -------------------------------------------------------------------------
 
 
-class Flaky:
-    def __init__(self, inner, fails):
-        self.inner, self.fails = inner, fails
-        self.output_names = inner.output_names
-        self.calls = 0
-        self.lock = threading.Lock()
-
-    def run(self, feeds):
-        with self.lock:
-            self.calls += 1
-            n = self.calls
-        if self.fails(n, feeds):
-            raise ValueError(f"injected fault on call {n}")
-        return self.inner.run(feeds)
-
-
 def test_fault_on_data_fails_exactly_those_requests():
-    with HostManager(parse_devices("cpu:3"), max_queue=1000) as host:
+    with faked("cpu:3", max_queue=1000) as host:
         plan = host.add_network("t", TRANSFORMER, partition="balanced")
         first = plan.partitions[0]
         assert "tokens" in first.inputs
-        replace_function(host, "t", first, lambda f: Flaky(
-            f, lambda n, feeds: "tokens" in feeds and feeds["tokens"].flat[0] > 0))
+        host.devices[first.device].fail = lambda n, feeds: feeds["tokens"].flat[0] > 0
         rng = np.random.default_rng()
         feeds = [{"tokens": rng.standard_normal((2, 16, 64)).astype(np.float32)}
                  for _ in range(40)]
@@ -288,18 +262,18 @@ def test_fault_on_data_fails_exactly_those_requests():
         # keeps serving, on good inputs and after the fault is gone
         good = {"tokens": -np.abs(rng.standard_normal((2, 16, 64))).astype(np.float32)}
         assert_same(host.run("t", good).result(timeout=WAIT), expected(TRANSFORMER, good))
-        replace_function(host, "t", first, lambda f: f)
+        host.devices[first.device].fail = None
         bad_before = {"tokens": np.abs(rng.standard_normal((2, 16, 64))).astype(np.float32)}
         assert_same(host.run("t", bad_before).result(timeout=WAIT),
                     expected(TRANSFORMER, bad_before))
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
 
 
 def test_fault_every_third_call_on_middle_partition():
-    with HostManager(parse_devices("cpu:3")) as host:
+    with faked("cpu:3") as host:
         plan = host.add_network("t", TRANSFORMER, partition="balanced")
         middle = plan.partitions[1]
-        replace_function(host, "t", middle, lambda f: Flaky(f, lambda n, _: n % 3 == 0))
+        host.devices[middle.device].fail = lambda n, _: n % 3 == 0
         rng = np.random.default_rng()
         for i in range(1, 13):  # one at a time: request i is the middle partition's call i
             feeds = {"tokens": rng.standard_normal((2, 16, 64)).astype(np.float32)}
@@ -315,10 +289,10 @@ def test_fault_every_third_call_on_middle_partition():
 def test_failed_request_event_names_partition_and_device():
     """DESIGN.md: the first error is reported with the partition and device it came from;
     the request.failed event carries `partition` and `device` fields."""
-    with HostManager(parse_devices("cpu:3")) as host:
+    with faked("cpu:3") as host:
         plan = host.add_network("t", TRANSFORMER, partition="balanced")
         middle = plan.partitions[1]
-        replace_function(host, "t", middle, lambda f: Flaky(f, lambda n, _: True))
+        host.devices[middle.device].fail = lambda n, _: True
         events = Events(host, kinds=("request.failed",))
         feeds = {"tokens": np.zeros((1, 16, 64), np.float32)}
         assert isinstance(host.run("t", feeds).exception(timeout=WAIT), ExecutionError)
@@ -345,7 +319,7 @@ def test_queue_full():
                                    toy_expected(first.feeds))
         for f, fut in zip(feeds, queued, strict=True):
             np.testing.assert_allclose(fut.result(timeout=WAIT)["y"], toy_expected(f))
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
         host.run("toy", toy_feeds()).result(timeout=WAIT)  # room again
 
 
@@ -364,7 +338,7 @@ def test_timeout_while_queued_never_runs():
         after = toy_feeds()
         np.testing.assert_allclose(host.run("toy", after).result(timeout=WAIT)["y"],
                                    toy_expected(after))
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
         time.sleep(0.05)
         assert not events.ran(late_id)
         assert not any(e.get("request") == late_id for e in events.of("request.started"))
@@ -387,7 +361,7 @@ def test_timeout_while_running():
         after = toy_feeds()
         np.testing.assert_allclose(host.run("toy", after).result(timeout=WAIT)["y"],
                                    toy_expected(after))
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
 
 
 def test_invalid_input_dtype_and_shape_say_expected_and_given():
@@ -413,7 +387,7 @@ def test_invalid_input_dtype_and_shape_say_expected_and_given():
         with pytest.raises(InvalidInputError, match="'y'"):  # unknown beside a good one
             host.run("mlp", {"x": good, "y": good})
         assert all("\n" not in m for m in messages)
-        assert host._active == 0 and len(host._queue) == 0
+        assert idle(host)
         feeds = {"x": good + 1}
         assert_same(host.run("mlp", feeds).result(timeout=WAIT), expected(MLP, feeds))
 
@@ -538,16 +512,16 @@ def test_cancel_queued_request():
         kept = host.run("toy", kept_feeds)
         assert victim.cancel()
         assert victim.cancelled()
-        assert len(host._queue) == 1
+        assert host.stats().queued == 1
         gate.opened.set()
         blocked.future().result(timeout=WAIT)
         np.testing.assert_allclose(kept.result(timeout=WAIT)["y"], toy_expected(kept_feeds))
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
         for _ in range(5):  # accounting recovered: later requests still run
             f = toy_feeds()
             np.testing.assert_allclose(host.run("toy", f).result(timeout=WAIT)["y"],
                                        toy_expected(f))
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
         assert not events.ran(victim_id)
         assert not any(e.get("request") == victim_id for e in events.of("request.started"))
         assert gate.calls == 7
@@ -673,11 +647,10 @@ def test_add_and_remove_publish_their_events():
 
 def test_every_event_has_its_catalogue_fields_and_serialises_to_json():
     """DESIGN.md: events carry JSON-serialisable fields and serialise to JSON lines."""
-    with HostManager(parse_devices("cpu:2")) as host:
+    with faked("cpu:2") as host:
         events = Events(host)
         plan = host.add_network("m", MLP, partition="balanced")
-        replace_function(host, "m", plan.partitions[-1], lambda f: Flaky(
-            f, lambda n, _: n == 2))
+        host.devices[plan.partitions[-1].device].fail = lambda n, _: n == 2
         for _ in range(3):
             host.run("m", {"x": np.ones((1, 256), np.float32)}).exception(timeout=WAIT)
         assert poll(lambda: len(events.of("request.finished")) + len(
@@ -744,7 +717,7 @@ def test_slow_subscriber_never_delays_requests():
         slow = host.bus.subscribe(maxlen=10)  # never drained while requests run
         with_slow = _burst(host, feeds)
         assert with_slow < 2 * baseline + 0.05, (with_slow, baseline)
-        assert poll(lambda: host._active == 0)
+        assert poll(lambda: idle(host))
         lost = slow.lost
         assert lost > 300
         drained = slow.drain()
@@ -790,7 +763,7 @@ def test_2000_requests_with_cancellations_and_timeouts_end_once():
         outcomes = count_outcomes(records, MLP)
         assert outcomes["cancelled"] > 0 and outcomes["timeout"] > 0
         assert outcomes["result"] > 0
-        assert poll(lambda: host._active == 0 and len(host._queue) == 0)
+        assert poll(lambda: idle(host))
         assert poll(lambda: len(events.of("request.finished"))
                     + len(events.of("request.failed")) >= 2000)
         ended = Counter(e["request"] for e in itertools.chain(
@@ -849,14 +822,17 @@ def test_lean_path_outputs_errors_and_futures_behave_like_any_future():
         assert called == [futures[0]] and not futures[0].cancel()
         for f, fut in zip(feeds, futures, strict=True):
             assert_same(fut.result(timeout=0), expected(TRANSFORMER, f))
-        part = plan.partitions[0]
-        replace_function(host, "t", part, lambda f: Flaky(f, lambda n, feeds: n == 2))
+    with faked("cpu:1") as host:
+        [part] = host.add_network("t", TRANSFORMER).partitions
+        host.devices[part.device].fail = lambda n, _: n == 2
         outcomes = [host.run("t", f) for f in feeds[:3]]
+        assert all(f.done() for f in outcomes), "the lean path should answer at once"
         err = outcomes[1].exception(timeout=0)
         assert isinstance(err, ExecutionError) and f"t/{part.name}" in str(err)
         assert (err.partition, err.device) == (part.name, part.device)
         assert_same(outcomes[2].result(timeout=0), expected(TRANSFORMER, feeds[2]))
-        assert host._active == 0 and host._networks["t"].outstanding == 0
+        stats = host.stats()
+        assert (stats.slots_used, stats.queued, stats.outstanding) == (0, 0, {"t": 0})
 
 
 @pytest.mark.parametrize("batching", [None, {"max_batch_size": 4, "max_queue_delay_ms": 1}])
@@ -884,3 +860,25 @@ def test_an_answered_request_is_freed_without_the_garbage_collector(batching):
             assert poll(lambda: all(r() is None for r in refs)), "a request lives in a cycle"
         finally:
             gc.enable()
+
+
+# -- devices the host is given ------------------------------------------------------------------
+
+
+def test_host_takes_device_instances_attaches_its_bus_and_closes_them():
+    devices = [FakeDevice(config) for config in parse_devices("cpu:2")]
+    host = HostManager(devices)
+    with host:
+        assert list(host.devices.values()) == devices
+        assert all(d.bus is host.bus for d in devices)
+        events = Events(host, kinds=("partition.run.finished", "device.memory"))
+        plan = host.add_network("m", MLP, partition="balanced")
+        feeds = {"x": np.random.default_rng().standard_normal((2, 256)).astype(np.float32)}
+        assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
+        assert poll(lambda: len(events.of("partition.run.finished")) == len(plan.partitions))
+        assert {e["device"] for e in events.of("device.memory")} == {
+            p.device for p in plan.partitions}
+    with pytest.raises(ExecutionError, match="closed"):
+        blocking(devices[0], "anything", feeds)
+    with pytest.raises(PrismError, match="cpu0"):
+        HostManager([*parse_devices("cpu:1"), *parse_devices("cpu:1")])

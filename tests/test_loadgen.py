@@ -19,7 +19,7 @@ from app.loadgen import LoadGenerator
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
-from serving import MLP, WAIT, expected, poll
+from serving import MLP, WAIT, expected, idle, poll
 
 
 class Counting:
@@ -283,7 +283,7 @@ def test_stop_returns_within_its_bound_and_leaves_no_load_thread(mode, no_leftov
         sent = gen.stats.sent
         time.sleep(0.1)
         assert gen.stats.sent == sent
-        assert poll(lambda: host._active == 0, 5)
+        assert poll(lambda: idle(host), 5)
 
 
 def test_give_either_concurrency_or_rate():

@@ -38,13 +38,13 @@ from dags import (
 from runtime import HostManager
 from runtime.cost import link_seconds, transfer_seconds
 from runtime.devices import DeviceConfig
+from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import PartitionError
 from runtime.graph import Graph, load_graph
 from runtime.inputs import input_specs, random_feeds
 from runtime.partition import Plan, partition, partition_steps
 from runtime.partition.placement import can_run, place, read_annotations
 from runtime.partition.regions import placement_order
-from runtime.submodel import cpu_session, loadable
 
 MODES = ("memory", "balanced")
 NPU_OPS = frozenset({"Conv", "Gemm", "MatMul", "Relu", "Add"})

@@ -1,5 +1,5 @@
-"""Replication (Glow's saturateHost): whole copies of a plan on twin devices, least-busy
-routing, and the memory account when copies come and go."""
+"""Replication (Glow's saturateHost): whole replicas of a plan on twin devices, least-busy
+routing, and the memory account when replicas come and go."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from fakes import FakeDevice, Gate, relu_program
 
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.devices.backends import compiler
 from runtime.errors import PrismError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.provision import twins
-from runtime.submodel import extract
-from serving import CNN, MLP, WAIT, Gate, assert_same, expected
+from serving import CNN, MLP, WAIT, assert_same, expected
 
 
 def image(rng, batch: int = 1) -> dict:
@@ -33,8 +32,8 @@ def sims(n: int, **kw) -> list[DeviceConfig]:
     return [DeviceConfig(name=f"sim{i}", backend="sim", **kw) for i in range(n)]
 
 
-def copies_by_device(host: HostManager, network: str) -> dict[str, set[str]]:
-    """copy tag ('' for the first, '#1', ...) -> the devices holding its partitions."""
+def replicas_by_device(host: HostManager, network: str) -> dict[str, set[str]]:
+    """replica tag ('' for the first, '#1', ...) -> the devices holding its partitions."""
     out: dict[str, set[str]] = {}
     for name, manager in host.devices.items():
         for key in manager.keys:
@@ -48,28 +47,21 @@ def used(host: HostManager) -> dict[str, int]:
     return {name: m.used_bytes for name, m in host.devices.items()}
 
 
-class Filler:
-    output_names = ()
-
-    def run(self, feeds):
-        return {}
-
-
-# -- all copies serve --------------------------------------------------------------------------
+# -- all replicas serve -----------------------------------------------------------------------
 
 
 def test_four_replicas_on_four_sims_all_serve_and_share_the_load():
     # a few ms a run, so 40 concurrent requests really overlap
     with HostManager(sims(4, peak_flops=2e10, mem_bandwidth=2e8), max_queue=200) as host:
         plan = host.add_network("c", CNN, replicas=4)
-        assert host.copies("c") == 4
+        assert host.replicas("c") == 4
         assert {p.device for p in plan.partitions} == {"sim0"}
-        placed = copies_by_device(host, "c")
+        placed = replicas_by_device(host, "c")
         assert sorted(placed) == ["", "#1", "#2", "#3"]
         assert set().union(*placed.values()) == set(host.devices)
         assert all(len(d) == 1 for d in placed.values())
         rng = np.random.default_rng()
-        for _ in range(4):  # one at a time: each copy once (least recently used), warm
+        for _ in range(4):  # one at a time: each replica once (least recently used), warm
             host.run("c", image(rng)).result(timeout=WAIT)
         sub = host.bus.subscribe(maxlen=100_000, kinds=("partition.run.finished",))
         barrier = threading.Barrier(40)
@@ -91,10 +83,10 @@ def test_four_replicas_on_four_sims_all_serve_and_share_the_load():
 
 
 def test_least_busy_routing_then_least_recently_used():
-    with HostManager(parse_devices("cpu:2")) as host:
+    with HostManager(parse_devices("cpu:2"), device_factory=FakeDevice) as host:
         host.add_network("m", MLP, replicas=2)
-        assert host.copies("m") == 2
-        assert copies_by_device(host, "m") == {"": {"cpu0"}, "#1": {"cpu1"}}
+        assert host.replicas("m") == 2
+        assert replicas_by_device(host, "m") == {"": {"cpu0"}, "#1": {"cpu1"}}
         sub = host.bus.subscribe(maxlen=10_000, kinds=("partition.run.finished",))
         rng = np.random.default_rng()
         for _ in range(6):  # one at a time: every choice is a tie, so they alternate
@@ -102,19 +94,13 @@ def test_least_busy_routing_then_least_recently_used():
             assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))
         assert [e["device"] for e in sub.drain()] == ["cpu0", "cpu1"] * 3
         # hold the next request (it goes to cpu0, least recently used) at a gate
-        [part] = host.plan("m").partitions
-        key = f"m/{part.name}"
-        manager = host.devices["cpu0"]
-        inner = compiler("cpu")(extract(host.graph("m"), part), manager.config, 0.0)
-        manager.evict(key)
-        gate = Gate(inner)
-        manager.load_function(key, gate, part.weight_bytes, part.activation_bytes)
+        gate = host.devices["cpu0"].gate = Gate()
         box: list = []
         held = vector(rng)
         thread = threading.Thread(target=lambda: box.append(host.run("m", held)), daemon=True)
         thread.start()
         assert gate.entered.wait(5)
-        for _ in range(5):  # cpu0's copy has one outstanding, cpu1's none: all go to cpu1
+        for _ in range(5):  # cpu0's replica has one outstanding, cpu1's none: all go to cpu1
             f = vector(rng)
             assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))
         gate.opened.set()
@@ -123,11 +109,11 @@ def test_least_busy_routing_then_least_recently_used():
         assert [e["device"] for e in sub.drain()] == ["cpu1"] * 5 + ["cpu0"]
 
 
-def test_replicas_with_batching_serve_on_every_copy():
+def test_replicas_with_batching_serve_on_every_replica():
     with HostManager(parse_devices("cpu:2"), max_queue=500) as host:
         host.add_network("m", MLP, replicas=2,
                          batching={"max_batch_size": 8, "max_queue_delay_ms": 2})
-        assert host.copies("m") == 2
+        assert host.replicas("m") == 2
         sub = host.bus.subscribe(maxlen=100_000, kinds=("partition.run.finished",
                                                         "request.started"))
         rng = np.random.default_rng()
@@ -144,18 +130,18 @@ def test_replicas_with_batching_serve_on_every_copy():
         assert all(b == 0 for b in used(host).values())
 
 
-# -- where copies go ---------------------------------------------------------------------------
+# -- where replicas go ------------------------------------------------------------------------
 
 
-def test_saturate_on_a_mixed_host_copies_onto_twins_only():
+def test_saturate_on_a_mixed_host_places_replicas_on_twins_only():
     """The plan takes the fewest devices it fits on (one cpu; cpus come first in the
-    canonical order) and is copied onto every remaining twin group: the other cpu. The
+    canonical order) and is replicated onto every remaining twin group: the other cpu. The
     sims are no twins of a cpu, so they stay empty."""
     with HostManager(parse_devices("cpu:2,sim:2")) as host:
         plan = host.add_network("c", CNN, replicas="saturate")
         assert {p.device for p in plan.partitions} == {"cpu0"}
-        assert host.copies("c") == 2
-        placed = copies_by_device(host, "c")
+        assert host.replicas("c") == 2
+        placed = replicas_by_device(host, "c")
         assert placed == {"": {"cpu0"}, "#1": {"cpu1"}}
         configs = {n: m.config for n, m in host.devices.items()}
         assert twins(configs["cpu0"], configs["cpu1"])
@@ -169,17 +155,17 @@ def test_saturate_on_a_mixed_host_copies_onto_twins_only():
 def test_saturate_on_four_sims():
     with HostManager(sims(4)) as host:
         host.add_network("c", CNN, replicas="saturate")
-        assert host.copies("c") == 4
-        assert sorted(map(sorted, copies_by_device(host, "c").values())) == [
+        assert host.replicas("c") == 4
+        assert sorted(map(sorted, replicas_by_device(host, "c").values())) == [
             ["sim0"], ["sim1"], ["sim2"], ["sim3"]]
 
 
-def test_saturate_copies_a_two_device_plan_onto_twin_pairs():
+def test_saturate_replicates_a_two_device_plan_onto_twin_pairs():
     with HostManager(sims(4, memory_bytes=600_000)) as host:  # cnn needs two of these
         plan = host.add_network("c", CNN, replicas="saturate")
         assert len({p.device for p in plan.partitions}) == 2
-        assert host.copies("c") == 2
-        placed = copies_by_device(host, "c")
+        assert host.replicas("c") == 2
+        placed = replicas_by_device(host, "c")
         assert len(placed) == 2 and all(len(d) == 2 for d in placed.values())
         assert placed[""].isdisjoint(placed["#1"])
         rng = np.random.default_rng()
@@ -192,13 +178,13 @@ def test_saturate_copies_a_two_device_plan_onto_twin_pairs():
 
 def test_replicas_n_plans_over_one_nth_of_the_devices():
     """Documented: with replicas=N the plan is made over the first 1/N of the devices (in
-    canonical order, rounded down) and copied N-1 times onto twins. cpu:3, N=2: the plan
-    is on one cpu, one copy goes to a second, the third stays free."""
+    canonical order, rounded down) and replicated N-1 times onto twins. cpu:3, N=2: the plan
+    is on one cpu, one replica goes to a second, the third stays free."""
     with HostManager(parse_devices("cpu:3")) as host:
         plan = host.add_network("m", MLP, replicas=2)
         assert {p.device for p in plan.partitions} == {"cpu0"}
-        assert host.copies("m") == 2
-        assert copies_by_device(host, "m") == {"": {"cpu0"}, "#1": {"cpu1"}}
+        assert host.replicas("m") == 2
+        assert replicas_by_device(host, "m") == {"": {"cpu0"}, "#1": {"cpu1"}}
         assert used(host)["cpu2"] == 0
         rng = np.random.default_rng()
         sub = host.bus.subscribe(maxlen=10_000, kinds=("partition.run.finished",))
@@ -209,23 +195,23 @@ def test_replicas_n_plans_over_one_nth_of_the_devices():
 
 
 def test_two_replicas_on_a_mixed_host_with_room_for_two():
-    """cpu:2,sim:2 has room for two twin copies of cnn (one per cpu, or one per cpu+sim
+    """cpu:2,sim:2 has room for two twin replicas of cnn (one per cpu, or one per cpu+sim
     pair), so replicas=2 should load two. plan_devices takes the first half of the
     canonical order, i.e. both cpus, and then finds no twins for them."""
     with HostManager(parse_devices("cpu:2,sim:2")) as host:
         host.add_network("c", CNN, replicas=2)
-        assert host.copies("c") == 2
-        placed = copies_by_device(host, "c")
+        assert host.replicas("c") == 2
+        placed = replicas_by_device(host, "c")
         assert placed[""].isdisjoint(placed["#1"])
         configs = {n: m.config for n, m in host.devices.items()}
         assert sorted(configs[d].backend for d in placed[""]) == \
             sorted(configs[d].backend for d in placed["#1"])
 
 
-# -- removing frees every copy -------------------------------------------------------------
+# -- removing frees every replica -------------------------------------------------------------
 
 
-def test_remove_network_frees_every_byte_of_every_copy():
+def test_remove_network_frees_every_byte_of_every_replica():
     with HostManager(sims(4, peak_flops=2e11)) as host:
         before = used(host)
         assert all(b == 0 for b in before.values())
@@ -244,10 +230,10 @@ def test_remove_network_frees_every_byte_of_every_copy():
         evicted = Counter(e["device"] for e in events if e.kind == "provision.evicted")
         assert loaded == evicted == {d: 1 for d in host.devices}
         host.add_network("c", CNN, replicas=4)  # and it all fits again
-        assert host.copies("c") == 4
+        assert host.replicas("c") == 4
 
 
-# -- refusals --------------------------------------------------------------------------------
+# -- refusals ---------------------------------------------------------------------------------
 
 
 def test_more_replicas_than_devices_is_refused():
@@ -275,9 +261,9 @@ def test_a_replica_that_cannot_fit_leaves_nothing_loaded():
     config = sims(1)[0]
     graph = load_graph(CNN)
     need = sum(p.memory_bytes for p in partition(graph, [config], "balanced").partitions)
-    memory = int(need * 1.5)  # one copy fits a device, two do not
+    memory = int(need * 1.5)  # one replica fits a device, two do not
     with HostManager(sims(2, memory_bytes=memory)) as host:
-        host.devices["sim1"].load_function("filler", Filler(), weight_bytes=memory - need // 2)
+        host.devices["sim1"].load("filler", relu_program(weight_bytes=memory - need // 2))
         before = used(host)
         sub = host.bus.subscribe(maxlen=10_000, kinds=("provision.",))
         with pytest.raises(PrismError) as info:
@@ -291,7 +277,7 @@ def test_a_replica_that_cannot_fit_leaves_nothing_loaded():
         events = sub.drain()
         assert len([e for e in events if e.kind == "provision.loaded"]) == len(
             [e for e in events if e.kind == "provision.evicted"])
-        host.devices["sim1"].evict("filler")
+        host.devices["sim1"].unload("filler")
         host.add_network("c", CNN, replicas=2)  # the name is free; with room it loads
-        assert host.copies("c") == 2
-        assert copies_by_device(host, "c") == {"": {"sim0"}, "#1": {"sim1"}}
+        assert host.replicas("c") == 2
+        assert replicas_by_device(host, "c") == {"": {"sim0"}, "#1": {"sim1"}}

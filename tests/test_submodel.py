@@ -13,14 +13,15 @@ from conftest import sample_graph
 from onnx import TensorProto, helper
 
 from dags import SAMPLE_NAMES, SAMPLES_DIR
-from runtime import submodel
 from runtime.cost import graph_costs
+from runtime.devices import ort as ort_helpers
+from runtime.devices.ort import cpu_session, same_ops, supported_ir_version, supported_opset
 from runtime.devices.spec import parse_devices
 from runtime.errors import PartitionError, ProvisionError
 from runtime.graph import Graph, load_graph, subgraphs
 from runtime.partition import Partition, partition
 from runtime.partition.plan import build_plan
-from runtime.submodel import cpu_session, extract, same_ops, supported_ir_version, supported_opset
+from runtime.submodel import extract
 
 BATCH = 2
 
@@ -155,7 +156,7 @@ def test_newer_opset_is_restamped_only_when_sound(monkeypatch) -> None:
         # This onnxruntime reads onnx's newest opset: pretend it stops just before Cast's
         # last change, so one op must keep the new opset and one (Sigmoid) can drop it.
         low = onnx.defs.get_schema("Cast", newest).since_version - 1
-        monkeypatch.setattr(submodel, "supported_opset", lambda: low)
+        monkeypatch.setattr(ort_helpers, "supported_opset", lambda: low)
     for op in ("Sigmoid", "Cast"):
         graph = load_graph(tiny_model(op, newest))
         devices, names = parse_devices("cpu:1"), [n.name for n in graph.nodes]

@@ -81,7 +81,7 @@ def _missing(need: Need, devices: Sequence[DeviceConfig]) -> str:
         largest = max(kind, key=lambda d: d.memory_bytes)
         return (f"the largest {need.kind} device, {largest.name}, has "
                 f"{human_bytes(largest.memory_bytes)}")
-    return "; ".join(need.problem(d) for d in roomy[:2])
+    return "; ".join(str(need.problem(d)) for d in roomy[:2])
 
 
 def match_devices(manifest: Mapping, devices: Sequence[DeviceConfig],

@@ -32,7 +32,9 @@ from runtime.bundle.reader import (
     read_bundle,
 )
 from runtime.devices.config import DeviceConfig
-from runtime.driver import RUNS_IN_ORT, load_stage, session_options
+from runtime.devices.ort import loadable, supported_ir_version
+from runtime.devices.ort_options import session_options
+from runtime.driver import RUNS_IN_ORT, load_stage
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, load_graph
 from runtime.inputs import input_specs
@@ -40,7 +42,7 @@ from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.plan import Plan
 from runtime.partition.steps import Step
 from runtime.planning import plan_network
-from runtime.submodel import extract, loadable, supported_ir_version
+from runtime.submodel import extract
 from runtime.versions import versions
 
 # Initializers this size and up go to weights.bin; smaller ones (shape vectors, axes)
@@ -180,6 +182,7 @@ def _write_zip(path: str, members: list[tuple[str, bytes]], weights: bytes) -> N
         for name, data in members:
             archive.writestr(_member(name), data)
         info = _member(WEIGHTS)
+        assert archive.fp is not None  # open for writing
         start = archive.fp.tell() + 30 + len(WEIGHTS) + 4
         pad = -start % ALIGN
         info.extra = struct.pack("<HH", 0xD935, pad) + bytes(pad)
@@ -267,15 +270,13 @@ def compile_bundle(model: str | Path | onnx.ModelProto | Graph,
     config = BatchingConfig.of(batching)
     if config is not None:
         check_batchable(graph)
-    steps: list[Step] = []
 
     def seen(step: Step) -> None:
-        steps.append(step)
         if step.index % 64 == 0:
             report("partitioning", step.index, 0)
 
-    plan = plan_network(graph, devices, partition, annotations=annotations,
-                        fallback=fallback, replicas=replicas, on_step=seen)
+    steps, plan = plan_network(graph, devices, partition, annotations=annotations,
+                               fallback=fallback, replicas=replicas, on_step=seen)
     options = {"replicas": replicas,
                "batching": None if config is None else {
                    "max_batch_size": config.max_batch_size,

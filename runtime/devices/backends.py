@@ -1,8 +1,9 @@
-"""Backend registry: backend name -> compiler and supported-op list.
+"""Backend registry: backend name -> how to open a device of it, and which ops it runs.
 
 Each backend module registers itself on import (like onnx.reference's op registry);
-`compiler` and `supported_ops` import the backend modules on first use, so importing
-this module stays cheap and free of cycles.
+`open_device` and `supported_ops` import the backend modules on first use, so importing
+this module stays cheap and free of cycles. A backend registers a device factory, so a
+backend whose devices live elsewhere (another process) needs no change to the host.
 """
 
 from __future__ import annotations
@@ -11,27 +12,19 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import onnx
 
 from runtime.devices.config import BACKENDS, DeviceConfig
+from runtime.devices.device import Device
 from runtime.errors import ProvisionError
 
 if TYPE_CHECKING:
     from runtime.graph import Graph, Node
 
 
-class Function(Protocol):
-    """A model compiled for one device: `run` returns every output, by name."""
-
-    output_names: tuple[str, ...]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
-
-
-Compiler = Callable[[onnx.ModelProto, DeviceConfig, float], Function]
+DeviceFactory = Callable[[DeviceConfig, Any], Device]  # (config, event bus) -> a device
 OpsLister = Callable[[], frozenset[str] | None]
 # (node, its graph) -> None if the backend can run the node there, else why not
 Acceptor = Callable[["Node", "Graph"], str | None]
@@ -40,7 +33,7 @@ Acceptor = Callable[["Node", "Graph"], str | None]
 @dataclass(frozen=True)
 class Backend:
     name: str
-    compile: Compiler
+    device: DeviceFactory
     ops: OpsLister
     accepts: Acceptor | None = None
 
@@ -48,9 +41,9 @@ class Backend:
 _REGISTRY: dict[str, Backend] = {}
 
 
-def register(name: str, compile: Compiler, ops: OpsLister,
+def register(name: str, device: DeviceFactory, ops: OpsLister,
              accepts: Acceptor | None = None) -> None:
-    _REGISTRY[name] = Backend(name, compile, ops, accepts)
+    _REGISTRY[name] = Backend(name, device, ops, accepts)
 
 
 def _backend(name: str) -> Backend:
@@ -61,8 +54,9 @@ def _backend(name: str) -> Backend:
     return _REGISTRY[name]
 
 
-def compiler(name: str) -> Compiler:
-    return _backend(name).compile
+def open_device(config: DeviceConfig, bus: Any = None) -> Device:
+    """A device for `config`, of its backend's kind, publishing on `bus`."""
+    return _backend(config.backend).device(config, bus)
 
 
 @functools.cache
@@ -95,6 +89,13 @@ def node_problem(name: str, node: Node, graph: Graph) -> str | None:
     return None if accepts is None else accepts(node, graph)
 
 
+def defines_function(schema: onnx.defs.OpSchema) -> bool:
+    """Is the op defined as a function of other ops (in any context)? (Read by name: the
+    attributes are missing from onnx's type stubs.)"""
+    return bool(getattr(schema, "has_function", False)
+                or getattr(schema, "has_context_dependent_function", False))
+
+
 def schema_function_ops(max_opset: int | None = None) -> frozenset[str]:
     """Default-domain ops that onnx defines as a function of other ops.
 
@@ -103,9 +104,7 @@ def schema_function_ops(max_opset: int | None = None) -> frozenset[str]:
     """
     out = set()
     for schema in onnx.defs.get_all_schemas_with_history():
-        if schema.domain not in ("", "ai.onnx"):
-            continue
-        if not (schema.has_function or schema.has_context_dependent_function):
+        if schema.domain not in ("", "ai.onnx") or not defines_function(schema):
             continue
         if max_opset is None or schema.since_version <= max_opset:
             out.add(schema.name)

@@ -37,19 +37,20 @@ _DEFAULTS: dict[str, tuple[float, float, float, float, float, int]] = {
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """One device. Figures left as None take the backend's defaults."""
+    """One device. Figures left as None take the backend's defaults, so once built every
+    figure is set (hence typed without None; the ignores are for the defaults alone)."""
 
     name: str
     backend: str = "cpu"
-    memory_bytes: int | None = None
+    memory_bytes: int = None  # type: ignore[assignment]
     threads: int = 1
-    peak_flops: float | None = None
-    mem_bandwidth: float | None = None
-    link_bandwidth: float | None = None
+    peak_flops: float = None  # type: ignore[assignment]
+    mem_bandwidth: float = None  # type: ignore[assignment]
+    link_bandwidth: float = None  # type: ignore[assignment]
     supported_ops: frozenset[str] | None = None
-    launch_seconds: float | None = None
-    link_latency: float | None = None
-    int8_ops: float | None = None  # peak int8 ops/s (default: INT8_SPEEDUP x peak_flops)
+    launch_seconds: float = None  # type: ignore[assignment]
+    link_latency: float = None  # type: ignore[assignment]
+    int8_ops: float = None  # type: ignore[assignment]  # peak int8 ops/s; default: see below
     precisions: frozenset[str] | None = None  # what it computes in (None: float and int8)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 

@@ -1,15 +1,18 @@
-"""`cpu` backend: one onnxruntime CPU session per loaded function, built once at compile."""
+"""`cpu` backend: one onnxruntime CPU session per loaded program, built once at load."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
+from runtime.devices.device import Program
+from runtime.devices.manager import DeviceManager
+from runtime.devices.ort import cpu_session
 from runtime.errors import ProvisionError
-from runtime.submodel import cpu_session
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -31,15 +34,19 @@ class OrtFunction:
         return dict(zip(self.output_names, outputs, strict=True))
 
 
-def ort_function(model: onnx.ModelProto, config: DeviceConfig, threads: int) -> OrtFunction:
+def ort_function(program: Program, config: DeviceConfig, threads: int) -> OrtFunction:
     try:
-        return OrtFunction(cpu_session(model, threads))
+        return OrtFunction(cpu_session(program.model, threads))
     except ProvisionError as exc:
         raise ProvisionError(f"{config.name}: {exc}") from exc.__cause__
 
 
-def compile_cpu(model: onnx.ModelProto, config: DeviceConfig, est_seconds: float) -> OrtFunction:
-    return ort_function(model, config, config.threads)
+def compile_cpu(program: Program, config: DeviceConfig) -> OrtFunction:
+    return ort_function(program, config, config.threads)
+
+
+def cpu_device(config: DeviceConfig, bus: Any = None) -> DeviceManager:
+    return DeviceManager(config, compile_cpu, bus)
 
 
 def cpu_ops() -> frozenset[str] | None:
@@ -64,4 +71,4 @@ def cpu_accepts(node, graph) -> str | None:
     return ort_problem(node, graph)
 
 
-register("cpu", compile_cpu, cpu_ops, cpu_accepts)
+register("cpu", cpu_device, cpu_ops, cpu_accepts)

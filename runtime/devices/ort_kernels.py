@@ -1,9 +1,9 @@
 """Can onnxruntime's CPU provider run this node, in this model? Asked before placement.
 
 A node runs on onnxruntime when, after the sub-model is re-stamped to an opset the
-installed onnxruntime reads (`runtime.submodel.loadable`), a CPU kernel is registered for
-its op at the version the model's opset selects and for the types its tensors have (or
-the op is a function onnxruntime inlines), every tensor it exchanges with the rest of the
+installed onnxruntime reads (`devices.ort.loadable`), a CPU kernel is registered for its
+op at the version the model's opset selects and for the types its tensors have (or the
+op is a function onnxruntime inlines), every tensor it exchanges with the rest of the
 plan has a dtype onnxruntime's Python API can take, and a session of the node alone
 loads (probed once per node kind and types; that finds attributes onnxruntime's schemas
 lack and kernels that fail at initialisation). Model-local functions are checked node by
@@ -13,13 +13,15 @@ node, as are the bodies of If, Loop and Scan.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from runtime.devices import ort as accepted  # by module: tests can narrow what it accepts
+from runtime.devices.backends import defines_function
 from runtime.graph import DEFAULT_DOMAINS, Graph, Node, subgraphs
 
 _CONSTANTS = frozenset({"Constant"})  # folded into initializers at load; no kernel needed
@@ -94,7 +96,8 @@ def _schema(op: str, version: int, domain: str) -> onnx.defs.OpSchema | None:
         return None
 
 
-def _formal(params: list, i: int):
+def _formal(params: Sequence[onnx.defs.OpSchema.FormalParameter], i: int
+            ) -> onnx.defs.OpSchema.FormalParameter | None:
     if i < len(params):
         return params[i]
     if params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
@@ -110,7 +113,7 @@ def _types_fit(kernel: Kernel, schema: onnx.defs.OpSchema, node: onnx.NodeProto,
             allowed = kernel.types.get(formal.type_str) if formal is not None else None
             kind = types.get(name) if allowed is not None else None
             text = type_string(kind) if kind is not None else None
-            if text is not None and text not in allowed:
+            if allowed is not None and text is not None and text not in allowed:
                 return False
     return True
 
@@ -124,10 +127,8 @@ class _Check:
     """The checks for one model: its opsets, declared types and local functions."""
 
     def __init__(self, graph: Graph):
-        from runtime.submodel import supported_ir_version, supported_opset
-
-        self.ir = supported_ir_version()
-        self.low = supported_opset()
+        self.ir = accepted.supported_ir_version()
+        self.low = accepted.supported_opset()
         self.opsets = {("" if d in DEFAULT_DOMAINS else d): v for d, v in graph.opsets.items()}
         self.types = graph.types
         self.functions = {(f.domain, f.name): f for f in graph.model.functions}
@@ -179,8 +180,7 @@ class _Check:
             if schema is None or any(_types_fit(k, schema, proto, types) for k in kernels):
                 return None
             return f"onnxruntime has no CPU kernel for {op}({since}) on {_type_list(proto, types)}"
-        if domain == "" and schema is not None and (
-                schema.has_function or schema.has_context_dependent_function):
+        if domain == "" and schema is not None and defines_function(schema):
             return None  # inlined by onnxruntime; the probe tells whether that works
         return f"onnxruntime has no CPU kernel for {op}({since})"
 
@@ -220,8 +220,6 @@ def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
                 opsets: tuple[tuple[str, int], ...], ir: int) -> str | None:
     import onnxruntime as ort
 
-    from runtime.submodel import session_options
-
     proto = onnx.NodeProto.FromString(node)
     graph = helper.make_graph([proto], "probe", [onnx.ValueInfoProto.FromString(b) for b in ins],
                               [onnx.ValueInfoProto.FromString(b) for b in outs])
@@ -229,7 +227,7 @@ def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
                                                     for d, v in opsets])
     model.ir_version = ir
     try:
-        ort.InferenceSession(model.SerializeToString(), session_options(1),
+        ort.InferenceSession(model.SerializeToString(), accepted.session_options(1),
                              providers=["CPUExecutionProvider"])
     except Exception as exc:
         text = str(exc).replace("[ONNXRuntimeError] :", "").strip()
@@ -253,7 +251,8 @@ def _elem(types: Mapping[str, onnx.TypeProto], name: str) -> int:
 
 def _per_channel_zero_point(node: onnx.NodeProto, types) -> str | None:
     shape = _static_shape(types, node.input[3]) if len(node.input) > 3 else None
-    if shape and all(d is not None for d in shape) and int(np.prod(shape)) > 1:
+    known = [d for d in shape or () if d is not None]
+    if shape and len(known) == len(shape) and int(np.prod(known)) > 1:
         return "onnxruntime's ConvInteger takes a per-tensor weight zero point only"
     return None
 

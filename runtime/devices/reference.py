@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import Any
 
 import numpy as np
 import onnx
@@ -11,6 +12,8 @@ from onnx.reference import ReferenceEvaluator
 
 from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
+from runtime.devices.device import Program
+from runtime.devices.manager import DeviceManager
 from runtime.errors import ProvisionError, first_line
 
 
@@ -25,20 +28,23 @@ class ReferenceFunction:
                 for name, value in zip(self.output_names, results, strict=True)}
 
 
-def _value(value: object) -> object:
+def _value(value: object) -> Any:
     """Scalars as 0-d arrays; sequences (lists), maps and empty optionals (None) as they are."""
     if value is None or isinstance(value, np.ndarray | list | tuple | dict):
         return value
     return np.asarray(value)
 
 
-def compile_reference(model: onnx.ModelProto, config: DeviceConfig,
-                      est_seconds: float) -> ReferenceFunction:
+def compile_reference(program: Program, config: DeviceConfig) -> ReferenceFunction:
     try:
-        return ReferenceFunction(ReferenceEvaluator(model))
+        return ReferenceFunction(ReferenceEvaluator(onnx.load_from_string(program.model)))
     except Exception as exc:
         raise ProvisionError(f"{config.name}: the reference evaluator cannot load "
-                             f"{model.graph.name or 'model'}: {first_line(exc)}") from exc
+                             f"{program.name or 'model'}: {first_line(exc)}") from exc
+
+
+def reference_device(config: DeviceConfig, bus: Any = None) -> DeviceManager:
+    return DeviceManager(config, compile_reference, bus)
 
 
 def reference_ops() -> frozenset[str] | None:
@@ -86,4 +92,4 @@ def reference_accepts(node, graph) -> str | None:
     return f"the reference evaluator has no {node.domain}.{node.op_type}"
 
 
-register("reference", compile_reference, reference_ops, reference_accepts)
+register("reference", reference_device, reference_ops, reference_accepts)

@@ -1,23 +1,24 @@
 """`sim` backend: a modelled accelerator.
 
-Real values come from a 1-thread onnxruntime CPU session. The function reports its
-modelled time (compute plus incoming copies) as `modelled_seconds`, and the device's
-manager holds the device on the device's own timeline: a run starts when it has
-arrived and the device is free, like a command queue, and ends that long after. So
-many simulated devices share a small host and still keep time, and the host's Python
-bookkeeping between runs does not count as device time.
+Real values come from a 1-thread onnxruntime CPU session. The device keeps its own
+timeline: a run starts when it has arrived and the device is free, like a command queue,
+and ends the program's modelled time (compute plus its ends of the copies) later; the
+device is held until then. So many simulated devices share a small host and still keep
+time, and the host's Python bookkeeping between runs does not count as device time.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
-import onnx
 
 from runtime.devices.backends import register
 from runtime.devices.config import DeviceConfig
-from runtime.devices.cpu import OrtFunction, ort_function
+from runtime.devices.cpu import ort_function
+from runtime.devices.device import Outputs, Program
+from runtime.devices.manager import DeviceManager, Function
 
 SPIN_SECONDS = 2e-4  # time.sleep overshoots by ~50-100 us; spin the tail on perf_counter
 
@@ -28,17 +29,30 @@ def hold_until(deadline: float) -> None:
         time.sleep(left - SPIN_SECONDS if left > SPIN_SECONDS else 0)
 
 
-class SimFunction:
-    def __init__(self, inner: OrtFunction, est_seconds: float):
-        self.inner, self.modelled_seconds = inner, max(0.0, est_seconds)
-        self.output_names = inner.output_names
+class SimDevice(DeviceManager):
+    def __init__(self, config: DeviceConfig, bus: Any = None):
+        super().__init__(config, lambda program, cfg: ort_function(program, cfg, threads=1),
+                         bus)
+        self._seconds: dict[str, float] = {}  # key -> modelled seconds of one run
+        self._free_at = 0.0  # when the last run ends on the device's timeline
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.inner.run(feeds)
+    def _install(self, key: str, program: Program) -> None:
+        super()._install(key, program)
+        self._seconds[key] = max(0.0, program.est_seconds)
+
+    def _uninstall(self, key: str) -> None:
+        super()._uninstall(key)
+        self._seconds.pop(key, None)
+
+    def _invoke(self, key: str, function: Function, feeds: dict[str, np.ndarray],
+                arrived: float) -> Outputs:
+        outputs = function.run(feeds)
+        end_at = max(arrived, self._free_at) + self._seconds.get(key, 0.0)
+        # Waking late is the host's lag, not device time: the next run may start at
+        # end_at. Only real compute past end_at moves the device on.
+        self._free_at = max(end_at, time.perf_counter())
+        hold_until(end_at)
+        return outputs
 
 
-def compile_sim(model: onnx.ModelProto, config: DeviceConfig, est_seconds: float) -> SimFunction:
-    return SimFunction(ort_function(model, config, threads=1), est_seconds)
-
-
-register("sim", compile_sim, lambda: None)
+register("sim", SimDevice, lambda: None)

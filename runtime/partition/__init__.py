@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from runtime.cost import graph_costs
@@ -15,7 +17,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.balanced import balanced_mode
-from runtime.partition.greedy import memory_mode
+from runtime.partition.greedy import Split, memory_mode
 from runtime.partition.order import choose_order, model_order
 from runtime.partition.pairs import keep_pairs
 from runtime.partition.placement import Annotations, Placement, place, read_annotations
@@ -68,7 +70,10 @@ def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> Non
                              f"{human_bytes(largest.memory_bytes)}")
 
 
-def _attempt(run) -> tuple[list[Step], object] | PartitionError:
+Attempt = tuple[list[Step], Split] | PartitionError
+
+
+def _attempt(run: Callable[[Recorder], Steps[Split]]) -> Attempt:
     """Run a mode to the end on a recorder of its own: (steps, result), or the error."""
     steps: list[Step] = []
     try:
@@ -106,7 +111,7 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             if len(placement.allowed[node.name]) == 1:
                 pins.setdefault(next(iter(placement.allowed[node.name])), []).append(i)
         ordered = canonical_devices(devices, {d: tuple(v) for d, v in pins.items()})
-        options = []
+        options: list[tuple[list[str], str, Segments, Attempt]] = []
         order, why = choose_order(graph)
         yield rec.step("order", why, nodes=tuple(order))
         seg = Segments(graph, costs, order, placement.allowed)
@@ -123,25 +128,26 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             for style in ("memory", "stay") if mode == "memory" else ("balanced", "memory",
                                                                       "stay"):
                 options.append((alike, why, regional, _attempt(
-                    lambda r, style=style: region_split(regional, ordered, style, r))))
+                    partial(region_split, regional, ordered, style))))
+        first = options[0][3]
         done = [(o, w, sg, r) for o, w, sg, r in options if not isinstance(r, PartitionError)]
-        if not done:
-            raise options[0][3]
-        scored = []
+        if isinstance(first, PartitionError) and not done:
+            raise first
+        scored, rejected = [], []
         for along, why, sg, (steps, split) in done:
             groups = [(f"p{i}", d.name, sg.order[a:b]) for i, (a, b, d) in enumerate(split)]
             try:
                 trial = build_plan(graph, costs, devices, groups, mode=mode, order=along)
                 validate_plan(trial, graph, placement.allowed)
             except PartitionError as exc:
-                options.append((along, why, sg, exc))
+                rejected.append(exc)
                 continue
             moved = sum(t.bytes for t in trial.transfers)
             key = (len(trial.partitions), moved, trial.bottleneck_seconds) if mode == "memory" \
                 else (trial.bottleneck_seconds, len(trial.partitions), moved)
             scored.append((key, along, why, steps, trial))
         if not scored:
-            raise options[0][3] if isinstance(options[0][3], PartitionError) else options[-1][3]
+            raise first if isinstance(first, PartitionError) else rejected[-1]
         _, chosen, why, steps, plan = min(scored, key=lambda s: s[0])
         if chosen != order:
             order = chosen
@@ -150,9 +156,10 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
     plan, notes = yield from keep_pairs(graph, costs, devices, plan, placement.allowed, rec,
                                         move=mode != "user")
-    plan.reasons = _explained(placement, plan, mode)
-    for node, note in notes.items():
-        plan.reasons[node] += f"; {note}"
+    reasons = _explained(placement, plan, mode)
+    for name, note in notes.items():
+        reasons[name] += f"; {note}"
+    plan = replace(plan, reasons=reasons)
     yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
                    f"{human_seconds(plan.bottleneck_seconds)}")
     return plan

@@ -29,13 +29,34 @@ excluded) that a partition on the device reads or writes gets one entry per devi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition.liveness import live_intervals
-from runtime.partition.plan import Plan
+
+
+class Placed(Protocol):
+    """What a memory plan reads of a partition (plan.py builds on this module, so it
+    names the shape rather than import `Partition`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+
+
+class PlanLike(Protocol):
+    @property
+    def partitions(self) -> Sequence[Placed]: ...
+    @property
+    def devices(self) -> Sequence[DeviceConfig]: ...
 
 
 @dataclass(frozen=True)
@@ -147,14 +168,14 @@ def _peak(spans: dict[str, tuple[int, int, int]], steps: int) -> int:
     return int(np.cumsum(diff).max())
 
 
-def _timeline(plan: Plan, graph: Graph, device: str):
+def _timeline(partitions: Sequence[Placed], graph: Graph, device: str):
     """The device's partitions end to end: tensor -> (size, first, last step), the
     partitions holding each tensor, each partition's steps, and the number of steps."""
     spans: dict[str, list[int]] = {}  # tensor -> [start, end]
     holders: dict[str, list[str]] = {}
     bounds: dict[str, tuple[int, int]] = {}
     base = 0
-    for part in plan.partitions:
+    for part in partitions:
         if part.device != device or not part.nodes:
             continue
         nodes = [graph.node(n) for n in part.nodes]
@@ -169,18 +190,18 @@ def _timeline(plan: Plan, graph: Graph, device: str):
     return sized, holders, bounds, base
 
 
-def device_peak_bytes(plan: Plan, graph: Graph, device: str) -> int:
+def device_peak_bytes(partitions: Sequence[Placed], graph: Graph, device: str) -> int:
     """The most activation bytes live at once on the device (no offsets computed)."""
-    sized, _, _, steps = _timeline(plan, graph, device)
+    sized, _, _, steps = _timeline(partitions, graph, device)
     return _peak(sized, steps)
 
 
-def device_memory_plan(plan: Plan, graph: Graph, device: str, *, alignment: int = 1
+def device_memory_plan(plan: PlanLike, graph: Graph, device: str, *, alignment: int = 1
                        ) -> DeviceMemoryPlan:
     """The memory plan of one device (see the module's docstring)."""
     if alignment < 1:
         raise ValueError(f"alignment must be >= 1, got {alignment}")
-    sized, holders, bounds, base = _timeline(plan, graph, device)
+    sized, holders, bounds, base = _timeline(plan.partitions, graph, device)
     offsets = _assign_offsets(sized, alignment)
     blocks = sorted({(offsets[t], sized[t][0]) for t in sized})
     storage = {block: i for i, block in enumerate(blocks)}
@@ -194,7 +215,7 @@ def device_memory_plan(plan: Plan, graph: Graph, device: str, *, alignment: int 
                             arena_bytes=arena, steps=base, partition_steps=bounds)
 
 
-def memory_plans(plan: Plan, graph: Graph, *, alignment: int = 1
+def memory_plans(plan: PlanLike, graph: Graph, *, alignment: int = 1
                  ) -> dict[str, DeviceMemoryPlan]:
     """device name -> its memory plan, for every device in the plan (idle ones empty)."""
     return {d.name: device_memory_plan(plan, graph, d.name, alignment=alignment)

@@ -13,6 +13,7 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runtime.devices.backends import checks_nodes, node_problem, supported_ops
 from runtime.devices.config import BACKENDS, DeviceConfig
@@ -37,6 +38,7 @@ class Annotations:
 def read_annotations(source: str | Path | Mapping | Annotations | None,
                      fallback: str | None = None) -> Annotations:
     """From a dict or TOML file: `fallback = "cpu0"`, `[nodes]`, `[ops]` tables."""
+    table: dict[str, Any]
     if isinstance(source, Annotations):
         table = {"nodes": source.nodes, "ops": source.ops, "fallback": source.fallback}
     elif source is None:
@@ -145,7 +147,7 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
         able = [d for d in wanted if d in capable[node.name]]
         if not able:
             # what stops the wanted devices, whatever order they were listed in
-            problem = "; ".join(sorted({problems[node.name][d] for d in wanted}))
+            problem = "; ".join(sorted({problems[node.name][d] or "" for d in wanted}))
             fallback = notes.fallback
             if fallback is not None and fallback in capable[node.name]:
                 able, why = [fallback], (f"unsupported on {asked} -> fallback {fallback} "

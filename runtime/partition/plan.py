@@ -14,6 +14,7 @@ from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.dot import Outline, plan_dot, scheme_inks
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
+from runtime.partition.memory_plan import device_peak_bytes
 from runtime.precision import node_precisions
 
 
@@ -57,8 +58,11 @@ class Transfer:
     dst_partitions: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """Complete when built: nothing changes a plan after `build_plan` (a plan with other
+    reasons is another plan, `dataclasses.replace`)."""
+
     network: str
     mode: str
     devices: list[DeviceConfig]
@@ -149,10 +153,10 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
                 readers = [home[c] for c in graph.consumers.get(t, ()) if home[c] != pname]
                 size = graph.tensor_bytes(t)
                 away = dict.fromkeys(device_of[r] for r in readers if device_of[r] != src.name)
-                for dev in away:
-                    dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dev))
-                    dst = by_device[dev]
-                    transfers.append(Transfer(t, src.name, dev, size,
+                for dname in away:
+                    dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dname))
+                    dst = by_device[dname]
+                    transfers.append(Transfer(t, src.name, dname, size,
                                               transfer_seconds(size, src, dst), pname, dsts))
                     incoming[min(dsts, key=topo.index)] += link_seconds(size, dst)
                 if away:
@@ -181,11 +185,8 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
     busy = dict.fromkeys((d.name for d in devices), 0.0)
     for p in partitions:
         busy[p.device] += p.stage_seconds
-    plan = Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
+    arenas = {d: device_peak_bytes(partitions, graph, d) for d in {p.device for p in partitions}}
+    return Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),
                 device_seconds=busy, order=tuple(order), reasons=dict(reasons or {}),
-                precisions=dict(node_precisions(graph)))
-    from runtime.partition.memory_plan import device_peak_bytes  # it reads plans
-
-    plan.arenas = {d: device_peak_bytes(plan, graph, d) for d in {p.device for p in partitions}}
-    return plan
+                arenas=arenas, precisions=dict(node_precisions(graph)))

@@ -23,7 +23,7 @@ Consecutive regions on one device form one partition; a device may hold several.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from runtime.cost import link_seconds, send_seconds
@@ -57,6 +57,7 @@ def placement_order(graph: Graph, allowed: Mapping[str, frozenset[str]]) -> list
 
 def _regions(seg: Segments) -> list[tuple[int, int, frozenset[str]]]:
     out: list[tuple[int, int, frozenset[str]]] = []
+    assert seg.allowed is not None, "regions follow placement's allowed devices"
     for i, name in enumerate(seg.order):
         allowed = seg.allowed[name]
         if out and out[-1][2] == allowed:
@@ -172,8 +173,10 @@ def _longest_run(state: _Devices, regions: list[Region], i: int,
     return min(options, key=lambda o: o[0])[1:] if options else None
 
 
-STYLES = {"balanced": partial(_one_region, stay=False), "memory": _longest_run,
-          "stay": partial(_one_region, stay=True)}
+Chooser = Callable[[_Devices, list[Region], int, Sequence[DeviceConfig], DeviceConfig | None],
+                   tuple[DeviceConfig, int] | None]
+STYLES: dict[str, Chooser] = {"balanced": partial(_one_region, stay=False),
+                              "memory": _longest_run, "stay": partial(_one_region, stay=True)}
 
 
 def region_split(seg: Segments, devices: Sequence[DeviceConfig], style: str, rec: Recorder
@@ -196,10 +199,10 @@ def region_split(seg: Segments, devices: Sequence[DeviceConfig], style: str, rec
         if dev is not last:  # open a partition, empty until its first region is taken
             split.append((regions[i][0], regions[i][0], dev))
             p = len(split) - 1
-            allowed = ", ".join(sorted(regions[i][2]))
-            why = (f"of {allowed}, it can take the most regions from here ({end - i}, through "
+            names = ", ".join(sorted(regions[i][2]))
+            why = (f"of {names}, it can take the most regions from here ({end - i}, through "
                    f"{seg.order[regions[end - 1][1] - 1]})" if style == "memory" else
-                   f"next nodes may run only on {allowed}")
+                   f"next nodes may run only on {names}")
             yield rec.step("open", f"open partition {p} on {dev.name}: {why}", p, dev.name)
         p = len(split) - 1
         for a, b, _ in regions[i:end]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-STEP_KINDS = ("place", "order", "open", "assign", "close", "move", "merge", "skip", "split",
+STEP_KINDS = ("place", "order", "open", "assign", "close", "move", "skip", "split",
               "planned")  # split: a boundary left between a quantize/dequantize node and its op
 
 
@@ -38,9 +38,11 @@ def replay(steps: Iterable[Step]) -> Replay:
     for step in steps:
         if step.kind == "order":
             state.order = step.nodes
-        elif step.kind == "open":
+        elif step.partition is None:
+            continue
+        elif step.kind == "open" and step.device is not None:
             state.devices[step.partition] = step.device
-        elif step.kind in ("assign", "move", "merge"):
+        elif step.kind in ("assign", "move"):
             for node in step.nodes:
                 state.assignment[node] = step.partition
     return state

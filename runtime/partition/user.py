@@ -63,7 +63,7 @@ def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, o
         yield rec.step("open", f"open partition {part} on {dev} (from the map)", index[part],
                        dev)
     for n in order:
-        part = nodes.get(n, default)
+        part = nodes[n] if n in nodes else str(default)  # checked above: a default exists
         members[part].append(n)
         why = "mapped" if n in nodes else f"unmapped, default {default}"
         yield rec.step("assign", f"{n} -> {part} ({why})", index[part], parts[part], (n,))

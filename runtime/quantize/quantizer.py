@@ -199,7 +199,7 @@ class Calibrated:
     prepared: onnx.ModelProto
     profile_path: Path
     tensors: int
-    _tmp: tempfile.TemporaryDirectory = field(repr=False, default=None)
+    _tmp: tempfile.TemporaryDirectory | None = field(repr=False, default=None)
 
     def quantize(self, options: QuantizeOptions = DEFAULTS) -> onnx.ModelProto:
         return quantize(self.prepared, self.profile_path, options)

@@ -54,8 +54,10 @@ METRICS: dict[str, Metric] = {"top1": top1, "max-rel": max_rel}
 
 def _is_classifier(graph: Graph) -> bool:
     info = graph.tensors.get(graph.outputs[0])
-    dims = info.dims if info else None
-    return bool(dims) and len(dims) == 2 and isinstance(dims[1], int) and dims[1] > 1 and (
+    if info is None or info.dims is None:
+        return False
+    dims = info.dims
+    return len(dims) == 2 and isinstance(dims[1], int) and dims[1] > 1 and (
         info.dtype or "").startswith("float")
 
 
@@ -72,7 +74,7 @@ def load_metric(spec: str, graph: Graph) -> tuple[str, Metric]:
     try:
         if where.endswith(".py"):
             loader = importlib.util.spec_from_file_location(Path(where).stem, where)
-            if loader is None or not Path(where).is_file():
+            if loader is None or loader.loader is None or not Path(where).is_file():
                 raise FileNotFoundError(where)
             module = importlib.util.module_from_spec(loader)
             loader.loader.exec_module(module)

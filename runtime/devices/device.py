@@ -1,0 +1,217 @@
+"""The device interface: all the host, the provisioner and the executor use of a device.
+
+    device.load("net/p0", program)           # account its bytes, then compile; or refuse
+    device.call("net/p0", feeds, tag, done)  # queue a run; done(outputs, error) once
+    device.run_now("net/p0", feeds)          # run on this thread if idle, else None
+    device.unload("net/p0"); device.stats(); device.close()
+
+An abstract base class rather than a Protocol: the memory account (weights add up,
+activations share one arena as large as the largest) and its refusal before anything is
+compiled are the same on every device, and the provisioner's rollback relies on them, so
+`load` and `unload` are written once here around two hooks (`_install`, `_uninstall`).
+What differs between devices is only how a program is compiled and kept, and how a run
+happens: `DeviceManager` (devices/manager.py) compiles in this process and runs on a
+worker thread of its own; a device in another process would ship `Program.model` (bytes)
+to its worker in `_install`, answer `call` asynchronously, and call `done` with an
+ExecutionError when the worker is lost. `run_now` is an optional fast path: the default
+declines, and the executor then queues with `call`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from runtime.devices.config import DeviceConfig
+from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from runtime.units import human_bytes
+
+log = logging.getLogger(__name__)
+
+Outputs = dict[str, np.ndarray]
+Done = Callable[[Outputs | None, ExecutionError | None], None]
+Tag = dict[str, Any]  # the fields a run's events carry (network, request, partition)
+
+
+@dataclass(frozen=True)
+class Program:
+    """What a device loads for one partition: its model as serialized ONNX (what crosses a
+    process boundary, and what an ahead-of-time bundle stores), the ops it uses (checked
+    against the device's op list before anything is compiled), and what it costs."""
+
+    model: bytes
+    ops: frozenset[str]
+    weight_bytes: int
+    activation_bytes: int
+    est_seconds: float = 0.0  # one run's modelled time (a `sim` device is held for it)
+    name: str = ""  # the model's graph name, for messages
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
+           est_seconds: float = 0.0) -> Program:
+        return cls(model.SerializeToString(), frozenset(n.op_type for n in model.graph.node),
+                   int(weight_bytes), int(activation_bytes), est_seconds, model.graph.name)
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """A device's own counters, read from the device (metrics.DeviceUsage is the same
+    device seen through the event stream)."""
+
+    name: str
+    backend: str
+    runs: int
+    busy_seconds: float
+    queue_length: int
+    used_bytes: int
+    total_bytes: int
+
+
+class Device(ABC):
+    """One device. Thread-safe: runs, loads and stats may come from any thread."""
+
+    def __init__(self, config: DeviceConfig, bus: Any = None):
+        self.config, self.name, self.bus = config, config.name, bus
+        self._account = threading.Lock()
+        self._weights: dict[str, int] = {}  # key -> weight bytes, loaded or loading
+        self._arenas: dict[str, int] = {}  # key -> activation bytes
+        self._loaded: dict[str, None] = {}  # keys ready to run, in load order
+        self._used = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}, {self.config.backend})"
+
+    # -- memory account ------------------------------------------------------------------
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @property
+    def free_bytes(self) -> int:
+        return self.config.memory_bytes - self._used
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """What is loaded (not what is still loading)."""
+        with self._account:
+            return tuple(self._loaded)
+
+    def load(self, key: str, program: Program) -> None:
+        """Account `program`'s bytes and compile it under `key`. Refuses before compiling:
+        ProvisionError for an op the device does not run or a key in use,
+        DeviceMemoryError (bytes needed and free) when it does not fit. A failed compile
+        leaves the account as it was."""
+        unsupported = sorted(op for op in program.ops if not self.config.can_run(op))
+        if unsupported:
+            raise ProvisionError(f"{key} uses {', '.join(unsupported)}, which {self.name} "
+                                 f"does not support")
+        weights, arena = program.weight_bytes, program.activation_bytes
+        if weights < 0 or arena < 0:
+            raise ProvisionError(f"{key}: negative byte count for {self.name}")
+        with self._account:
+            if key in self._weights:
+                raise ProvisionError(f"{key} is already loaded on {self.name}")
+            before, largest = self._used, max(self._arenas.values(), default=0)
+            self._weights[key], self._arenas[key] = weights, arena
+            if self._recount() > self.config.memory_bytes:
+                del self._weights[key], self._arenas[key]
+                self._recount()
+                raise DeviceMemoryError(
+                    f"{key} needs {human_bytes(weights + max(0, arena - largest))} on "
+                    f"{self.name}, {human_bytes(self.config.memory_bytes - before)} free of "
+                    f"{human_bytes(self.config.memory_bytes)}")
+        try:
+            self._install(key, program)
+        except BaseException:
+            with self._account:
+                del self._weights[key], self._arenas[key]
+                self._recount()
+            raise
+        with self._account:
+            self._loaded[key] = None
+        self.publish_memory()
+
+    def unload(self, key: str) -> int:
+        """Forget `key` and free its bytes; returns the bytes freed (0 if not loaded)."""
+        with self._account:
+            if key not in self._loaded:
+                return 0
+            del self._loaded[key]
+            before = self._used
+            del self._weights[key], self._arenas[key]
+            freed = before - self._recount()
+        self._uninstall(key)
+        self.publish_memory()
+        return freed
+
+    def _recount(self) -> int:
+        """Under the account lock: weights add up; activations share one arena as large
+        as the largest, since a device runs one program at a time."""
+        self._used = sum(self._weights.values()) + max(self._arenas.values(), default=0)
+        return self._used
+
+    @abstractmethod
+    def _install(self, key: str, program: Program) -> None:
+        """Compile and keep `program` (its bytes are already accounted); raise
+        ProvisionError naming the device when it cannot."""
+
+    @abstractmethod
+    def _uninstall(self, key: str) -> None:
+        """Drop what `_install` kept."""
+
+    # -- runs ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
+             ) -> None:
+        """Queue one run. `done(outputs, error)` is called exactly once, on any thread
+        (possibly this one, at once, when the device cannot take it): outputs by name, or
+        an ExecutionError naming the device. Runs on one device go in arrival order. With
+        a `tag`, the run publishes partition.run.started and partition.run.finished."""
+
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None
+                ) -> Outputs | None:
+        """Run on the caller's thread if the device is idle and this thread may (the
+        executor's fast path: a thread hand-off costs tens of microseconds), else None;
+        raises ExecutionError if the run fails. A device that cannot (another process)
+        keeps this default and always declines."""
+        return None
+
+    @abstractmethod
+    def stats(self) -> DeviceStats: ...
+
+    def _stats(self, runs: int, busy_seconds: float, queue_length: int) -> DeviceStats:
+        return DeviceStats(self.name, self.config.backend, runs, busy_seconds, queue_length,
+                           self._used, self.config.memory_bytes)
+
+    @abstractmethod
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop taking runs (later calls fail at once), fail queued ones, let the running
+        one finish within `timeout`."""
+
+    # -- events --------------------------------------------------------------------------
+
+    @property
+    def publishing(self) -> bool:
+        return self.bus is not None and bool(getattr(self.bus, "active", False))
+
+    def publish(self, kind: str, /, **fields: Any) -> None:
+        try:
+            self.bus.publish(kind, **fields)
+        except Exception:  # a broken subscriber must not stall the device
+            log.exception("event %s from %s failed to publish", kind, self.name)
+
+    def publish_memory(self) -> None:
+        """A `device.memory` event with the account as it stands (also for a recording
+        that starts after the networks were loaded)."""
+        if self.publishing:
+            self.publish("device.memory", device=self.name, used_bytes=self._used,
+                         total_bytes=self.config.memory_bytes)
