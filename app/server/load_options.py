@@ -92,6 +92,8 @@ def _config_parameters(value: Any) -> dict[str, Any]:
     gives {key: {string_value}}."""
     if not value:
         return {}
+    if isinstance(value, Mapping) and set(value) == {"key", "value"}:
+        value = [value]  # pbtxt: one entry
     pairs = value.items() if isinstance(value, Mapping) else (
         (p.get("key"), p.get("value")) for p in (value if isinstance(value, list) else [value])
         if isinstance(p, Mapping))

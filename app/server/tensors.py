@@ -193,6 +193,8 @@ def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: 
     if array.size != count:
         raise TensorError(f"input {name!r}: shape {list(shape)} holds {count} elements, "
                           f"data has {array.size}")
+    if dtype.kind == "f" and np.isnan(array).any():  # JSON has no NaN: numpy made it of null
+        raise TensorError(f"input {name!r}: data holds null")
     return array.reshape(shape)
 
 
