@@ -149,6 +149,15 @@ def test_urllib_json_binary_and_raw_requests(server):
                                rtol=1e-5, atol=1e-6)
 
 
+def test_large_requests_decode_off_the_loop_and_answer_right(server):
+    from app.server.calls import OFFLOAD_BYTES
+
+    url, state = server
+    rows = OFFLOAD_BYTES // (256 * 4) + 7  # a body past the offload threshold
+    feeds = _feeds(state, "mlp", rows)
+    _assert_same(_infer(url, "mlp", feeds), _in_process(state, "mlp", feeds))
+
+
 def test_requested_outputs_and_versioned_path(server):
     url, state = server
     feeds = _feeds(state, "cnn")

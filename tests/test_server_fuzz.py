@@ -6,54 +6,32 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import queue
 import random
-import re
 import shutil
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import urllib.parse
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.cli import main
+from app.server.runner import ServeProcess
 from dags import SAMPLES_DIR
 from servers import WAIT
 from serving import expected
 
-PRISM = Path(sys.executable).with_name("prism")
 X = np.zeros((1, 256), np.float32)
 
 
 @pytest.fixture(scope="module")
 def process(tmp_path_factory):
-    """`prism serve` on a repository holding mlp, on a free port: (host, port)."""
+    """`prism serve` on a repository holding mlp, on a free port: (process, port)."""
     root = tmp_path_factory.mktemp("repo")
     (root / "mlp" / "1").mkdir(parents=True)
     shutil.copy(SAMPLES_DIR / "mlp.onnx", root / "mlp" / "1" / "model.onnx")
     (root / "secret").mkdir()
-    proc = subprocess.Popen([str(PRISM), "serve", "--model-repository", str(root), "--devices",
-                             "cpu:1", "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True
-                     ).start()
-    found = None
-    try:
-        while found is None:
-            found = re.search(r"http://127\.0\.0\.1:(\d+)", lines.get(timeout=60))
-        yield proc, int(found.group(1))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(WAIT)
+    with ServeProcess(["--model-repository", str(root), "--devices", "cpu:1"]) as serve:
+        yield serve, int(serve.url.rsplit(":", 1)[1])
 
 
 class Client:
@@ -151,7 +129,7 @@ def _malformed(rng: random.Random) -> tuple[str, str, bytes | None, dict]:
 
 
 def test_malformed_requests_end_in_4xx_and_the_server_keeps_serving(process):
-    proc, port = process
+    serve, port = process
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     client = Client(port)
@@ -163,7 +141,7 @@ def test_malformed_requests_end_in_4xx_and_the_server_keeps_serving(process):
         assert 400 <= status < 500, (seed, i, method, path, (body or b"")[:200], payload[:300])
         message = json.loads(payload)["error"]
         assert message and "\n" not in message and "Traceback" not in message, (seed, i)
-    assert proc.poll() is None
+    assert serve.proc.poll() is None
     assert {400, 404} <= set(statuses), statuses
     x = np.random.default_rng().standard_normal((2, 256)).astype(np.float32)
     body, headers = _binary({"inputs": [{"name": "x", "shape": [2, 256], "datatype": "FP32",
@@ -179,11 +157,10 @@ def test_malformed_requests_end_in_4xx_and_the_server_keeps_serving(process):
 
 
 def test_ctrl_c_stops_the_process_cleanly(process):
-    proc, port = process
+    serve, port = process
     assert Client(port).send("GET", "/v2/health/ready")[0] == 200
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(WAIT) == 130  # the CLI's code for Ctrl-C, after a graceful shutdown
-    err = proc.stderr.read()
+    assert serve.stop() == 130  # the CLI's code for Ctrl-C, after a graceful shutdown
+    err = serve.proc.stderr.read()
     assert "interrupted" in err and "Traceback" not in err
 
 

@@ -1,15 +1,23 @@
 """Running the app under uvicorn on a socket bound here (so a taken port is a one-line
-error, and port 0 gives a free one): blocking for `prism serve`, or on a thread for
-tests and benchmarks.
+error, and port 0 gives a free one): blocking for `prism serve`, on a thread, or
+`prism serve` as a child process (the last two for tests and benchmarks).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import os
+import queue
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Sequence
+from typing import IO
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -85,3 +93,57 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(START_WAIT)
         self.sock.close()
+
+
+class ServeProcess:
+    """`prism serve ARGS --port 0` in a child process (tests, benchmarks): a context manager
+    that gives its URL once it listens, and stops it with Ctrl-C, or kills it if it does
+    not stop within START_WAIT."""
+
+    def __init__(self, args: Sequence[str], start_wait: float = 120.0, *,
+                 command: Sequence[str] | None = None):
+        command = command or [sys.executable, "-m", "app.cli", "serve", *args, "--port", "0"]
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "COLUMNS": "200"})
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
+        deadline = time.monotonic() + start_wait
+        found = None
+        while found is None:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise PrismError(f"{' '.join(command)} did not start: "
+                                 f"{self.proc.stderr.read().strip()[-300:]}")  # type: ignore[union-attr]
+            found = re.search(r"http://[\w.:\[\]]+:\d+", line)
+        self.url = found.group()
+
+    @classmethod
+    def python(cls, argv: Sequence[str]) -> ServeProcess:
+        """Any Python program that prints its URL once it listens."""
+        return cls((), command=[sys.executable, *argv])
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.proc.wait(START_WAIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(START_WAIT)
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)  # closed: the process ended
