@@ -121,35 +121,41 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
     if missing:
         raise PartitionError(f"annotations name nodes not in {graph.name}: "
                              f"{', '.join(missing[:5])}")
-    problems = {n.name: {d.name: unsupported(d, n, graph) for d in devices} for n in graph.nodes}
-    capable = {n: [d for d, why in p.items() if why is None] for n, p in problems.items()}
+    # Devices of one backend and op list answer alike: ask one of each kind, so placement
+    # stays linear in the device count (thousands of twins are one question per node).
+    kinds: dict[tuple, list[str]] = {}
+    for d in devices:
+        kinds.setdefault((d.backend, d.supported_ops), []).append(d.name)
+    kind_of = {name: key for key, names in kinds.items() for name in names}
+    sample = {key: by_name[names[0]] for key, names in kinds.items()}
+    everyone, anywhere = frozenset(by_name), f"any device ({_names(by_name)})"
     allowed, reasons = {}, {}
     for node in graph.nodes:
+        problems = {key: unsupported(d, node, graph) for key, d in sample.items()}
+        capable = [n for key, names in kinds.items() if problems[key] is None for n in names]
+        capable_set = everyone if len(capable) == len(by_name) else frozenset(capable)
         if node.name in notes.nodes:
             asked = notes.nodes[node.name]
-            wanted = _targets(asked, devices, f"for node {node.name}", node,
-                              capable[node.name])
+            wanted = _targets(asked, devices, f"for node {node.name}", node, capable)
             why = f"annotated {asked} (node)"
         elif node.op_type in notes.ops:
             asked = notes.ops[node.op_type]
-            wanted = _targets(asked, devices, f"for op {node.op_type}", node,
-                              capable[node.name])
+            wanted = _targets(asked, devices, f"for op {node.op_type}", node, capable)
             why = f"annotated {asked} (op {node.op_type})"
         else:
-            wanted, why = [d.name for d in devices], "cheapest"
-            asked = f"any device ({_names(wanted)})"
-        able = [d for d in wanted if d in capable[node.name]]
+            wanted, why, asked = list(by_name), "cheapest", anywhere
+        able = [d for d in wanted if d in capable_set]
         if not able:
             # what stops the wanted devices, whatever order they were listed in
-            problem = "; ".join(sorted({problems[node.name][d] for d in wanted}))
+            problem = "; ".join(sorted({problems[kind_of[d]] for d in wanted}))
             fallback = notes.fallback
-            if fallback is not None and fallback in capable[node.name]:
+            if fallback is not None and fallback in capable_set:
                 able, why = [fallback], (f"unsupported on {asked} -> fallback {fallback} "
                                          f"({problem})")
             else:
-                could = _names(capable[node.name]) or "none"
+                could = _names(capable) or "none"
                 raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on "
                                      f"{asked}: {problem}; devices that can: {could}")
-        allowed[node.name] = frozenset(able)
+        allowed[node.name] = everyone if len(able) == len(everyone) else frozenset(able)
         reasons[node.name] = why
     return Placement(allowed, reasons)
