@@ -17,6 +17,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper, shape_inference
 
 from runtime.errors import ModelLoadError
@@ -134,17 +135,40 @@ def read_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
         except Exception as exc:
             raise ModelLoadError(f"bytes given are not an ONNX model: {_one_line(exc)}") from None
     path = Path(source)
-    if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+    try:
+        if not path.exists():
+            raise ModelLoadError(f"model file not found: {path}")
+        if path.is_dir():
+            raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+    except OSError as exc:  # e.g. a name too long
+        raise ModelLoadError(f"cannot open model {path}: {exc.strerror or exc}") from None
     try:
         return onnx.load(str(path))
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
 
 
+def _not_text(message: Message, where: str) -> str | None:
+    """The first string field (as `graph.node[3].name`) whose bytes are not UTF-8, or None.
+    protobuf hands such a field back as bytes, not str, and onnx's checker fails on it
+    with a UnicodeDecodeError."""
+    for fd, value in message.ListFields():
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        many = not isinstance(value, str | bytes | Message)
+        for i, item in enumerate(value if many else [value]):
+            at = f"{where}.{fd.name}" + (f"[{i}]" if many else "")
+            if isinstance(item, bytes):
+                return at
+            if isinstance(item, Message) and (found := _not_text(item, at)):
+                return found
+    return None
+
+
 def _check(model: onnx.ModelProto, label: str) -> None:
+    bad = _not_text(model, "model")
+    if bad is not None:
+        raise ModelLoadError(f"{label}: {bad} is not UTF-8 text")
     if model.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(f"{label}: IR version {model.ir_version} is newer than this onnx "
                              f"reads (up to {onnx.IR_VERSION})")

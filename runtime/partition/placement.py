@@ -45,15 +45,33 @@ def read_annotations(source: str | Path | Mapping | Annotations | None,
     else:
         path = Path(source)
         try:
-            table = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise PartitionError(f"cannot read annotations {path}: {exc}") from None
+    label = "annotations" if isinstance(source, Mapping | Annotations | None) \
+        else f"annotations {source}"
     unknown = set(table) - {"nodes", "ops", "fallback"}
     if unknown:
-        raise PartitionError(f"annotations: unknown key(s) {sorted(unknown)}; "
+        raise PartitionError(f"{label}: unknown key(s) {sorted(map(str, unknown))}; "
                              f"use [nodes], [ops] and fallback")
-    return Annotations(dict(table.get("nodes") or {}), dict(table.get("ops") or {}),
-                       fallback or table.get("fallback"))
+    fallback = fallback or table.get("fallback")
+    if fallback is not None and not isinstance(fallback, str):
+        raise PartitionError(f"{label}: fallback must be a device name, got {fallback!r}")
+    return Annotations(_names_to_targets(table, "nodes", label),
+                       _names_to_targets(table, "ops", label), fallback)
+
+
+def _names_to_targets(table: Mapping, key: str, label: str) -> dict[str, str]:
+    """`[nodes]` or `[ops]`: names to device names or kinds, all strings."""
+    value = table.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise PartitionError(f"{label}: {key} must be a table of name = \"device or kind\", "
+                             f"got {type(value).__name__} {value!r:.40}")
+    for name, target in value.items():
+        if not isinstance(target, str):
+            raise PartitionError(f"{label}: {key}.{name} must name a device or kind, "
+                                 f"got {target!r:.40}")
+    return dict(value)
 
 
 def can_run(device: DeviceConfig, node: Node, graph: Graph | None = None) -> bool:
