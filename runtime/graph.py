@@ -198,6 +198,17 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
         seen.add(node.name)
 
 
+def _drop_empty_trailing_inputs(graph: onnx.GraphProto) -> None:
+    """`LayerNormalization(x, scale, "")` and `LayerNormalization(x, scale)` mean the same
+    (trailing optional inputs may be left out), but onnxruntime 1.32's optimizer crashes
+    the process on the first: every node loses its empty trailing inputs, in subgraphs too."""
+    for node in graph.node:
+        while node.input and not node.input[-1]:
+            del node.input[-1]
+        for sub in subgraphs(node):
+            _drop_empty_trailing_inputs(sub)
+
+
 def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -292,6 +303,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     label = str(source) if isinstance(source, str | Path) else "model"
     _check(model, label)
     _name_nodes(model.graph)
+    _drop_empty_trailing_inputs(model.graph)
     bindings = dict(bindings or {})
     declared = _infer(model)
     bound = _infer(_bound_model(model, bindings, default_dim))
