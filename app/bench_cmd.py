@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 from rich import box
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.loading import network_options
 from runtime.devices import parse_devices
@@ -54,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         f = figures[key]
         table.add_row(label, f"{f['requests_per_second']:.0f}", human_seconds(f["p50_seconds"]),
                       human_seconds(f["p99_seconds"]))
-    console = Console()
+    console = plain_console()
     console.print(table)
-    console.print(f"Prism / onnxruntime throughput: [bold]{figures['ratio']:.2f}x[/]")
+    console.print(Text.assemble("Prism / onnxruntime throughput: ",
+                                (f"{figures['ratio']:.2f}x", "bold")))
     return 0

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.graph import Graph, load_graph
 from runtime.partition import MODES
 
+T = TypeVar("T")
+
 
 def bindings(pairs: list[str]) -> dict[str, int]:
-    out = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if not value.isdigit():
-            raise PrismError(f"--bind takes DIM=N with N a whole number, got {pair!r}")
-        out[name] = int(value)
-    return out
+    """`--bind` pairs (checked by the parser: DIM=N, N >= 1) -> {DIM: N}."""
+    return {name: int(value) for name, _, value in (p.partition("=") for p in pairs)}
 
 
 def mode_and_map(partition: str) -> tuple[str, str | None]:
@@ -44,8 +43,27 @@ def network_options(args: argparse.Namespace) -> dict:
     mode, user_map = mode_and_map(args.partition)
     batching = None if not args.max_batch else {
         "max_batch_size": args.max_batch, "max_queue_delay_ms": args.max_delay_ms}
-    if args.replicas != "saturate" and not str(args.replicas).isdigit():
-        raise PrismError(f"--replicas takes a whole number or 'saturate', got {args.replicas!r}")
     return {"partition": user_map or mode, "bindings": bindings(args.bind),
             "annotations": args.annotate, "fallback": args.fallback, "batching": batching,
-            "replicas": args.replicas if args.replicas == "saturate" else int(args.replicas)}
+            "replicas": args.replicas}
+
+
+def output_file(path: str, flag: str) -> Path:
+    """A file a command will write, checked before any work: its folder must exist."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise PrismError(f"{flag} {path} is a folder; give a file name")
+        if not target.parent.is_dir():
+            raise PrismError(f"{flag} {path}: there is no folder {target.parent}")
+    except OSError as exc:
+        raise PrismError(f"{flag} {path}: {exc.strerror or exc}") from None
+    return target
+
+
+def writing(path: Path, flag: str, write: Callable[[], T]) -> T:
+    """`write()`, with an OSError (no permission, disk full) as a one-line error."""
+    try:
+        return write()
+    except OSError as exc:
+        raise PrismError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
+from app.console import plain_console
 from app.loading import mode_and_map
 from app.profile_cmd import load_model, progress_bar
 from runtime.devices import parse_devices
@@ -24,6 +24,7 @@ from runtime.quantize import (
     Calibrated,
     QuantizeError,
     QuantizeOptions,
+    Samples,
     calibrate,
     float_nodes_by_device,
     load_metric,
@@ -41,7 +42,7 @@ def _options(args: argparse.Namespace) -> QuantizeOptions:
                            exclude_nodes=tuple(args.exclude), exclude_ops=tuple(args.exclude_op))
 
 
-def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, object]:
+def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, Samples | None]:
     """(prepared model with its profile, held-out samples or None)."""
     if args.profile:
         if args.accuracy_budget is not None:
@@ -51,7 +52,7 @@ def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, object]:
         return Calibrated(prepare(args.model), Path(args.profile), 0), None
     graph = load_model(args.model)
     samples = read_samples(args.calibrate, graph)
-    held = None
+    held: Samples | None = None
     if args.accuracy_budget is not None:
         samples, held = samples.split(args.holdout)
     show("preparing", 0, 1)
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 options = options.excluding(keep)
                 report["float_by_device"] = keep
             if budget is not None:
+                assert held is not None  # _calibrated keeps a held-out share for a budget
                 metric = load_metric(args.metric, prepared)
                 result = search(calibrated, held, budget, metric, options,
                                 lambda done, total, what: show("accuracy search", done, total))
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict) -> None:
-    console = Console()
+    console = plain_console()
     console.print(f"{report['model']} -> {report['output']}: {report['int8_nodes']} compute "
                   f"nodes in int8, {report['float_nodes']} in float ({report['format']}, "
                   f"{report['activations']} activations, {report['weights']} weights "
