@@ -44,6 +44,11 @@ POLICIES = ("serial", "parallel", "pipelined")
 RUNS_IN_ORT = ("cpu", "sim")
 DEFAULT_TIMEOUT = 300.0  # seconds `run` waits for an answer (parallel, pipelined)
 _POLL = 0.5  # bound on each idle worker wait
+# A quantized model's float region ends in a QuantizeLinear. onnxruntime's QDQ
+# propagation copies that one above a MaxPool, which then runs on uint8 in NCHW, a
+# generic kernel 30x slower than the float one; off, a float stem keeps its float pool
+# (outputs equal either way: max commutes with quantizing). docs/architecture.md.
+SESSION_CONFIG = {"optimization.disable_specified_optimizers": "QDQPropagationTransformer"}
 
 
 def session_options(threads: int, weights: np.ndarray | None = None) -> ort.SessionOptions:
@@ -56,6 +61,8 @@ def session_options(threads: int, weights: np.ndarray | None = None) -> ort.Sess
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 4
+    for key, value in SESSION_CONFIG.items():
+        opts.add_session_config_entry(key, value)
     if weights is not None and weights.size:
         opts.add_external_initializers_from_files_in_memory([EXTERNAL_LOCATION], [weights],
                                                             [weights.size])

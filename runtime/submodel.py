@@ -16,20 +16,12 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from runtime.driver import session_options  # the bundle driver's: both paths alike
 from runtime.errors import ProvisionError
 from runtime.graph import DEFAULT_DOMAINS, Graph, subgraphs
 from runtime.partition.plan import Partition
 
 OLDEST_IR = 7
-
-
-def session_options(threads: int) -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = max(1, int(threads))
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 4
-    return opts
 
 
 def _first_line(exc: BaseException) -> str:
