@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import onnxruntime as ort
 
+# A quantized model's float region ends in a QuantizeLinear. onnxruntime's QDQ
+# propagation copies that one above a MaxPool, which then runs on uint8 in NCHW, a
+# generic kernel 30x slower than the float one; off, a float stem keeps its float pool
+# (outputs equal either way: max commutes with quantizing). docs/architecture.md.
+SESSION_CONFIG = {"optimization.disable_specified_optimizers": "QDQPropagationTransformer"}
+
 
 def session_options(threads: int) -> ort.SessionOptions:
     """`threads` intra-op threads, one inter-op, sequential, quiet; full graph optimization
@@ -16,4 +22,6 @@ def session_options(threads: int) -> ort.SessionOptions:
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 4
+    for key, value in SESSION_CONFIG.items():
+        opts.add_session_config_entry(key, value)
     return opts
