@@ -10,6 +10,7 @@ a request over a plan `executor.py`'s.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future
@@ -228,6 +229,13 @@ class HostManager:
               timeout: float | None = None) -> dict[str, np.ndarray]:
         """Blocking `run`."""
         return self.run(name, feeds, priority, timeout).result()
+
+    async def run_async(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
+                        timeout: float | None = None) -> dict[str, np.ndarray]:
+        """`run` for asyncio: no thread per request, nothing run on the event loop's thread.
+        The request's end wakes the loop once; cancelling the awaiting task cancels the
+        request if it has not started."""
+        return await asyncio.wrap_future(self.run(name, feeds, priority, timeout, inline=False))
 
     def _admit_locked(self, net: Network, waiting: int | None) -> None:
         """Under the lock, just before a request is accepted: is the host, and `net`, still
