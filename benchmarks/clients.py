@@ -134,8 +134,7 @@ def asyncio_rate(call: Callable[[], object], clients: int, per_client: int) -> f
 
 
 def _host(batched: bool) -> HostManager:
-    host = HostManager([DeviceConfig(name="cpu0", backend="cpu", threads=1)],
-                       max_queue=4 * CLIENTS, max_active=CLIENTS)
+    host = HostManager([DeviceConfig(name="cpu0", backend="cpu", threads=1)])
     batching = {"max_batch_size": MAX_BATCH, "max_queue_delay_ms": DELAY_S * 1e3}
     host.add_network("mlp", mlp(), batching=batching if batched else None)
     return host

@@ -82,6 +82,9 @@ def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
 
 
 def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dict]:
+    if len(outputs) == 1 and all(m.rows == 1 for m in members):  # the usual case, fast
+        ((name, value),) = outputs.items()
+        return [{name: value[i:i + 1]} for i in range(len(members))]
     parts, start = [], 0
     for m in members:
         end = start + m.rows
@@ -185,6 +188,10 @@ class Batcher:
                 batch.members, batch.batch_size, batch.started_at = live, size, now
                 batch.queued_at = min(m.queued_at for m in live)
                 batch.rows, batch.feeds = sum(m.rows for m in live), concatenate(live)
+                # Its first stage may run right here when its device is idle: the clients
+                # are answered a hand-off sooner, and the batcher forms the next batch as
+                # soon as this one is answered.
+                batch.inline = True
                 self._begin(batch, self._finished)
                 return
         except Exception as exc:  # the batcher must outlive any one batch
@@ -195,7 +202,11 @@ class Batcher:
     def _finished(self, batch: Request, outputs: dict | None, error: BaseException | None
                   ) -> None:
         """A batch's run ended (on a device's thread): answer it on the batcher's thread,
-        so the device goes straight on to the next batch. One hand-off per batch."""
+        so the device goes straight on to the next batch. One hand-off per batch (none when
+        it ran on the batcher's thread)."""
+        if threading.current_thread() is self._thread:
+            self._done(batch, outputs, error)
+            return
         with self._cv:
             self._completions.append(partial(self._done, batch, outputs, error))
             self._cv.notify()

@@ -26,6 +26,8 @@ from runtime.executor import Executor
 from runtime.network import Network
 from runtime.requests import ReadyFuture, Request, RequestQueue
 
+LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queueing instead
+
 
 class Dispatcher:
     def __init__(self, networks: dict[str, Network | None], bus: EventBus, max_active: int):
@@ -102,18 +104,22 @@ class Dispatcher:
 
     def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray]
                  ) -> Future | None:
-        """The lean path (a one-partition plan, nobody listening, no timeout): when a slot
-        is free, nothing is queued and the device is idle, run on this thread and return a
-        finished future; no Request record, no hand-off. None: take the general path."""
+        """The lean path (a one-partition plan, nobody listening, no timeout): when nothing
+        waits in the queue, run on this thread, waiting for the device as for a lock if it
+        is busy, and return a finished future; no Request record, no hand-off. None: take
+        the general path (the device closed, or stayed busy for LEAN_WAIT).
+
+        A caller waiting for its device holds a slot, beyond `max_active` if need be: like
+        a caller blocked on a locked session, it is one thread waiting its turn, and no
+        queued request is passed over (none is queued, or it would not be here)."""
         with self.cv:
-            if (self.closing or net.removing or self.slots_used >= self.max_active
-                    or self.queue.size):
+            if self.closing or net.removing or self.queue.size:
                 return None
             self.slots_used += 1
             replica.outstanding += 1
             net.outstanding += 1
         try:
-            outputs = replica.run_now(feeds)
+            outputs = replica.run_now(feeds, LEAN_WAIT)
             future = None if outputs is None else ReadyFuture(outputs)
         except ExecutionError as exc:
             future = ReadyFuture(exception=exc)

@@ -69,12 +69,13 @@ class Executor:
             self.parts[0].partition.outputs)
         self._reorder = self.single and list(self.parts[0].partition.outputs) != self.outputs
 
-    def run_now(self, feeds: dict[str, np.ndarray]) -> Outputs | None:
-        """A `single` plan on this thread: the graph outputs, or None if its device is busy.
-        Raises ExecutionError naming the partition and the device."""
+    def run_now(self, feeds: dict[str, np.ndarray], wait: float = 0.0) -> Outputs | None:
+        """A `single` plan on this thread: the graph outputs, or None if its device stayed
+        busy (`wait`: seconds to wait in its line). Raises ExecutionError naming the
+        partition and the device."""
         lp = self.parts[0]
         try:
-            outputs = lp.device.run_now(lp.key, feeds)
+            outputs = lp.device.run_now(lp.key, feeds, wait=wait)
         except ExecutionError as exc:
             _named(exc, lp)
             raise

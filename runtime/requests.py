@@ -43,6 +43,19 @@ class ReadyFuture(Future):
         self._waiters: list = []
         self._done_callbacks: list = []
 
+    # Born finished and never changed: answered without the shared Condition, which
+    # every caller's thread would otherwise contend for.
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> object:
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._exception
+
 
 @dataclass(eq=False, slots=True)
 class Request:

@@ -81,8 +81,8 @@ class FakeDevice(Device):
         else:
             self._jobs.put((key, feeds, tag, done, time.perf_counter()))
 
-    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None
-                ) -> Outputs | None:
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
+                wait: float = 0.0) -> Outputs | None:
         with self._lock:
             if not self.inline or self._busy or self._pending or self._closed:
                 return None

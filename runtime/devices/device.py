@@ -177,12 +177,13 @@ class Device(ABC):
         an ExecutionError naming the device. Runs on one device go in arrival order. With
         a `tag`, the run publishes partition.run.started and partition.run.finished."""
 
-    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None
-                ) -> Outputs | None:
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
+                wait: float = 0.0) -> Outputs | None:
         """Run on the caller's thread if the device is idle and this thread may (the
         executor's fast path: a thread hand-off costs tens of microseconds), else None;
-        raises ExecutionError if the run fails. A device that cannot (another process)
-        keeps this default and always declines."""
+        raises ExecutionError if the run fails. With `wait`, a busy device lets the caller
+        wait in line for up to that many seconds, then run. A device that cannot (another
+        process) keeps this default and always declines."""
         return None
 
     @abstractmethod

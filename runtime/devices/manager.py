@@ -2,9 +2,15 @@
 compiler) and runs them one at a time, in arrival order, on a worker thread of its own.
 
 `run_now` on an idle device runs right on the caller's thread (a thread hand-off costs
-tens of microseconds). A thread running a job, worker or inline caller, counts as a device
-thread meanwhile, so work chained onward from inside a run queues on the next device
-instead of running the whole chain on one thread.
+tens of microseconds). Asked to `wait`, a caller finding the device busy waits for it as
+for a lock, then runs on its own thread: one lock and one wake-up per run, as for a session
+behind a lock, where a run on the worker costs two wake-ups and a Future. Like a lock it
+is not fair: a caller back at once may take the device before a woken one, which keeps
+the device busy instead of idle through a wake-up.
+
+A thread running a job, worker or inline caller, counts as a device thread meanwhile, so
+work chained onward from inside a run queues on the next device instead of running the
+whole chain on one thread.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ class DeviceManager(Device):
         self._functions: dict[str, Function] = {}
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Job] = deque()
-        self._busy = False
+        self._running = threading.Lock()  # held through each run: the device is busy
         self._closed = False
         self._worker: threading.Thread | None = None
         self._runs = 0
@@ -82,12 +88,18 @@ class DeviceManager(Device):
 
     # -- runs ----------------------------------------------------------------------------
 
-    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None
-                ) -> Outputs | None:
-        with self._cond:
-            if self._closed or self._busy or self._queue or on_device_thread():
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
+                wait: float = 0.0) -> Outputs | None:
+        if self._closed or on_device_thread():
+            return None
+        if wait > 0:
+            if not self._running.acquire(timeout=wait):
                 return None
-            self._busy = True
+        elif self._queue or not self._running.acquire(blocking=False):
+            return None
+        if self._closed:
+            self._running.release()
+            return None
         _local.device = True
         try:
             outputs, error = self._run(key, feeds, tag, time.perf_counter())
@@ -112,8 +124,7 @@ class DeviceManager(Device):
             done(None, ExecutionError(f"device {self.name} closed"))
 
     def stats(self) -> DeviceStats:
-        with self._cond:
-            return self._stats(self._runs, self._busy_seconds, len(self._queue))
+        return self._stats(self._runs, self._busy_seconds, len(self._queue))
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -127,9 +138,9 @@ class DeviceManager(Device):
             _settle(job, None, ExecutionError(f"device {self.name} closed"))
         if worker is not None and worker is not threading.current_thread():
             worker.join(max(0.0, deadline - time.monotonic()))
-        with self._cond:  # an inline run on some caller's thread
-            while self._busy and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
+        # The run in hand, on the worker or some caller's thread:
+        if self._running.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._running.release()
 
     def _ensure_worker(self) -> None:
         if self._worker is None:
@@ -141,18 +152,18 @@ class DeviceManager(Device):
         _local.device = True
         while True:
             with self._cond:
-                while not self._closed and (self._busy or not self._queue):
+                while not self._closed and not self._queue:
                     self._cond.wait(_IDLE_POLL)
                 if not self._queue:
                     return  # closed and drained
                 job = self._queue.popleft()
-                self._busy = True
+            self._running.acquire()  # held by a run on a caller's thread, at most
             _settle(job, *self._run(job.key, job.feeds, job.tag, job.arrived))
             del job  # an idle worker must not pin the last request's tensors
 
     def _run(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float
              ) -> tuple[Outputs | None, ExecutionError | None]:
-        """Run with `_busy` held; clears it and publishes the run's events."""
+        """Run with `_running` held; releases it and publishes the run's events."""
         tagged = tag if tag is not None and self.publishing else None
         start = time.perf_counter()
         if tagged is not None:
@@ -168,12 +179,9 @@ class DeviceManager(Device):
             error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")
             error.__cause__ = exc
         end = time.perf_counter()
-        with self._cond:
-            self._busy = False
-            self._runs += 1
-            self._busy_seconds += end - start
-            if self._queue or self._closed:  # the worker or close() waits for this
-                self._cond.notify_all()
+        self._runs += 1  # under `_running`, as every run
+        self._busy_seconds += end - start
+        self._running.release()
         if tagged is not None:
             self.publish("partition.run.finished", **tagged, device=self.name,
                          queue_wait=start - arrived, run_seconds=end - start,
