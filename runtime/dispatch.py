@@ -4,8 +4,8 @@ start to end; the rest wait in a priority queue (or in their network's batcher).
 `Dispatcher` starts requests on their network's least busy replica and is the one place
 where a request ends (`finish`): its future answered once, its end reported, its slot
 (or its place in line) given back, and whatever that slot lets start, started. One lock
-(`cv`) covers the slots, the queue and the host's registry of networks, so admitting a
-request costs one lock, and ending it one more.
+(`cv`) covers the slots, the queue, the deadlines and the host's registry of networks, so
+admitting a request costs one lock, and ending it one more.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from runtime.batching import Batcher, Finish, split
 from runtime.deadlines import Deadlines
 from runtime.devices.device import Outputs
-from runtime.errors import ExecutionError, RequestTimeoutError
+from runtime.errors import ExecutionError, RequestTimeoutError, described
 from runtime.events import EventBus
 from runtime.executor import Executor
 from runtime.network import Network
@@ -32,13 +32,14 @@ LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queue
 class Dispatcher:
     def __init__(self, networks: dict[str, Network | None], bus: EventBus, max_active: int):
         self.networks, self.bus, self.max_active = networks, bus, max_active
-        self.cv = threading.Condition()
+        lock = threading.RLock()
+        self.cv = threading.Condition(lock)
         self.queue = RequestQueue()
         self.slots_used = 0
         self.closing = False  # the host takes no more requests
         self.stopped = False  # nor starts any: freed slots start nothing more
         self.batchers: tuple[Batcher, ...] = ()  # told of every freed slot
-        self.deadlines = Deadlines(self._expire)
+        self.deadlines = Deadlines(self._expire, lock)
         self._uses = 0  # counts replica choices, for least-recently-used
         self._waiters = 0  # threads in wait_for
 
@@ -102,16 +103,20 @@ class Dispatcher:
 
     # -- starting ------------------------------------------------------------------------
 
-    def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray]
-                 ) -> Future | None:
-        """The lean path (a one-partition plan, nobody listening, no timeout): when nothing
-        waits in the queue, run on this thread, waiting for the device as for a lock if it
-        is busy, and return a finished future; no Request record, no hand-off. None: take
-        the general path (the device closed, or stayed busy for LEAN_WAIT).
+    def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
+                 timeout: float) -> Future | None:
+        """The lean path (a one-partition plan, nobody listening): when nothing waits in
+        the queue, run on this thread, waiting for the device as for a lock if it is busy,
+        and return a finished future; no Request record, no hand-off. None: take the
+        general path (the device closed, or stayed busy for LEAN_WAIT).
 
         A caller waiting for its device holds a slot, beyond `max_active` if need be: like
         a caller blocked on a locked session, it is one thread waiting its turn, and no
-        queued request is passed over (none is queued, or it would not be here)."""
+        queued request is passed over (none is queued, or it would not be here).
+
+        The run holds this thread, so its deadline is not a timer's: nothing could answer
+        the caller sooner. An answer later than `timeout` is dropped and the request ends
+        timed out, as a request on the general path would."""
         with self.cv:
             if self.closing or net.removing or self.queue.size:
                 return None
@@ -119,8 +124,16 @@ class Dispatcher:
             replica.outstanding += 1
             net.outstanding += 1
         try:
-            outputs = replica.run_now(feeds, LEAN_WAIT)
-            future = None if outputs is None else ReadyFuture(outputs)
+            start = time.monotonic()
+            outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
+            took = time.monotonic() - start
+            if outputs is None:
+                future = None
+            elif took > timeout:
+                future = ReadyFuture(exception=RequestTimeoutError(
+                    f"request to {net.name} timed out after {took:.3g} s running"))
+            else:
+                future = ReadyFuture(outputs)
         except ExecutionError as exc:
             future = ReadyFuture(exception=exc)
         finally:
@@ -138,13 +151,26 @@ class Dispatcher:
         if self.bus.active:
             self.bus.publish("request.started", network=request.network, request=request.id,
                              queue_wait=request.started_at - request.queued_at, batch_size=1)
-        request.replica.start(request, self.finish)
+        try:
+            request.replica.start(request, self.finish)
+        except BaseException as exc:  # a device that raised from `call`, or an interrupt
+            self.finish(request, None, exc if isinstance(exc, Exception) else ExecutionError(
+                f"request {request.id} to {request.network} interrupted: {described(exc)}"))
+            if not isinstance(exc, Exception):
+                raise
 
     def begin_batch(self, net: Network, batch: Request, done: Finish) -> None:
-        """Run a batch (its members started by its batcher) on the least busy replica."""
+        """Run a batch (its members started by its batcher) on the least busy replica. Its
+        deadline is its last member's: a batch stuck on its device gives its slot back
+        once every member has ended (`_expire`)."""
+        members = batch.members or ()
         with self.cv:
             batch.replica = self._least_busy(net)
-            net.running.update(batch.members or ())
+            net.running.update(members)
+            deadlines = [m.deadline for m in members if m.deadline is not None]
+            if members and len(deadlines) == len(members):
+                batch.deadline = max(deadlines)
+                self.deadlines.add_locked(batch, batch.deadline)
         batch.replica.start(batch, done)
 
     # -- ending --------------------------------------------------------------------------
@@ -163,10 +189,12 @@ class Dispatcher:
         if self.bus.active:
             for r in ended:
                 self._report(r, error)
-        for r in ended:
-            if r.deadline is not None:
-                self.deadlines.discard(r)
         with self.cv:
+            timed = int(request.deadline is not None)  # the request, or the batch
+            if request.members is not None:
+                timed += sum(m.deadline is not None for m in ended)
+            if timed:
+                self.deadlines.ended_locked(timed)
             net = self.networks.get(request.network)
             if net is not None:
                 net.running.difference_update(ended)
@@ -179,14 +207,29 @@ class Dispatcher:
                     self.cv.notify_all()
         if freed:
             self._after_free(ready)
-        elif not request.started_at and net is not None and net.batcher is not None:
+        elif (not request.started_at or request.alone) and net is not None and \
+                net.batcher is not None:
             net.batcher.discard(request)
 
     def _expire(self, request: Request) -> None:
+        if request.members is not None:  # a batch: its members time out on their own
+            self._release(request)
+            return
         where = "running" if request.started_at else "in the queue"
         self.finish(request, None, RequestTimeoutError(
             f"request {request.id} to {request.network} timed out after "
             f"{time.monotonic() - request.queued_at:.3g} s {where}"))
+
+    def _release(self, batch: Request) -> None:
+        """A batch past its last member's deadline, still on its device: its slot goes back
+        now, so a stuck device holds none. The batch itself ends when its device answers:
+        its batcher counts it in flight until then, and sends that device no more."""
+        with self.cv:
+            if not batch.slot:
+                return
+            batch.slot = False
+            ready = self._free_locked(batch.replica)
+        self._after_free(ready)
 
     def _report(self, request: Request, error: BaseException | None) -> None:
         now = time.monotonic()

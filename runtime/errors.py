@@ -69,3 +69,10 @@ def first_line(exc: BaseException) -> str:
     """An exception's first non-blank line, or its type's name: for one-line messages."""
     return next((line.strip() for line in str(exc).splitlines() if line.strip()),
                 type(exc).__name__)
+
+
+def described(exc: BaseException) -> str:
+    """An exception's type and first line ("SystemExit: 3"), or its type alone when it
+    says nothing more ("KeyboardInterrupt")."""
+    line, name = first_line(exc), type(exc).__name__
+    return name if line == name else f"{name}: {line}"

@@ -3,7 +3,9 @@
 Requests wait in one bounded priority queue (lower number first, FIFO among equals), or
 in their network's batcher, until one of `max_active` slots is free; then a replica's
 executor runs them. Every accepted request ends exactly once (`Dispatcher.finish`):
-outputs, an error, a timeout, a cancellation, or HostClosedError. Loading is
+outputs, an error, a timeout, a cancellation, or HostClosedError. Every request has a
+timeout unless one is turned off by name (math.inf), so a stuck device holds no request,
+and no slot, for ever. Loading is
 `network.py`'s job, slots and ending `dispatch.py`'s, batching `batching.py`'s, running
 a request over a plan `executor.py`'s.
 """
@@ -11,6 +13,7 @@ a request over a plan `executor.py`'s.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future
@@ -39,7 +42,7 @@ from runtime.graph import Graph
 from runtime.inputs import check_feeds
 from runtime.network import ModelSource, Network, PartitionSpec, load_network, unload_network
 from runtime.partition import Plan
-from runtime.requests import Request
+from runtime.requests import DEFAULT_TIMEOUT, Request, checked_timeout
 
 _CANCELLED = CancelledError("cancelled")
 
@@ -55,10 +58,13 @@ class HostStats:
 class HostManager:
     def __init__(self, devices: Sequence[DeviceConfig | Device], *, max_queue: int = 100,
                  max_active: int | None = None, bus: EventBus | None = None,
-                 device_factory: DeviceFactory = open_device):
+                 device_factory: DeviceFactory = open_device,
+                 timeout: float = DEFAULT_TIMEOUT):
         """`devices`: DeviceConfigs, each opened by `device_factory(config, bus)` (by
         default the backend's own kind of device), or Device instances; the host owns
-        them from here on, and closes them."""
+        them from here on, and closes them. `timeout`: seconds a request may take, queued
+        and running, when neither it nor its network says (default 300); math.inf turns
+        it off."""
         names = [d.name for d in devices]
         if not devices or len(set(names)) != len(names):
             raise PrismError(f"HostManager needs at least one device, each named once: {names}")
@@ -69,6 +75,7 @@ class HostManager:
                 device.bus = self.bus
         self.devices: dict[str, Device] = {d.name: d for d in opened}
         self.max_queue = max_queue
+        self.timeout = checked_timeout(timeout, "HostManager timeout")
         self.max_active = max_active or max(2, 2 * len(devices))
         self._networks: dict[str, Network | None] = {}  # None: reserved while it loads
         self._slots = Dispatcher(self._networks, self.bus, self.max_active)
@@ -80,12 +87,16 @@ class HostManager:
                     annotations: str | Path | Mapping | None = None,
                     fallback: str | None = None, replicas: int | str = 1,
                     batching: Mapping | BatchingConfig | None = None,
-                    bindings: Mapping[str, int] | None = None) -> Plan:
+                    bindings: Mapping[str, int] | None = None,
+                    timeout: float | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
         `replicas`: N whole replicas of the plan, or "saturate" (as many as twin devices
         allow); each request goes to the replica with the fewest outstanding requests.
         `batching`: {"max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes"}.
+        `timeout`: seconds a request to this network may take, queued and running, when
+        it names none; None takes the host's (`HostManager(timeout=...)`, default 300),
+        math.inf turns it off.
         `annotations`: {"nodes": {name: device or kind}, "ops": {op: device or kind},
         "fallback": device} or a TOML file of the same; `fallback` overrides its fallback.
         """
@@ -94,6 +105,8 @@ class HostManager:
                 raise HostClosedError("host is closed")
             if name in self._networks:
                 raise NetworkExistsError(f"a network named {name!r} is already added")
+            limit = self.timeout if timeout is None else checked_timeout(
+                timeout, f"timeout of {name}")
             self._networks[name] = None
         try:
             net = load_network(name, model, self.devices, self.bus, partition=partition,
@@ -103,6 +116,7 @@ class HostManager:
             with self._cv:
                 del self._networks[name]
             raise
+        net.timeout = limit
         if net.batching is not None:
             net.batcher = Batcher(name, net.batching, 2 * net.stages,
                                   take_slot=self._slots.take_for_batch,
@@ -176,9 +190,12 @@ class HostManager:
             timeout: float | None = None, *, inline: bool = True) -> Future:
         """Queue one request; the future resolves to {output name: array}.
 
-        When a slot is free and nothing waits, the request starts at once, and its first
-        partition runs right on this thread if its device is idle (no hand-off).
-        `inline=False` never runs anything on this thread: for callers that must not
+        `timeout`: seconds it may take, queued and running, after which it ends with
+        RequestTimeoutError; None takes its network's (`add_network(timeout=...)`),
+        math.inf turns it off. When a slot is free and nothing waits, the request starts
+        at once, and its first partition runs right on this thread if its device is idle
+        (no hand-off; an answer past the timeout is then dropped and the request times
+        out). `inline=False` never runs anything on this thread: for callers that must not
         block, like load generators and servers.
         """
         net = self._networks.get(name)
@@ -188,12 +205,13 @@ class HostManager:
                     raise HostClosedError("host is closed; it takes no more requests")
                 net = self._network(name)
         checked = check_feeds(name, net.specs, feeds)
-        if inline and timeout is None and not self.bus.active and net.lean is not None:
-            ready = self._slots.run_lean(net, net.lean, checked)
+        timeout = net.timeout if timeout is None else checked_timeout(timeout)
+        if inline and not self.bus.active and net.lean is not None:
+            ready = self._slots.run_lean(net, net.lean, checked, timeout)
             if ready is not None:
                 return ready
         request = Request(name, checked, priority, queued_at=time.monotonic())
-        if timeout is not None:
+        if timeout < math.inf:
             request.deadline = request.queued_at + timeout
         batcher = net.batcher
         if batcher is not None:
@@ -207,6 +225,8 @@ class HostManager:
             start_now = batcher is None and slots.slots_used < self.max_active and not waiting
             self._admit_locked(net, None if start_now else waiting)
             net.outstanding += 1
+            if request.deadline is not None:
+                slots.deadlines.add_locked(request, request.deadline)
             if start_now:
                 slots.take_locked(request, net)
                 request.inline = inline
@@ -214,8 +234,6 @@ class HostManager:
                 slots.queue.push(request)
         self._publish("request.queued", network=name, request=request.id, priority=priority,
                       queue_depth=waiting + (not start_now))
-        if request.deadline is not None:
-            slots.deadlines.add(request)
         if start_now:
             slots.begin(request)
             return request.future
@@ -252,8 +270,14 @@ class HostManager:
     # -- life cycle ----------------------------------------------------------------------
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest."""
+        """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest.
+        Returns within `timeout` (and a little), even with a device stuck in a run."""
         slots = self._slots
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         with self._cv:
             if slots.stopped:
                 return
@@ -265,13 +289,13 @@ class HostManager:
             for net in self._networks.values():
                 leftovers.extend(net.running if net else ())
         for batcher in slots.batchers:
-            leftovers.extend(batcher.close())
+            leftovers.extend(batcher.close(left()))
         for request in leftovers:
             slots.finish(request, None, HostClosedError(
                 f"host closed before request {request.id} to {request.network} finished"))
-        slots.deadlines.close()
+        slots.deadlines.close(left())
         for device in self.devices.values():
-            device.close()
+            device.close(left())
         for name, net in list(self._networks.items()):
             if net is not None:
                 unload_network(name, net.loaded, self.bus)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +18,28 @@ _SHAPES_KEPT = 64  # accepted shapes remembered per input
 
 @dataclass(frozen=True)
 class InputSpec:
-    """A graph input. `type` is its declared ONNX type when it is not a plain tensor
-    (a sequence, an optional, a map): such feeds are checked against it structurally."""
+    """A graph input, or any tensor (`tensor_specs`). `type` is its declared ONNX type when
+    it is not a plain tensor (a sequence, an optional, a map): such feeds are checked
+    against it structurally."""
 
     name: str
     dtype: np.dtype | None
     dims: tuple[Dim, ...] | None
     type: onnx.TypeProto | None = None
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
+
+    def accepts(self, array: np.ndarray) -> bool:
+        """Is `array` of this dtype and shape (a symbolic dimension takes any size)? Shapes
+        accepted are remembered, so a shape seen before costs one set lookup."""
+        dtype = self.dtype
+        if array.shape in self.shapes_seen and (array.dtype is dtype or dtype is None):
+            return True
+        if (dtype is not None and array.dtype != dtype) or not _shape_ok(self.dims,
+                                                                          array.shape):
+            return False
+        if len(self.shapes_seen) < _SHAPES_KEPT:
+            self.shapes_seen.add(array.shape)
+        return True
 
     def describe(self) -> str:
         if self.type is not None:
@@ -54,8 +68,13 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
+    return tensor_specs(graph, graph.inputs)
+
+
+def tensor_specs(graph: Graph, names: Iterable[str]) -> list[InputSpec]:
+    """Specs of any tensors by name, as declared (a partition's outputs, say)."""
     specs = []
-    for name in graph.inputs:
+    for name in names:
         info = graph.tensors.get(name)
         dtype = np.dtype(info.dtype) if info and info.dtype else None
         kind = graph.types.get(name)
@@ -91,6 +110,11 @@ def _structured(network: str, spec: InputSpec, kind: onnx.TypeProto, value: obje
     return value  # maps and other kinds go to the backend as given
 
 
+def array_text(array: np.ndarray) -> str:
+    """An array's dtype and shape, as a spec is described: "float64 [2, 256]"."""
+    return f"{array.dtype} [{', '.join(map(str, array.shape))}]"
+
+
 def _shape_ok(dims: tuple[Dim, ...] | None, shape: tuple[int, ...]) -> bool:
     if dims is None:
         return True
@@ -121,17 +145,9 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
         array = value if type(value) is np.ndarray else np.asarray(value)
-        dtype = array.dtype
-        if array.shape in spec.shapes_seen and (dtype is spec.dtype or spec.dtype is None):
-            out[spec.name] = array  # the common case, a shape seen before: no dim by dim
-            continue
-        if (spec.dtype is not None and dtype != spec.dtype) or not _shape_ok(
-                spec.dims, array.shape):
-            raise InvalidInputError(
-                f"input {spec.name!r} of {network}: expected {spec.describe()}, got "
-                f"{array.dtype} [{', '.join(map(str, array.shape))}]")
-        if len(spec.shapes_seen) < _SHAPES_KEPT:
-            spec.shapes_seen.add(array.shape)
+        if not spec.accepts(array):
+            raise InvalidInputError(f"input {spec.name!r} of {network}: expected "
+                                    f"{spec.describe()}, got {array_text(array)}")
         out[spec.name] = array
     if len(feeds) != len(out) and any(k not in out for k in feeds):
         extra = sorted(k for k in feeds if k not in out)

@@ -4,6 +4,7 @@ and rollback when any of it fails (nothing stays loaded).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ class Network:
     loaded: list[list[LoadedPartition]]  # per replica
     replicas: list[Executor]
     batching: BatchingConfig | None = None
+    timeout: float = math.inf  # a request's timeout when it names none (inf: none)
     outstanding: int = 0  # accepted and not yet ended
     removing: bool = False
     running: set[Request] = field(default_factory=set)

@@ -13,7 +13,18 @@ from typing import Any
 
 import numpy as np
 
+from runtime.errors import PrismError
+
 _ids = itertools.count(1)
+DEFAULT_TIMEOUT = 300.0  # seconds: a request's timeout unless its host or network says
+
+
+def checked_timeout(value: object, what: str = "timeout") -> float:
+    """A timeout in seconds: a number above 0, math.inf for none."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise PrismError(f"{what} must be a number of seconds above 0 (math.inf: none), "
+                         f"got {value!r}")
+    return float(value)
 
 
 class RequestFuture(Future):
@@ -70,6 +81,7 @@ class Request:
     key: tuple = ()  # what must agree for requests to share a batch (batching.batch_shape)
     slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
+    alone: bool = False  # runs in a batch of its own: its batch failed, it is tried alone
     replica: Any = None  # the Executor (one replica of the plan) running it
     members: list[Request] | None = None  # a batch: the requests it runs as one
     id: int = field(default_factory=_ids.__next__)

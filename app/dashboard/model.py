@@ -50,7 +50,7 @@ class DashboardView:
     throughput: Series  # requests finished per second
     latency: Series  # median end-to-end latency per second (seconds)
     totals: Totals
-    errors: tuple[str, ...]  # the most recent request failures, oldest first
+    errors: tuple[str, ...]  # the most recent failures (requests, workers), oldest first
 
 
 class DashboardModel:

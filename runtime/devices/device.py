@@ -173,17 +173,21 @@ class Device(ABC):
     def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
              ) -> None:
         """Queue one run. `done(outputs, error)` is called exactly once, on any thread
-        (possibly this one, at once, when the device cannot take it): outputs by name, or
-        an ExecutionError naming the device. Runs on one device go in arrival order. With
-        a `tag`, the run publishes partition.run.started and partition.run.finished."""
+        (possibly this one, at once, when the device cannot take it), whatever happens to
+        the run (a worker that dies answers first): outputs by name, or an ExecutionError
+        naming the device. Runs on one device go in arrival order. With a `tag`, the run
+        publishes partition.run.started and partition.run.finished. The executor checks
+        the outputs against the partition's declared ones, so a device need not."""
 
     def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
                 wait: float = 0.0) -> Outputs | None:
         """Run on the caller's thread if the device is idle and this thread may (the
         executor's fast path: a thread hand-off costs tens of microseconds), else None;
         raises ExecutionError if the run fails. With `wait`, a busy device lets the caller
-        wait in line for up to that many seconds, then run. A device that cannot (another
-        process) keeps this default and always declines."""
+        wait for it up to that many seconds, then run. A BaseException that is not an
+        Exception (KeyboardInterrupt landing meanwhile) passes through, the device idle
+        again. A device that cannot (another process) keeps this default and always
+        declines."""
         return None
 
     @abstractmethod

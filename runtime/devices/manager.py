@@ -11,6 +11,12 @@ the device busy instead of idle through a wake-up.
 A thread running a job, worker or inline caller, counts as a device thread meanwhile, so
 work chained onward from inside a run queues on the next device instead of running the
 whole chain on one thread.
+
+Guarded: whatever a run raises, the device is idle again afterwards. An Exception fails
+that run (an ExecutionError naming device and program). A BaseException that is not one
+(KeyboardInterrupt landing during an inline run, SystemExit) passes through to the caller
+of `run_now`, whose thread it was meant for; on the worker it fails the run in hand and
+ends the thread, and a fresh worker takes over the queue (`device.worker.replaced`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device, DeviceStats, Done, Outputs, Program, Tag
-from runtime.errors import ExecutionError, ProvisionError, first_line
+from runtime.errors import ExecutionError, ProvisionError, described, first_line
 
 __all__ = ["Compiler", "DeviceManager", "DeviceStats", "Function", "on_device_thread"]
 
@@ -150,16 +156,37 @@ class DeviceManager(Device):
 
     def _work(self) -> None:
         _local.device = True
-        while True:
-            with self._cond:
-                while not self._closed and not self._queue:
-                    self._cond.wait(_IDLE_POLL)
-                if not self._queue:
-                    return  # closed and drained
-                job = self._queue.popleft()
-            self._running.acquire()  # held by a run on a caller's thread, at most
-            _settle(job, *self._run(job.key, job.feeds, job.tag, job.arrived))
-            del job  # an idle worker must not pin the last request's tensors
+        job: _Job | None = None
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._queue:
+                        self._cond.wait(_IDLE_POLL)
+                    if not self._queue:
+                        return  # closed and drained
+                    job = self._queue.popleft()
+                self._running.acquire()  # held by a run on a caller's thread, at most
+                outputs, error = self._run(job.key, job.feeds, job.tag, job.arrived)
+                answer, job = job, None  # answered from here on: never twice
+                _settle(answer, outputs, error)
+                del answer, outputs  # an idle worker must not pin the last request's tensors
+        except BaseException as exc:  # the thread dies: fail the run in hand, replace it
+            self._replace(job, exc)
+
+    def _replace(self, job: _Job | None, exc: BaseException) -> None:
+        """The worker is dying of `exc`: its run (if not yet answered) fails, and unless the
+        device is closed a fresh worker takes the queue over."""
+        what = described(exc)
+        log.warning("the worker of %s died (%s); replacing it", self.name, what)
+        with self._cond:
+            self._worker = None
+            if not self._closed:
+                self._ensure_worker()
+        if self.publishing:
+            self.publish("device.worker.replaced", device=self.name, error=what)
+        if job is not None:
+            _settle(job, None, ExecutionError(f"{self.name} failed running {job.key}: {what} "
+                                              f"(its worker thread died and was replaced)"))
 
     def _run(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float
              ) -> tuple[Outputs | None, ExecutionError | None]:
@@ -178,14 +205,15 @@ class DeviceManager(Device):
         except Exception as exc:
             error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")
             error.__cause__ = exc
-        end = time.perf_counter()
-        self._runs += 1  # under `_running`, as every run
-        self._busy_seconds += end - start
-        self._running.release()
-        if tagged is not None:
-            self.publish("partition.run.finished", **tagged, device=self.name,
-                         queue_wait=start - arrived, run_seconds=end - start,
-                         ok=error is None)
+        finally:  # also when a BaseException passes: the device must not stay busy
+            end = time.perf_counter()
+            self._runs += 1  # under `_running`, as every run
+            self._busy_seconds += end - start
+            self._running.release()
+            if tagged is not None:
+                self.publish("partition.run.finished", **tagged, device=self.name,
+                             queue_wait=start - arrived, run_seconds=end - start,
+                             ok=outputs is not None)
         return outputs, error
 
     def _invoke(self, key: str, function: Function, feeds: dict[str, np.ndarray],
