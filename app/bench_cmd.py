@@ -15,6 +15,7 @@ from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.loading import network_options
 from runtime.devices import parse_devices
+from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds
 
@@ -25,6 +26,14 @@ def _figures(rate: float, latencies: list[float]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url:
+        from app.http_bench import run as run_url
+
+        return run_url(args)
+    if not args.model or not args.devices or len(args.concurrency) != 1:
+        raise PrismError("prism bench MODEL --devices SPEC takes one --concurrency; "
+                         "or give --url URL to load a server")
+    args.concurrency = args.concurrency[0]
     devices = parse_devices(args.devices)
     options = network_options(args)
     name = Path(args.model).stem

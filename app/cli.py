@@ -74,11 +74,11 @@ def _binding(text: str) -> str:
     return text
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     from runtime.partition import MODES
 
-    parser.add_argument("model", help="path to an .onnx file")
-    parser.add_argument("--devices", required=True,
+    parser.add_argument("model", help="path to an .onnx file", nargs=None if required else "?")
+    parser.add_argument("--devices", required=required,
                         help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
     parser.add_argument("--partition", default="balanced", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
@@ -100,6 +100,16 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
                                           "in milliseconds (default 1)")
     parser.add_argument("--replicas", default=1, type=_replicas, metavar="N|saturate",
                         help="whole copies of the plan on twin devices")
+
+
+def _counts(text: str) -> list[int]:
+    """`1,8,64` -> [1, 8, 64]: client counts, from 1 to MAX_CLIENTS."""
+    one = _number(int, 1, MAX_CLIENTS)
+    try:
+        return [one(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"give whole numbers from 1 to {MAX_CLIENTS}, "
+                                         f"comma-separated; got {text!r}") from None
 
 
 class _Versions(argparse.Action):
@@ -149,15 +159,50 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serving_args(run)
     run.set_defaults(handler="app.run_cmd:run")
 
-    bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load")
-    _add_model_args(bench)
+    bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load, "
+                                         "or a running server over HTTP (--url)")
+    _add_model_args(bench, required=False)
     bench.add_argument("--requests", type=_number(int, 1), default=1000, metavar="N")
-    bench.add_argument("--concurrency", type=_number(int, 1, MAX_CLIENTS), default=8,
-                       metavar="C",
-                       help="closed-loop clients, for both runtimes")
+    bench.add_argument("--concurrency", type=_counts, default=[8], metavar="C[,C...]",
+                       help="closed-loop clients, for both runtimes; with --url, one run per "
+                            "level (e.g. 1,8,64)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_serving_args(bench)
+    bench.add_argument("--url", help="load a running `prism serve` (or any Open Inference "
+                                     "Protocol server) at URL instead; MODEL is then --model")
+    bench.add_argument("--model", dest="served_model", metavar="M",
+                       help="with --url: the model to load (default: the one served)")
+    bench.add_argument("--token", help="with --url: the server's bearer token "
+                                       "(default: $PRISM_TOKEN)")
     bench.set_defaults(handler="app.bench_cmd:run")
+
+    serve = sub.add_parser("serve", help="serve models over HTTP: the Open Inference Protocol "
+                                         "(KServe v2, as Triton) and Prometheus /metrics")
+    serve.add_argument("models", nargs="*", metavar="MODEL",
+                       help=".onnx/.prism files, or names in the model repository "
+                            "(default: every model in it)")
+    serve.add_argument("--devices", required=True,
+                       help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
+    serve.add_argument("--model-repository", metavar="DIR",
+                       help="Triton's layout (DIR/NAME/VERSION/model.onnx) or flat "
+                            "(DIR/NAME.onnx); the load API loads only from here")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; any other needs --token "
+                            "or --insecure)")
+    serve.add_argument("--port", type=int, default=8000, help="default 8000; 0: a free one")
+    serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request "
+                                       "(default: $PRISM_TOKEN)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback --host without a token")
+    serve.add_argument("--partition", choices=("balanced", "memory"),
+                       help="partition mode for the models loaded at start (default balanced, "
+                            "or the model's config.pbtxt)")
+    _add_serving_args(serve)
+    serve.add_argument("--max-queue", type=int, default=1024, metavar="N",
+                       help="requests that may wait (default 1024); more get 503")
+    serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
+                       help="largest request body (default 64)")
+    serve.set_defaults(handler="app.serve_cmd:run")
 
     prof = sub.add_parser("profile", help="record every tensor's range over calibration "
                                           "samples (the first phase of quantization)")

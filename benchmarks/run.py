@@ -10,11 +10,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import clients, cold_start, overhead, partition_speed, pipeline, quantized, serving
+from benchmarks import (
+    clients,
+    cold_start,
+    http_serving,
+    overhead,
+    partition_speed,
+    pipeline,
+    quantized,
+    serving,
+)
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
           "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
-          "cold": cold_start.run}
+          "cold": cold_start.run, "http": http_serving.run}
 HERE = Path(__file__).parent
 
 

@@ -237,8 +237,10 @@ class Dispatcher:
             self.bus.publish("request.finished", network=request.network, request=request.id,
                              latency=now - request.queued_at,
                              queue_wait=request.started_at - request.queued_at,
-                             run_seconds=now - request.started_at, batch_size=request.batch_size)
+                             run_seconds=now - request.started_at, batch_size=request.batch_size,
+                             rows=request.rows)
         else:
             self.bus.publish("request.failed", network=request.network, request=request.id,
                              error=str(error), partition=getattr(error, "partition", None),
-                             device=getattr(error, "device", None))
+                             device=getattr(error, "device", None),
+                             error_type=type(error).__name__)

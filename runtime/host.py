@@ -29,6 +29,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
 from runtime.dispatch import Dispatcher
 from runtime.errors import (
+    DeviceSpecError,
     HostClosedError,
     InvalidInputError,
     NetworkBusyError,
@@ -88,7 +89,8 @@ class HostManager:
                     fallback: str | None = None, replicas: int | str = 1,
                     batching: Mapping | BatchingConfig | None = None,
                     bindings: Mapping[str, int] | None = None,
-                    timeout: float | None = None) -> Plan:
+                    timeout: float | None = None,
+                    devices: Sequence[str] | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
         `replicas`: N whole replicas of the plan, or "saturate" (as many as twin devices
@@ -99,7 +101,9 @@ class HostManager:
         math.inf turns it off.
         `annotations`: {"nodes": {name: device or kind}, "ops": {op: device or kind},
         "fallback": device} or a TOML file of the same; `fallback` overrides its fallback.
+        `devices`: the names of the host's devices it may use (default: all of them).
         """
+        pool = self.devices if devices is None else self._pool(devices)
         with self._cv:
             if self._slots.closing:
                 raise HostClosedError("host is closed")
@@ -109,7 +113,7 @@ class HostManager:
                 timeout, f"timeout of {name}")
             self._networks[name] = None
         try:
-            net = load_network(name, model, self.devices, self.bus, partition=partition,
+            net = load_network(name, model, pool, self.bus, partition=partition,
                                annotations=annotations, fallback=fallback, replicas=replicas,
                                batching=BatchingConfig.of(batching), bindings=bindings)
         except BaseException:
@@ -172,6 +176,13 @@ class HostManager:
             return HostStats(self.max_active, self._slots.slots_used,
                              self._slots.queue.size + batched,
                              {n.name: n.outstanding for n in nets})
+
+    def _pool(self, names: Sequence[str]) -> dict[str, Device]:
+        unknown = [n for n in names if n not in self.devices]
+        if unknown or not names:
+            what = f"no device named {unknown[0]!r}" if unknown else "no devices were named"
+            raise DeviceSpecError(f"{what}: this host has {', '.join(sorted(self.devices))}")
+        return {n: self.devices[n] for n in dict.fromkeys(names)}
 
     def _batchers(self) -> tuple[Batcher, ...]:
         return tuple(n.batcher for n in self._networks.values() if n and n.batcher is not None)

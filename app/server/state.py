@@ -1,0 +1,43 @@
+"""What every route reads: the host, the models it serves, the metrics, the settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.server.catalog import Catalog
+from app.server.metrics import ServerMetrics
+from app.server.repository import ModelRepository
+from runtime.host import HostManager
+
+MAX_BODY_BYTES = 64 << 20  # Triton's default --http-max-input-size
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    token: str | None = None  # None: no token asked for
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+@dataclass
+class ServerState:
+    host: HostManager
+    catalog: Catalog
+    metrics: ServerMetrics
+    settings: ServerSettings
+    ready: bool = False  # every model asked for at start is loaded
+
+    @classmethod
+    def open(cls, host: HostManager, repository: ModelRepository | None = None,
+             settings: ServerSettings | None = None) -> ServerState:
+        """Subscribe the metrics first, so they see every model load."""
+        catalog = Catalog(host, repository)
+
+        def label(network: str) -> tuple[str, str, tuple] | None:
+            served = catalog.of_network(network)
+            return None if served is None else (served.name, served.version, served.transfers)
+
+        return cls(host, catalog, ServerMetrics(host.bus, label), settings or ServerSettings())
+
+    def close(self) -> None:
+        self.ready = False
+        self.metrics.close()
