@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 
 import numpy as np
 
 from runtime.batching import Batcher, Finish, split
 from runtime.deadlines import Deadlines
 from runtime.devices.device import Outputs
-from runtime.errors import ExecutionError, RequestTimeoutError, described
+from runtime.errors import ExecutionError, HostClosedError, RequestTimeoutError, described
 from runtime.events import EventBus
 from runtime.executor import Executor
 from runtime.network import Network
@@ -42,6 +43,34 @@ class Dispatcher:
         self.deadlines = Deadlines(self._expire, lock)
         self._uses = 0  # counts replica choices, for least-recently-used
         self._waiters = 0  # threads in wait_for
+
+    def batcher(self, net: Network) -> Batcher:
+        """A batcher for `net`, lent this dispatcher's slots, replicas and ending."""
+        assert net.batching is not None
+        return Batcher(net.name, net.batching, 2 * net.stages, take_slot=self.take_for_batch,
+                       begin=partial(self.begin_batch, net), finish=self.finish, bus=self.bus)
+
+    def stop(self, timeout: float) -> bool:
+        """Take no more requests, let accepted ones finish for up to `timeout`, fail the
+        rest, stop the batchers and the deadline timer. False if stopped already."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            if self.stopped:
+                return False
+            self.closing = True
+            self.wait_for(lambda: not self.slots_used and not self.queue.size and not any(
+                len(b) for b in self.batchers), timeout)
+            self.stopped = True
+            leftovers = self.queue.drain()
+            for net in self.networks.values():
+                leftovers.extend(net.running if net else ())
+        for batcher in self.batchers:
+            leftovers.extend(batcher.close(max(0.0, deadline - time.monotonic())))
+        for request in leftovers:
+            self.finish(request, None, HostClosedError(
+                f"host closed before request {request.id} to {request.network} finished"))
+        self.deadlines.close(max(0.0, deadline - time.monotonic()))
+        return True
 
     # -- slots ---------------------------------------------------------------------------
 

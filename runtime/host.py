@@ -5,9 +5,8 @@ in their network's batcher, until one of `max_active` slots is free; then a repl
 executor runs them. Every accepted request ends exactly once (`Dispatcher.finish`):
 outputs, an error, a timeout, a cancellation, or HostClosedError. Every request has a
 timeout unless one is turned off by name (math.inf), so a stuck device holds no request,
-and no slot, for ever. Loading is
-`network.py`'s job, slots and ending `dispatch.py`'s, batching `batching.py`'s, running
-a request over a plan `executor.py`'s.
+and no slot, for ever. Loading is `network.py`'s job, slots and ending `dispatch.py`'s,
+batching `batching.py`'s, running a request over a plan `executor.py`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
 from runtime.dispatch import Dispatcher
 from runtime.errors import (
-    DeviceSpecError,
     HostClosedError,
     InvalidInputError,
     NetworkBusyError,
@@ -41,7 +39,14 @@ from runtime.errors import (
 from runtime.events import EventBus
 from runtime.graph import Graph
 from runtime.inputs import check_feeds
-from runtime.network import ModelSource, Network, PartitionSpec, load_network, unload_network
+from runtime.network import (
+    ModelSource,
+    Network,
+    PartitionSpec,
+    device_pool,
+    load_network,
+    unload_network,
+)
 from runtime.partition import Plan
 from runtime.requests import DEFAULT_TIMEOUT, Request, checked_timeout
 
@@ -103,7 +108,7 @@ class HostManager:
         "fallback": device} or a TOML file of the same; `fallback` overrides its fallback.
         `devices`: the names of the host's devices it may use (default: all of them).
         """
-        pool = self.devices if devices is None else self._pool(devices)
+        pool = self.devices if devices is None else device_pool(self.devices, devices)
         with self._cv:
             if self._slots.closing:
                 raise HostClosedError("host is closed")
@@ -122,10 +127,7 @@ class HostManager:
             raise
         net.timeout = limit
         if net.batching is not None:
-            net.batcher = Batcher(name, net.batching, 2 * net.stages,
-                                  take_slot=self._slots.take_for_batch,
-                                  begin=partial(self._slots.begin_batch, net),
-                                  finish=self._slots.finish, bus=self.bus)
+            net.batcher = self._slots.batcher(net)
         with self._cv:
             self._networks[name] = net
             self._slots.batchers = self._batchers()
@@ -176,13 +178,6 @@ class HostManager:
             return HostStats(self.max_active, self._slots.slots_used,
                              self._slots.queue.size + batched,
                              {n.name: n.outstanding for n in nets})
-
-    def _pool(self, names: Sequence[str]) -> dict[str, Device]:
-        unknown = [n for n in names if n not in self.devices]
-        if unknown or not names:
-            what = f"no device named {unknown[0]!r}" if unknown else "no devices were named"
-            raise DeviceSpecError(f"{what}: this host has {', '.join(sorted(self.devices))}")
-        return {n: self.devices[n] for n in dict.fromkeys(names)}
 
     def _batchers(self) -> tuple[Batcher, ...]:
         return tuple(n.batcher for n in self._networks.values() if n and n.batcher is not None)
@@ -283,30 +278,11 @@ class HostManager:
     def close(self, timeout: float = 30.0) -> None:
         """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest.
         Returns within `timeout` (and a little), even with a device stuck in a run."""
-        slots = self._slots
         deadline = time.monotonic() + timeout
-
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        with self._cv:
-            if slots.stopped:
-                return
-            slots.closing = True
-            slots.wait_for(lambda: not slots.slots_used and not slots.queue.size and not any(
-                len(b) for b in slots.batchers), timeout)
-            slots.stopped = True
-            leftovers = slots.queue.drain()
-            for net in self._networks.values():
-                leftovers.extend(net.running if net else ())
-        for batcher in slots.batchers:
-            leftovers.extend(batcher.close(left()))
-        for request in leftovers:
-            slots.finish(request, None, HostClosedError(
-                f"host closed before request {request.id} to {request.network} finished"))
-        slots.deadlines.close(left())
+        if not self._slots.stop(timeout):
+            return  # closed already
         for device in self.devices.values():
-            device.close(left())
+            device.close(max(0.0, deadline - time.monotonic()))
         for name, net in list(self._networks.items()):
             if net is not None:
                 unload_network(name, net.loaded, self.bus)

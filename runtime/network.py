@@ -5,7 +5,7 @@ and rollback when any of it fails (nothing stays loaded).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import onnx
 
 from runtime.batching import Batcher, BatchingConfig, check_batchable
 from runtime.devices.device import Device
+from runtime.errors import DeviceSpecError
 from runtime.executor import Executor
 from runtime.graph import Graph, load_graph
 from runtime.inputs import InputSpec, input_specs
@@ -88,6 +89,15 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
         raise
     return Network(name, graph, plan, input_specs(graph), loaded,
                    [Executor(graph, replica, name, bus) for replica in loaded], batching)
+
+
+def device_pool(devices: Mapping[str, Device], names: Sequence[str]) -> dict[str, Device]:
+    """The named ones of a host's devices, for a network confined to them."""
+    unknown = [n for n in names if n not in devices]
+    if unknown or not names:
+        what = f"no device named {unknown[0]!r}" if unknown else "no devices were named"
+        raise DeviceSpecError(f"{what}: this host has {', '.join(sorted(devices))}")
+    return {n: devices[n] for n in dict.fromkeys(names)}
 
 
 def unload_network(name: str, loaded: list[list[LoadedPartition]], bus: Any) -> None:
