@@ -69,3 +69,17 @@ def first_line(exc: BaseException) -> str:
     """An exception's first non-blank line, or its type's name: for one-line messages."""
     return next((line.strip() for line in str(exc).splitlines() if line.strip()),
                 type(exc).__name__)
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of every frame `exc` and the errors behind it (its cause
+    and context) still hold, so what they referenced (a mapped file's arrays, say) can go
+    before the error does."""
+    import traceback
+
+    seen: set[int] = set()
+    chain: BaseException | None = exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        traceback.clear_frames(chain.__traceback__)
+        chain = chain.__cause__ or chain.__context__

@@ -22,11 +22,10 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from onnx import numpy_helper
 
 from runtime.devices.device import Outputs, Tag
 from runtime.errors import ExecutionError
-from runtime.graph import Graph
+from runtime.inputs import Signature
 from runtime.provision import LoadedPartition
 from runtime.requests import Request
 
@@ -46,13 +45,12 @@ class _Run:
 
 
 class Executor:
-    def __init__(self, graph: Graph, loaded: Sequence[LoadedPartition], network: str,
+    def __init__(self, face: Signature, loaded: Sequence[LoadedPartition], network: str,
                  bus: Any = None):
         self.network, self.parts, self.bus = network, list(loaded), bus
-        self.outputs = list(graph.outputs)
-        self.constants = {t: numpy_helper.to_array(graph.initializers[t])
-                          for t in self.outputs if t in graph.initializers}
-        fed = set(graph.inputs)
+        self.outputs = list(face.outputs)
+        self.constants = dict(face.constants)
+        fed = set(face.input_names)
         self.readers: dict[str, list[int]] = {}
         self.missing: list[int] = []
         for i, lp in enumerate(loaded):

@@ -16,10 +16,12 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from runtime.batching import Batcher, BatchingConfig, batch_shape
+from runtime.bundle.load import LoadedBundle, is_bundle, load_bundle
 from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
@@ -34,11 +36,15 @@ from runtime.errors import (
     QueueFullError,
 )
 from runtime.events import EventBus
-from runtime.graph import Graph
-from runtime.inputs import check_feeds
-from runtime.network import ModelSource, Network, PartitionSpec, load_network, unload_network
-from runtime.partition import Plan
+from runtime.inputs import InputSpec, check_feeds
+from runtime.network import Network, unload_network
+from runtime.partition.plan import Plan
 from runtime.requests import Request
+
+if TYPE_CHECKING:
+    from runtime.graph import Graph
+    from runtime.jit import ModelSource
+    from runtime.planning import PartitionSpec
 
 _CANCELLED = CancelledError("cancelled")
 
@@ -75,13 +81,20 @@ class HostManager:
 
     # -- networks ----------------------------------------------------------------------
 
-    def add_network(self, name: str, model: ModelSource, partition: PartitionSpec = "balanced",
+    def add_network(self, name: str, model: ModelSource,
+                    partition: PartitionSpec | None = None,
                     annotations: str | Path | Mapping | None = None,
-                    fallback: str | None = None, replicas: int | str = 1,
+                    fallback: str | None = None, replicas: int | str | None = None,
                     batching: Mapping | BatchingConfig | None = None,
-                    bindings: Mapping[str, int] | None = None) -> Plan:
+                    bindings: Mapping[str, int] | None = None, *,
+                    remap: Mapping[str, str] | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
+        `model`: an ONNX model (path, bytes, ModelProto or Graph), or the path of a bundle
+        (`NAME.prism`, from `prism compile`), which loads without partitioning: its
+        devices are matched to the host's by requirement (`remap`: {bundle device: host
+        device} pins one), and its replicas and batching apply unless given here.
+        `partition`: a mode (default balanced) or a node -> partition map.
         `replicas`: N whole replicas of the plan, or "saturate" (as many as twin devices
         allow); each request goes to the replica with the fewest outstanding requests.
         `batching`: {"max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes"}.
@@ -95,9 +108,8 @@ class HostManager:
                 raise NetworkExistsError(f"a network named {name!r} is already added")
             self._networks[name] = None
         try:
-            net = load_network(name, model, self.devices, self.bus, partition=partition,
-                               annotations=annotations, fallback=fallback, replicas=replicas,
-                               batching=BatchingConfig.of(batching), bindings=bindings)
+            net = self._load(name, model, partition, annotations, fallback, replicas,
+                             BatchingConfig.of(batching), bindings, remap)
         except BaseException:
             with self._cv:
                 del self._networks[name]
@@ -110,10 +122,36 @@ class HostManager:
         with self._cv:
             self._networks[name] = net
             self._slots.batchers = self._batchers()
+        origin = {} if net.bundle is None else {"bundle": net.bundle.path}
         self._publish("network.loaded", network=name, mode=net.plan.mode,
-                      partitions=len(net.plan.partitions), nodes=len(net.graph.nodes),
-                      devices=sorted({p.device for p in net.plan.partitions}))
+                      partitions=len(net.plan.partitions),
+                      nodes=sum(len(p.nodes) for p in net.plan.partitions),
+                      devices=sorted({p.device for p in net.plan.partitions}), **origin)
         return net.plan
+
+    def _load(self, name: str, model: ModelSource, partition: PartitionSpec | None,
+              annotations: str | Path | Mapping | None, fallback: str | None,
+              replicas: int | str | None, batching: BatchingConfig | None,
+              bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None) -> Network:
+        if is_bundle(model):
+            assert isinstance(model, str | Path)
+            fixed = {"annotations": annotations, "fallback": fallback, "bindings": bindings}
+            given = [k for k, v in fixed.items() if v is not None]
+            if given:
+                raise PrismError(f"{model} is a bundle, placed when it was compiled: "
+                                 f"{', '.join(given)} cannot change it (recompile it)")
+            return load_bundle(name, model, self.devices, self.bus, remap=remap,
+                               replicas=replicas, batching=batching, partition=partition)
+        if remap:
+            raise PrismError("remap applies to bundles (NAME.prism); a model is planned "
+                             "onto the host's devices as they are named")
+        # Here, not above: the graph IR, onnx and the partitioner load only for a model.
+        from runtime.jit import load_network
+
+        return load_network(name, model, self.devices, self.bus,
+                            partition=partition or "balanced", annotations=annotations,
+                            fallback=fallback, replicas=1 if replicas is None else replicas,
+                            batching=batching, bindings=bindings)
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
         """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
@@ -131,7 +169,7 @@ class HostManager:
             self._slots.batchers = self._batchers()
         if net.batcher is not None:
             net.batcher.close()
-        unload_network(name, net.loaded, self.bus)
+        unload_network(net, self.bus)
 
     def replicas(self, name: str) -> int:
         """How many replicas of the network's plan are loaded."""
@@ -143,8 +181,21 @@ class HostManager:
             return self._network(name).plan
 
     def graph(self, name: str) -> Graph:
+        """The network's graph (a bundle's is loaded from it on the first call)."""
         with self._cv:
-            return self._network(name).graph
+            net = self._network(name)
+        return net.graph
+
+    def inputs(self, name: str) -> list[InputSpec]:
+        """What the network takes as feeds."""
+        with self._cv:
+            return self._network(name).specs
+
+    def bundle(self, name: str) -> LoadedBundle | None:
+        """The bundle the network was loaded from (its manifest and schedule, on this
+        host's devices), or None for one loaded from an ONNX model."""
+        with self._cv:
+            return self._network(name).bundle
 
     def networks(self) -> list[str]:
         with self._cv:
@@ -264,9 +315,9 @@ class HostManager:
         slots.deadlines.close()
         for device in self.devices.values():
             device.close()
-        for name, net in list(self._networks.items()):
+        for net in list(self._networks.values()):
             if net is not None:
-                unload_network(name, net.loaded, self.bus)
+                unload_network(net, self.bus)
         self._networks.clear()
 
     def __enter__(self) -> HostManager:
