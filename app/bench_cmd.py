@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.loadgen import LoadGenerator, plain_onnxruntime
-from app.loading import network_options
+from app.loading import load_options
 from runtime.devices import parse_devices
 from runtime.host import HostManager
 from runtime.units import human_seconds
@@ -25,7 +25,7 @@ def _figures(rate: float, latencies: list[float]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     devices = parse_devices(args.devices)
-    options = network_options(args)
+    options = load_options(args)
     name = Path(args.model).stem
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:

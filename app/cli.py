@@ -15,10 +15,10 @@ stderr = Console(stderr=True)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="path to an .onnx file")
+    parser.add_argument("model", help="path to an .onnx file (run and bench: or a .prism bundle)")
     parser.add_argument("--devices", required=True,
                         help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
-    parser.add_argument("--partition", default="balanced", metavar="MODE",
+    parser.add_argument("--partition", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
     parser.add_argument("--bind", action="append", default=[], metavar="DIM=N",
@@ -35,8 +35,15 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
                         help="dynamic batching: largest batch")
     parser.add_argument("--max-delay-ms", type=float, default=1.0, metavar="D",
                         help="dynamic batching: longest wait for a fuller batch (default 1)")
-    parser.add_argument("--replicas", default="1", metavar="N|saturate",
-                        help="whole copies of the plan on twin devices")
+    parser.add_argument("--replicas", metavar="N|saturate",
+                        help="whole copies of the plan on twin devices (default 1, or a "
+                             "bundle's own)")
+
+
+def _add_remap_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remap", action="append", default=[], metavar="OLD=NEW",
+                        help="a bundle: run what it placed on device OLD on this host's NEW "
+                             "(default: devices matched by kind, memory and ops)")
 
 
 class _Versions(argparse.Action):
@@ -84,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rate", type=float, metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
     _add_serving_args(run)
+    _add_remap_arg(run)
     run.set_defaults(handler="app.run_cmd:run")
 
     bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load")
@@ -93,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="closed-loop clients, for both runtimes")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_serving_args(bench)
+    _add_remap_arg(bench)
     bench.set_defaults(handler="app.bench_cmd:run")
 
     prof = sub.add_parser("profile", help="record every tensor's range over calibration "
@@ -144,11 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
                                      "through the partitioner")
-    tui.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled "
-                                              "sample CNN)")
-    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB)")
+    tui.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample CNN)")
+    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB; for a "
+                                       "bundle, the kinds it was compiled for)")
     tui.add_argument("--partition", default="balanced", choices=("balanced", "memory"),
-                     metavar="MODE", help="balanced (default) or memory")
+                     metavar="MODE", help="balanced (default) or memory (a bundle keeps "
+                                          "the mode it was compiled in)")
     tui_load = tui.add_mutually_exclusive_group()
     tui_load.add_argument("--rate", type=float, metavar="R",
                           help="open-loop load, requests per second (default 150)")
@@ -161,9 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     tui.set_defaults(handler="app.tui_cmd:run")
 
     web = sub.add_parser("web", help="the live dashboard in a browser (Streamlit)")
-    web.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled sample)")
+    web.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample)")
     web.add_argument("--devices", metavar="SPEC",
-                     help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
+                     help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2; "
+                          "for a bundle, the kinds it was compiled for)")
     web.add_argument("--port", type=int, default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
     web.set_defaults(handler="app.web_cmd:run")

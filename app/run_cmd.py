@@ -18,14 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from app.loadgen import LoadGenerator
-from app.loading import network_options
+from app.loading import load_options
 from runtime.devices import parse_devices
 from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.events import JsonlRecorder
-from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
-from runtime.inputs import check_feeds, input_specs
+from runtime.inputs import InputSpec, check_feeds
 from runtime.metrics import Metrics, MetricsSnapshot
 from runtime.units import human_bytes, human_seconds
 
@@ -91,7 +90,7 @@ def device_table(snap: MetricsSnapshot) -> Table:
     return table
 
 
-def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
+def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     """The feeds in an .npz file, checked against the model's inputs before anything runs."""
     try:
         stored = np.load(path, allow_pickle=False)
@@ -102,23 +101,23 @@ def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, BadZipFile) as exc:
         raise PrismError(f"cannot read inputs {path}: {first_line(exc)}") from None
     try:
-        return check_feeds(graph.name, input_specs(graph), feeds)
+        return check_feeds(network, specs, feeds)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{path}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     console, errors = Console(), Console(stderr=True)
-    options = network_options(args)
+    options = load_options(args)
     devices = parse_devices(args.devices)
     binds = options["bindings"]
     name = Path(args.model).stem
-    graph = load_graph(args.model, bindings=binds, name=name)
-    feeds = read_inputs(args.inputs, graph) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
-        host.add_network(name, graph, **options)
+        host.add_network(name, args.model, **options)
+        feeds = read_inputs(args.inputs, name, host.inputs(name)) if args.inputs else None
+        # a bundle is checked against the whole network stored inside it
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = JsonlRecorder(host.bus, args.record) if args.record else nullcontext()
         load = LoadGenerator(host, name, concurrency=None if args.rate else args.concurrency,

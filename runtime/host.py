@@ -122,7 +122,8 @@ class HostManager:
         with self._cv:
             self._networks[name] = net
             self._slots.batchers = self._batchers()
-        origin = {} if net.bundle is None else {"bundle": net.bundle.path}
+        origin = {} if net.bundle is None else {"bundle": net.bundle.path,
+                                                "placed": net.bundle.devices}
         self._publish("network.loaded", network=name, mode=net.plan.mode,
                       partitions=len(net.plan.partitions),
                       nodes=sum(len(p.nodes) for p in net.plan.partitions),
