@@ -13,7 +13,7 @@ from rich.text import Text
 
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
-from app.loading import network_options
+from app.loading import load_options
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
                          "or give --url URL to load a server")
     args.concurrency = args.concurrency[0]
     devices = parse_devices(args.devices)
-    options = network_options(args)
+    options = load_options(args)
     name = Path(args.model).stem
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:

@@ -77,10 +77,11 @@ def _binding(text: str) -> str:
 def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     from runtime.partition import MODES
 
-    parser.add_argument("model", help="path to an .onnx file", nargs=None if required else "?")
+    parser.add_argument("model", help="path to an .onnx file (run and bench: or a .prism "
+                                      "bundle)", nargs=None if required else "?")
     parser.add_argument("--devices", required=required,
                         help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
-    parser.add_argument("--partition", default="balanced", metavar="MODE",
+    parser.add_argument("--partition", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
     parser.add_argument("--bind", action="append", default=[], metavar="DIM=N", type=_binding,
@@ -98,8 +99,15 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=_number(float, 0, MAX_DELAY_MS), default=1.0,
                         metavar="D", help="dynamic batching: longest wait for a fuller batch, "
                                           "in milliseconds (default 1)")
-    parser.add_argument("--replicas", default=1, type=_replicas, metavar="N|saturate",
-                        help="whole copies of the plan on twin devices")
+    parser.add_argument("--replicas", type=_replicas, metavar="N|saturate",
+                        help="whole copies of the plan on twin devices (default 1, or a "
+                             "bundle's own)")
+
+
+def _add_remap_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remap", action="append", default=[], metavar="OLD=NEW",
+                        help="a bundle: run what it placed on device OLD on this host's NEW "
+                             "(default: devices matched by kind, memory and ops)")
 
 
 def _counts(text: str) -> list[int]:
@@ -157,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
     _add_serving_args(run)
+    _add_remap_arg(run)
     run.set_defaults(handler="app.run_cmd:run")
 
     bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load, "
@@ -168,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "level (e.g. 1,8,64)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_serving_args(bench)
+    _add_remap_arg(bench)
     bench.add_argument("--url", help="load a running `prism serve` (or any Open Inference "
                                      "Protocol server) at URL instead; MODEL is then --model")
     bench.add_argument("--model", dest="served_model", metavar="M",
@@ -256,11 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
                                      "through the partitioner")
-    tui.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled "
-                                              "sample CNN)")
-    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB)")
+    tui.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample CNN)")
+    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB; for a "
+                                       "bundle, the kinds it was compiled for)")
     tui.add_argument("--partition", default="balanced", choices=("balanced", "memory"),
-                     metavar="MODE", help="balanced (default) or memory")
+                     metavar="MODE", help="balanced (default) or memory (a bundle keeps "
+                                          "the mode it was compiled in)")
     tui_load = tui.add_mutually_exclusive_group()
     tui_load.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                           help="open-loop load, requests per second (default 150)")
@@ -274,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     tui.set_defaults(handler="app.tui_cmd:run")
 
     web = sub.add_parser("web", help="the live dashboard in a browser (Streamlit)")
-    web.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled sample)")
+    web.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample)")
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",

@@ -19,14 +19,15 @@ from rich.table import Table
 
 from app.console import plain_console
 from app.loadgen import LoadGenerator, LoadStats
-from app.loading import network_options, output_file, writing
+from app.loading import load_options, output_file, writing
+from runtime.bundle.load import is_bundle
+from runtime.bundle.reader import read_bundle
 from runtime.devices import parse_devices
 from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.events import JsonlRecorder
-from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
-from runtime.inputs import check_feeds, input_specs
+from runtime.inputs import InputSpec, check_feeds, input_specs
 from runtime.metrics import Metrics, MetricsSnapshot
 from runtime.units import human_bytes, human_seconds
 
@@ -126,7 +127,7 @@ NPZ_ERRORS = (OSError, ValueError, EOFError, RuntimeError, BadZipFile, NotImplem
               zlib.error)
 
 
-def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
+def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     """The feeds in an .npz file, checked against the model's inputs before anything runs."""
     try:
         with open(path, "rb") as file:
@@ -140,9 +141,21 @@ def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
     except NPZ_ERRORS as exc:
         raise PrismError(f"cannot read inputs {path}: {first_line(exc)}") from None
     try:
-        return check_feeds(graph.name, input_specs(graph), feeds)
+        return check_feeds(network, specs, feeds)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{path}: {exc}") from None
+
+
+def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]]:
+    """A model's or a bundle's name and inputs, read without a host."""
+    if is_bundle(path):
+        with read_bundle(path) as bundle:
+            manifest = bundle.manifest
+        return manifest["network"], [InputSpec.from_dict(i) for i in manifest["inputs"]]
+    from runtime.graph import load_graph
+
+    graph = load_graph(path, bindings=bindings, name=Path(path).stem)
+    return graph.name, input_specs(graph)
 
 
 def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str]:
@@ -165,17 +178,17 @@ def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str
 
 def run(args: argparse.Namespace) -> int:
     console = plain_console()
-    options = network_options(args)
+    options = load_options(args)
     devices = parse_devices(args.devices)
     record = output_file(args.record, "--record") if args.record else None
     binds = options["bindings"]
     name = Path(args.model).stem
-    graph = load_graph(args.model, bindings=binds, name=name)
-    feeds = read_inputs(args.inputs, graph) if args.inputs else None
+    feeds = read_inputs(args.inputs, *model_inputs(args.model, binds)) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
-        host.add_network(name, graph, **options)
+        host.add_network(name, args.model, **options)
+        # a bundle is checked against the whole network stored inside it
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = writing(record, "--record", lambda: JsonlRecorder(host.bus, record)) \
             if record else nullcontext()

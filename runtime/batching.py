@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import ExecutionError, PrismError
-from runtime.graph import Graph
 from runtime.requests import Request, RequestQueue
 
 Finish = Callable[[Request, dict | None, BaseException | None], None]
@@ -59,14 +58,15 @@ class BatchingConfig:
         return cls(**value)
 
 
-def check_batchable(graph: Graph) -> None:
-    """Every input and output must have a symbolic first dimension, or batching is refused."""
-    for kind, names in (("input", graph.inputs), ("output", graph.outputs)):
-        for name in names:
-            dims = graph.tensors[name].dims if name in graph.tensors else None
+def check_batchable(network: str, inputs: Mapping[str, Sequence | None],
+                    outputs: Mapping[str, Sequence | None]) -> None:
+    """Every input and output (name -> declared dims, None when unknown) must have a
+    symbolic first dimension, or batching is refused."""
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for name, dims in tensors.items():
             if not dims or isinstance(dims[0], int):
                 first = "no shape" if not dims else f"a fixed first dimension {dims[0]}"
-                raise PrismError(f"{graph.name} cannot batch: {kind} {name!r} has {first}; "
+                raise PrismError(f"{network} cannot batch: {kind} {name!r} has {first}; "
                                  f"dynamic batching needs a symbolic batch dimension")
 
 

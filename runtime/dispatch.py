@@ -21,7 +21,14 @@ import numpy as np
 from runtime.batching import Batcher, Finish, split
 from runtime.deadlines import Deadlines
 from runtime.devices.device import Outputs
-from runtime.errors import ExecutionError, HostClosedError, RequestTimeoutError, described
+from runtime.errors import (
+    ExecutionError,
+    HostClosedError,
+    NetworkBusyError,
+    NetworkNotFoundError,
+    RequestTimeoutError,
+    described,
+)
 from runtime.events import EventBus
 from runtime.executor import Executor
 from runtime.network import Network
@@ -71,6 +78,39 @@ class Dispatcher:
                 f"host closed before request {request.id} to {request.network} finished"))
         self.deadlines.close(max(0.0, deadline - time.monotonic()))
         return True
+
+    # -- the registry --------------------------------------------------------------------
+
+    def network(self, name: str) -> Network:
+        """Under the lock: a loaded network by name, or NetworkNotFoundError."""
+        net = self.networks.get(name)
+        if net is None or net.removing:
+            state = "is being removed" if net else "is not loaded"
+            known = ", ".join(n for n, v in self.networks.items() if v) or "none"
+            raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
+        return net
+
+    def batchers_changed(self) -> None:
+        """Under the lock: the batchers to tell of freed slots, after a network came or went."""
+        self.batchers = tuple(n.batcher for n in self.networks.values()
+                              if n and n.batcher is not None)
+
+    def retire(self, name: str, wait: bool, timeout: float) -> Network:
+        """Take a network out of the registry once its requests have ended (up to
+        `timeout`), or refuse (NetworkBusyError) and leave it serving."""
+        with self.cv:
+            net = self.network(name)
+            if net.outstanding and not wait:
+                raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
+                                       f"remove_network(wait=True) waits for them")
+            net.removing = True
+            if not self.wait_for(lambda: net.outstanding == 0, timeout):
+                net.removing = False
+                raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
+                                       f"{timeout:g} s; not removed")
+            del self.networks[name]
+            self.batchers_changed()
+        return net
 
     # -- slots ---------------------------------------------------------------------------
 

@@ -76,3 +76,17 @@ def described(exc: BaseException) -> str:
     says nothing more ("KeyboardInterrupt")."""
     line, name = first_line(exc), type(exc).__name__
     return name if line == name else f"{name}: {line}"
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of every frame `exc` and the errors behind it (its cause
+    and context) still hold, so what they referenced (a mapped file's arrays, say) can go
+    before the error does."""
+    import traceback
+
+    seen: set[int] = set()
+    chain: BaseException | None = exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        traceback.clear_frames(chain.__traceback__)
+        chain = chain.__cause__ or chain.__context__

@@ -29,11 +29,10 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from onnx import numpy_helper
 
 from runtime.devices.device import Outputs, Tag
 from runtime.errors import ExecutionError, described
-from runtime.graph import Graph
+from runtime.inputs import Signature
 from runtime.outputs import OutputCheck
 from runtime.provision import LoadedPartition
 from runtime.requests import Request
@@ -54,14 +53,15 @@ class _Run:
 
 
 class Executor:
-    def __init__(self, graph: Graph, loaded: Sequence[LoadedPartition], network: str,
-                 bus: Any = None):
+    def __init__(self, face: Signature, loaded: Sequence[LoadedPartition], network: str,
+                 bus: Any = None, checks: Sequence[OutputCheck] | None = None):
+        """`checks`: per partition, what its outputs must be (by default, only there)."""
         self.network, self.parts, self.bus = network, list(loaded), bus
-        self.outputs = list(graph.outputs)
-        self.constants = {t: numpy_helper.to_array(graph.initializers[t])
-                          for t in self.outputs if t in graph.initializers}
-        fed = set(graph.inputs)
-        self.checks = [OutputCheck(graph, lp.partition.outputs) for lp in loaded]
+        self.outputs = list(face.outputs)
+        self.constants = dict(face.constants)
+        fed = set(face.input_names)
+        self.checks = list(checks) if checks is not None else [
+            OutputCheck.names(lp.partition.outputs) for lp in loaded]
         self.readers: dict[str, list[int]] = {}
         self.missing: list[int] = []
         for i, lp in enumerate(loaded):

@@ -19,10 +19,11 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.batching import Batcher, BatchingConfig, batch_shape
+from runtime.batching import BatchingConfig, batch_shape
 from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
@@ -30,25 +31,23 @@ from runtime.dispatch import Dispatcher
 from runtime.errors import (
     HostClosedError,
     InvalidInputError,
-    NetworkBusyError,
     NetworkExistsError,
     NetworkNotFoundError,
     PrismError,
     QueueFullError,
 )
 from runtime.events import EventBus
-from runtime.graph import Graph
-from runtime.inputs import check_feeds
-from runtime.network import (
-    ModelSource,
-    Network,
-    PartitionSpec,
-    device_pool,
-    load_network,
-    unload_network,
-)
-from runtime.partition import Plan
+from runtime.inputs import InputSpec, check_feeds
+from runtime.loading import load
+from runtime.network import Network, device_pool, unload_network
+from runtime.partition.plan import Plan
 from runtime.requests import DEFAULT_TIMEOUT, Request, checked_timeout
+
+if TYPE_CHECKING:
+    from runtime.bundle.load import LoadedBundle
+    from runtime.graph import Graph
+    from runtime.jit import ModelSource
+    from runtime.planning import PartitionSpec
 
 _CANCELLED = CancelledError("cancelled")
 
@@ -89,15 +88,21 @@ class HostManager:
 
     # -- networks ----------------------------------------------------------------------
 
-    def add_network(self, name: str, model: ModelSource, partition: PartitionSpec = "balanced",
+    def add_network(self, name: str, model: ModelSource,
+                    partition: PartitionSpec | None = None,
                     annotations: str | Path | Mapping | None = None,
-                    fallback: str | None = None, replicas: int | str = 1,
+                    fallback: str | None = None, replicas: int | str | None = None,
                     batching: Mapping | BatchingConfig | None = None,
-                    bindings: Mapping[str, int] | None = None,
-                    timeout: float | None = None,
-                    devices: Sequence[str] | None = None) -> Plan:
+                    bindings: Mapping[str, int] | None = None, timeout: float | None = None,
+                    devices: Sequence[str] | None = None, *,
+                    remap: Mapping[str, str] | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
+        `model`: an ONNX model (path, bytes, ModelProto or Graph), or the path of a bundle
+        (`NAME.prism`, from `prism compile`), which loads without partitioning: its
+        devices are matched to the host's by requirement (`remap`: {bundle device: host
+        device} pins one), and its replicas and batching apply unless given here.
+        `partition`: a mode (default balanced) or a node -> partition map.
         `replicas`: N whole replicas of the plan, or "saturate" (as many as twin devices
         allow); each request goes to the replica with the fewest outstanding requests.
         `batching`: {"max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes"}.
@@ -118,9 +123,9 @@ class HostManager:
                 timeout, f"timeout of {name}")
             self._networks[name] = None
         try:
-            net = load_network(name, model, pool, self.bus, partition=partition,
-                               annotations=annotations, fallback=fallback, replicas=replicas,
-                               batching=BatchingConfig.of(batching), bindings=bindings)
+            net = load(name, model, pool, self.bus, partition=partition,
+                       annotations=annotations, fallback=fallback, replicas=replicas,
+                       batching=BatchingConfig.of(batching), bindings=bindings, remap=remap)
         except BaseException:
             with self._cv:
                 del self._networks[name]
@@ -130,42 +135,47 @@ class HostManager:
             net.batcher = self._slots.batcher(net)
         with self._cv:
             self._networks[name] = net
-            self._slots.batchers = self._batchers()
+            self._slots.batchers_changed()
+        origin = {} if net.bundle is None else {"bundle": net.bundle.path,
+                                                "placed": net.bundle.devices}
         self._publish("network.loaded", network=name, mode=net.plan.mode,
-                      partitions=len(net.plan.partitions), nodes=len(net.graph.nodes),
-                      devices=sorted({p.device for p in net.plan.partitions}))
+                      partitions=len(net.plan.partitions),
+                      nodes=sum(len(p.nodes) for p in net.plan.partitions),
+                      devices=sorted({p.device for p in net.plan.partitions}), **origin)
         return net.plan
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
         """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
-        with self._cv:
-            net = self._network(name)
-            if net.outstanding and not wait:
-                raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
-                                       f"remove_network(wait=True) waits for them")
-            net.removing = True
-            if not self._slots.wait_for(lambda: net.outstanding == 0, timeout):
-                net.removing = False
-                raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
-                                       f"{timeout:g} s; not removed")
-            del self._networks[name]
-            self._slots.batchers = self._batchers()
+        net = self._slots.retire(name, wait, timeout)
         if net.batcher is not None:
             net.batcher.close()
-        unload_network(name, net.loaded, self.bus)
+        unload_network(net, self.bus)
 
     def replicas(self, name: str) -> int:
         """How many replicas of the network's plan are loaded."""
         with self._cv:
-            return len(self._network(name).replicas)
+            return len(self._slots.network(name).replicas)
 
     def plan(self, name: str) -> Plan:
         with self._cv:
-            return self._network(name).plan
+            return self._slots.network(name).plan
 
     def graph(self, name: str) -> Graph:
+        """The network's graph (a bundle's is loaded from it on the first call)."""
         with self._cv:
-            return self._network(name).graph
+            net = self._slots.network(name)
+        return net.graph
+
+    def inputs(self, name: str) -> list[InputSpec]:
+        """What the network takes as feeds."""
+        with self._cv:
+            return self._slots.network(name).specs
+
+    def bundle(self, name: str) -> LoadedBundle | None:
+        """The bundle the network was loaded from (its manifest and schedule, on this
+        host's devices), or None for one loaded from an ONNX model."""
+        with self._cv:
+            return self._slots.network(name).bundle
 
     def networks(self) -> list[str]:
         with self._cv:
@@ -178,17 +188,6 @@ class HostManager:
             return HostStats(self.max_active, self._slots.slots_used,
                              self._slots.queue.size + batched,
                              {n.name: n.outstanding for n in nets})
-
-    def _batchers(self) -> tuple[Batcher, ...]:
-        return tuple(n.batcher for n in self._networks.values() if n and n.batcher is not None)
-
-    def _network(self, name: str) -> Network:
-        net = self._networks.get(name)
-        if net is None or net.removing:
-            state = "is being removed" if net else "is not loaded"
-            known = ", ".join(n for n, v in self._networks.items() if v) or "none"
-            raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
-        return net
 
     # -- requests ----------------------------------------------------------------------
 
@@ -209,7 +208,7 @@ class HostManager:
             with self._cv:
                 if self._slots.closing:
                     raise HostClosedError("host is closed; it takes no more requests")
-                net = self._network(name)
+                net = self._slots.network(name)
         checked = check_feeds(name, net.specs, feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
         if inline and not self.bus.active and net.lean is not None:
@@ -283,9 +282,9 @@ class HostManager:
             return  # closed already
         for device in self.devices.values():
             device.close(max(0.0, deadline - time.monotonic()))
-        for name, net in list(self._networks.items()):
+        for net in list(self._networks.values()):
             if net is not None:
-                unload_network(name, net.loaded, self.bus)
+                unload_network(net, self.bus)
         self._networks.clear()
 
     def __enter__(self) -> HostManager:

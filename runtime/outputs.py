@@ -11,11 +11,14 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.graph import Graph
-from runtime.inputs import array_text, tensor_specs
+from runtime.inputs import InputSpec, array_text, tensor_specs
+
+if TYPE_CHECKING:
+    from runtime.graph import Graph
 
 _MISSING = object()
 
@@ -23,17 +26,28 @@ _MISSING = object()
 class OutputCheck:
     __slots__ = ("_seen", "specs")
 
-    def __init__(self, graph: Graph, names: Iterable[str]):
-        self.specs = tuple(tensor_specs(graph, names))
+    def __init__(self, specs: Iterable[InputSpec]):
+        self.specs = tuple(specs)
         self._seen = tuple((s.name, s.dtype, s.shapes_seen) for s in self.specs)
+
+    @classmethod
+    def of(cls, graph: Graph, names: Iterable[str]) -> OutputCheck:
+        """As the graph declares the tensors `names`."""
+        return cls(tensor_specs(graph, names))
+
+    @classmethod
+    def names(cls, names: Iterable[str]) -> OutputCheck:
+        """Only that each output is there, an array (what a bundle's manifest can tell:
+        it keeps no types of the tensors between partitions)."""
+        return cls(InputSpec(name, None, None) for name in names)
 
     def problem(self, outputs: object) -> str | None:
         """None when every declared output is there as declared, else what is wrong."""
         if type(outputs) is dict:  # the usual case, every output as seen before
             for name, dtype, seen in self._seen:
                 value = outputs.get(name)
-                if type(value) is not np.ndarray or value.dtype is not dtype or \
-                        value.shape not in seen:
+                if type(value) is not np.ndarray or value.shape not in seen or \
+                        (value.dtype is not dtype and dtype is not None):
                     return self._problem(outputs)
             return None
         return self._problem(outputs)

@@ -164,7 +164,7 @@ class FakeDevice(Faults, Device):
         self._worker.start()
 
     def _install(self, key: str, program: Program) -> None:
-        self._sessions[key] = cpu_session(program.model)
+        self._sessions[key] = cpu_session(program.model, external=program.external)
 
     def _uninstall(self, key: str) -> None:
         self._sessions.pop(key, None)
