@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 from rich import box
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
-from app.loading import network_options
+from app.loading import load_options
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
                          "or give --url URL to load a server")
     args.concurrency = args.concurrency[0]
     devices = parse_devices(args.devices)
-    options = network_options(args)
+    options = load_options(args)
     name = Path(args.model).stem
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         f = figures[key]
         table.add_row(label, f"{f['requests_per_second']:.0f}", human_seconds(f["p50_seconds"]),
                       human_seconds(f["p99_seconds"]))
-    console = Console()
+    console = plain_console()
     console.print(table)
-    console.print(f"Prism / onnxruntime throughput: [bold]{figures['ratio']:.2f}x[/]")
+    console.print(Text.assemble("Prism / onnxruntime throughput: ",
+                                (f"{figures['ratio']:.2f}x", "bold")))
     return 0

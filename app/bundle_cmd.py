@@ -9,10 +9,10 @@ from collections import Counter
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.console import plain_console
 from app.loading import network_options
 from runtime.bundle.network import export_onnx
 from runtime.bundle.writer import Compiled, compile_bundle
@@ -56,7 +56,7 @@ def compile_command(args: argparse.Namespace) -> int:
     options = network_options(args)
     devices = parse_devices(args.devices)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+                  TimeElapsedColumn(), console=plain_console(stderr=True), transient=True) as bar:
         task = bar.add_task("loading", total=None)
 
         def report(what: str, done: int, total: int) -> None:
@@ -68,7 +68,7 @@ def compile_command(args: argparse.Namespace) -> int:
         print(json.dumps({"path": str(compiled.path), "bytes": compiled.size,
                           **compiled.manifest}, indent=2))
         return 0
-    console = Console()
+    console = plain_console()
     console.print(schedule_table(compiled))
     for line in summary_lines(compiled):
         console.print(line, highlight=False)
@@ -79,7 +79,7 @@ def export_command(args: argparse.Namespace) -> int:
     model = export_onnx(args.bundle, args.output)
     parts = Counter(next(p.value for p in n.metadata_props if p.key == "prism.partition")
                     for n in model.graph.node)
-    Console().print(f"wrote {args.output}: {len(model.graph.node)} nodes in {len(parts)} "
+    plain_console().print(f"wrote {args.output}: {len(model.graph.node)} nodes in {len(parts)} "
                     f"partitions, each node's partition and device in its metadata "
                     f"(prism.partition, prism.device)", highlight=False)
     return 0

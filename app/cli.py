@@ -1,27 +1,90 @@
-"""`prism ...`: the command line. Errors print as one line, never a traceback."""
+"""`prism ...`: the command line. Errors print as one line, never a traceback.
+
+This module is the console script's entry point, so its top level stays light: the
+runtime (numpy, onnx, onnxruntime: about half a second) is imported inside `main`'s
+error handling, where a Ctrl-C during the imports is a one-line "interrupted" too.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-from rich.console import Console
+MAX_CLIENTS = 10_000  # --concurrency: each client is a callback chain and queue places
+MAX_DELAY_MS = 60_000  # --max-delay-ms: a batch never waits over a minute
 
-from runtime.errors import PrismError
-from runtime.partition import MODES
 
-stderr = Console(stderr=True)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """A bad flag is one line too (exit status 2, argparse's usage error)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, low: float, high: float | None = None, *, above: bool = False
+            ) -> Callable[[str], Any]:
+    """An argparse type: a finite number of `kind` from `low` (or above it) to `high`."""
+    what = "a whole number" if kind is int else "a number"
+    bound = (f"above {low}" if above else f"of at least {low}") if high is None \
+        else f"from {low} to {high}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or (kind is float and not math.isfinite(value)) or value < low \
+                or (above and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _replicas(text: str) -> int | str:
+    if text == "saturate":
+        return text
+    try:
+        return _number(int, 1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 or "
+                                         f"'saturate', got {text!r}") from None
+
+
+def _pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+    return text
+
+
+def _binding(text: str) -> str:
+    name, _, value = text.partition("=")
+    if not name or not value.isascii() or not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"takes DIM=N with N a whole number of at least 1, "
+                                         f"got {text!r}")
+    return text
 
 
 def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    parser.add_argument("model", help="path to an .onnx file", nargs=None if required else "?")
+    from runtime.partition import MODES
+
+    parser.add_argument("model", help="path to an .onnx file (run and bench: or a .prism "
+                                      "bundle)", nargs=None if required else "?")
     parser.add_argument("--devices", required=required,
                         help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
-    parser.add_argument("--partition", default="balanced", metavar="MODE",
+    parser.add_argument("--partition", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
-    parser.add_argument("--bind", action="append", default=[], metavar="DIM=N",
+    parser.add_argument("--bind", action="append", default=[], metavar="DIM=N", type=_binding,
                         help="value of a symbolic dimension for costing (default 1)")
     parser.add_argument("--annotate", metavar="FILE.toml",
                         help="placement: [nodes] name = device/kind, [ops] op = device/kind, "
@@ -31,24 +94,30 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> N
 
 
 def _add_serving_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-batch", type=int, metavar="N",
+    parser.add_argument("--max-batch", type=_number(int, 1), metavar="N",
                         help="dynamic batching: largest batch")
-    parser.add_argument("--max-delay-ms", type=float, default=1.0, metavar="D",
-                        help="dynamic batching: longest wait for a fuller batch (default 1)")
-    parser.add_argument("--replicas", default="1", metavar="N|saturate",
-                        help="whole copies of the plan on twin devices")
+    parser.add_argument("--max-delay-ms", type=_number(float, 0, MAX_DELAY_MS), default=1.0,
+                        metavar="D", help="dynamic batching: longest wait for a fuller batch, "
+                                          "in milliseconds (default 1)")
+    parser.add_argument("--replicas", type=_replicas, metavar="N|saturate",
+                        help="whole copies of the plan on twin devices (default 1, or a "
+                             "bundle's own)")
+
+
+def _add_remap_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remap", action="append", default=[], metavar="OLD=NEW",
+                        help="a bundle: run what it placed on device OLD on this host's NEW "
+                             "(default: devices matched by kind, memory and ops)")
 
 
 def _counts(text: str) -> list[int]:
-    """`1,8,64` -> [1, 8, 64]: whole numbers of at least 1."""
+    """`1,8,64` -> [1, 8, 64]: client counts, from 1 to MAX_CLIENTS."""
+    one = _number(int, 1, MAX_CLIENTS)
     try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"give whole numbers of at least 1, comma-separated; "
-                                         f"got {text!r}")
-    return counts
+        return [one(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"give whole numbers from 1 to {MAX_CLIENTS}, "
+                                         f"comma-separated; got {text!r}") from None
 
 
 class _Versions(argparse.Action):
@@ -67,7 +136,7 @@ class _Versions(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="prism", description="Partition an ONNX network over several devices and run it.")
     parser.add_argument("--version", action=_Versions,
                         help="print the versions of Prism, Python, onnx, onnxruntime, numpy, "
@@ -86,27 +155,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a model under load and report latency")
     _add_model_args(run)
-    run.add_argument("--requests", type=int, default=100, metavar="N")
-    run.add_argument("--concurrency", type=int, default=4, metavar="C",
+    run.add_argument("--requests", type=_number(int, 1), default=100, metavar="N")
+    run.add_argument("--concurrency", type=_number(int, 1, MAX_CLIENTS), default=4, metavar="C",
                      help="clients, each waiting for its answer (closed loop)")
     run.add_argument("--check", action="store_true",
                      help="compare every answer with the whole model in plain onnxruntime")
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
     run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
-    run.add_argument("--rate", type=float, metavar="R",
+    run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
     _add_serving_args(run)
+    _add_remap_arg(run)
     run.set_defaults(handler="app.run_cmd:run")
 
     bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load, "
                                          "or a running server over HTTP (--url)")
     _add_model_args(bench, required=False)
-    bench.add_argument("--requests", type=int, default=1000, metavar="N")
+    bench.add_argument("--requests", type=_number(int, 1), default=1000, metavar="N")
     bench.add_argument("--concurrency", type=_counts, default=[8], metavar="C[,C...]",
                        help="closed-loop clients, for both runtimes; with --url, one run per "
                             "level (e.g. 1,8,64)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_serving_args(bench)
+    _add_remap_arg(bench)
     bench.add_argument("--url", help="load a running `prism serve` (or any Open Inference "
                                      "Protocol server) at URL instead; MODEL is then --model")
     bench.add_argument("--model", dest="served_model", metavar="M",
@@ -164,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--format", default="qdq", choices=("qdq", "qoperator"),
                        help="QuantizeLinear/DequantizeLinear pairs (default) or QLinear ops")
     quant.add_argument("--activations", default="uint8", choices=("uint8", "int8"),
-                       help="activation type (default uint8: 1.3-2x faster here than float; "
-                            "int8 was slower than float)")
+                       help="activation type (default uint8: 1.6-1.8x faster here than "
+                            "float; int8 was slower than float)")
     quant.add_argument("--weights", default="int8", choices=("uint8", "int8"))
     quant.add_argument("--per-tensor", action="store_true",
                        help="one weight scale per tensor (default: per output channel)")
@@ -175,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep this node in float (repeatable)")
     quant.add_argument("--exclude-op", action="append", default=[], metavar="OP",
                        help="keep every node of this op type in float (repeatable)")
+    quant.add_argument("--quantize-narrow", action="store_true",
+                       help="quantize convolutions on fewer than 8 input channels too (by "
+                            "default they stay in float: onnxruntime runs them slower in int8)")
     quant.add_argument("--accuracy-budget", metavar="B",
                        help="e.g. 1%%: return the fewest nodes to float to stay within it")
     quant.add_argument("--metric", default="auto", metavar="M",
@@ -192,27 +266,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
                                      "through the partitioner")
-    tui.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled "
-                                              "sample CNN)")
-    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB)")
+    tui.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample CNN)")
+    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB; for a "
+                                       "bundle, the kinds it was compiled for)")
     tui.add_argument("--partition", default="balanced", choices=("balanced", "memory"),
-                     metavar="MODE", help="balanced (default) or memory")
+                     metavar="MODE", help="balanced (default) or memory (a bundle keeps "
+                                          "the mode it was compiled in)")
     tui_load = tui.add_mutually_exclusive_group()
-    tui_load.add_argument("--rate", type=float, metavar="R",
+    tui_load.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                           help="open-loop load, requests per second (default 150)")
-    tui_load.add_argument("--concurrency", type=int, metavar="C",
+    tui_load.add_argument("--concurrency", type=_number(int, 1, MAX_CLIENTS), metavar="C",
                           help="closed-loop load: C clients, each waiting for its answer")
     tui.add_argument("--replay", metavar="FILE.jsonl",
                      help="show a recorded run instead of running (MODEL and --devices "
                           "should be those it was recorded with)")
-    tui.add_argument("--seed", type=int, default=None, help="seed for the load's inputs")
+    tui.add_argument("--seed", type=_number(int, 0), default=None,
+                     help="seed for the load's inputs")
     tui.set_defaults(handler="app.tui_cmd:run")
 
     web = sub.add_parser("web", help="the live dashboard in a browser (Streamlit)")
-    web.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled sample)")
+    web.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample)")
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
-    web.add_argument("--port", type=int, default=0, metavar="P",
+    web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
     web.set_defaults(handler="app.web_cmd:run")
 
@@ -238,10 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--devices", metavar="SPEC",
                       help="Prism's devices (default cpu:2 plus a reference fallback)")
     conf.add_argument("--json", action="store_true", help="print results as JSON")
-    conf.add_argument("-k", metavar="PATTERN", help="only tests whose name matches (regex)")
+    conf.add_argument("-k", metavar="PATTERN", type=_pattern,
+                      help="only tests whose name matches (regex)")
     conf.add_argument("--runtimes", default="prism,onnxruntime,reference", metavar="LIST",
                       help="comma list of prism, onnxruntime, reference (default all three)")
-    conf.add_argument("--timeout", type=float, default=20.0, metavar="S",
+    conf.add_argument("--timeout", type=_number(float, 0, above=True), default=20.0,
+                      metavar="S",
                       help="seconds a test may take before it counts as failed (default 20)")
     conf.add_argument("--failures", action="store_true",
                       help="list every test Prism fails, with its error")
@@ -254,19 +334,79 @@ def _handler(path: str) -> Callable[[argparse.Namespace], int]:
     return getattr(__import__(module, fromlist=[name]), name)
 
 
+def _say(label: str, message: str = "") -> None:
+    """One line on stderr, as written: never read as markup, whatever the message holds."""
+    if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
+        label = f"\x1b[1;31m{label}\x1b[0m"
+    sys.stderr.write(" ".join((label, *message.split())) + "\n")
+    sys.stderr.flush()
+
+
+class _CtrlC:
+    """Ctrl-C while the command's modules import is noted and acted on once they have
+    loaded: onnx's C extension does not survive a KeyboardInterrupt raised while it
+    initialises (the process dies of SIGSEGV or SIGABRT, 8 times in 10 when pressed just
+    then), and another extension turns it into an ImportError. After the imports it is
+    Python's own handler again, noting the press as well, so an error that a Ctrl-C
+    caused still reads "interrupted". Only the main thread can own the handler."""
+
+    def __init__(self) -> None:
+        self.pressed = self.deferred = False
+        self.previous: Any = None  # the SIGINT handler to put back
+
+    def __call__(self, signum, frame) -> None:
+        self.pressed = True
+        if not self.deferred:
+            signal.default_int_handler(signum, frame)
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self)
+            self.deferred = True
+        return self
+
+    def resume(self) -> None:
+        self.deferred = False
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _handler(args.handler)(args) or 0
-    except PrismError as exc:
-        stderr.print(f"[bold red]prism: error:[/] {exc}", highlight=False, soft_wrap=True)
-    except KeyboardInterrupt:
-        stderr.print("prism: interrupted")
-        return 130
-    except Exception as exc:  # the CLI never shows a traceback
-        stderr.print(f"[bold red]prism: internal error:[/] {type(exc).__name__}: {exc}",
-                     highlight=False, soft_wrap=True)
-    return 1
+    with _CtrlC() as ctrl_c:
+        try:
+            args = build_parser().parse_args(argv)  # imports the runtime (for MODES)
+            command = _handler(args.handler)
+            ctrl_c.resume()
+            return command(args) or 0
+        except KeyboardInterrupt:
+            pass
+        except BrokenPipeError:  # `prism ... | head`: the reader left; say nothing more
+            with contextlib.suppress(OSError, ValueError):  # what flushes at exit goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        except MemoryError as exc:
+            _say("prism: error:", f"out of memory: {exc}")
+            return 1
+        except Exception as exc:  # the CLI never shows a traceback
+            if not ctrl_c.pressed:
+                _say(*_described(exc))
+                return 1
+    _say("prism: interrupted")
+    return 130
+
+
+def _described(exc: Exception) -> tuple[str, str]:
+    errors = sys.modules.get("runtime.errors")  # imported by whatever raised a PrismError
+    if errors is not None and isinstance(exc, errors.PrismError):
+        return "prism: error:", str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:  # a path given
+        return "prism: error:", f"{exc.filename}: {exc.strerror or exc}"
+    return "prism: internal error:", f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import json
 import sys
 
 from rich import box
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -18,8 +17,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from app.conformance import RUNTIMES, SUITES, SuiteSummary, list_tests, run_suite, summarize
+from app.console import plain_console
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.units import human_seconds
@@ -58,10 +59,11 @@ def summary_table(summaries: list[SuiteSummary], runtimes: list[str]) -> Table:
         if not s.tests and s.suite != "total":
             continue
         style = "bold" if s.suite == "total" else None
-        row = [s.suite, str(s.tests), *(str(s.passed.get(r, 0)) for r in runtimes)]
+        row: list[str | Text] = [s.suite, str(s.tests),
+                                 *(str(s.passed.get(r, 0)) for r in runtimes)]
         if extra:
             bugs = len(s.ort_not_prism) if "onnxruntime" in runtimes else "-"
-            row += [f"[red]{bugs}[/]" if bugs else "0", str(len(s.prism_only))]
+            row += [Text(str(bugs), style="red" if bugs else ""), str(len(s.prism_only))]
         row.append(str(len(s.all_fail)))
         row += [human_seconds(s.seconds.get(r, 0.0)) for r in runtimes]
         table.add_row(*row, style=style)
@@ -73,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
         parse_devices(args.devices)  # a bad spec fails here, before any test runs
     runtimes = _runtimes(args.runtimes)
     suites = _suites(args.suite)
-    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
+    console = plain_console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
     tests = list_tests(suites, args.k)
     if not tests:
         raise PrismError(f"no test in {', '.join(suites)} matches {args.k!r}")
     results = []
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("prism {task.fields[prism]} fail"),
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("prism {task.fields[prism]} fail"),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                         transient=args.json)
     failed = 0
@@ -104,13 +106,12 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary_table(summaries, runtimes))
     total = summaries[-1]
     if "prism" in runtimes and "onnxruntime" in runtimes and total.ort_not_prism:
-        console.print("[red]passed by onnxruntime, failed by Prism:[/]")
+        console.print(Text("passed by onnxruntime, failed by Prism:", style="red"))
         errors = {r.test.name: r.outcomes["prism"].error for r in results}
         for name in total.ort_not_prism:
-            console.print(f"  {name}: {errors[name]}", highlight=False, soft_wrap=True)
+            console.print(f"  {name}: {errors[name]}", soft_wrap=True)
     if "prism" in runtimes and args.failures:
         for r in results:
             if not r.outcomes["prism"].ok:
-                console.print(f"  {r.test.name}: {r.outcomes['prism'].error}", highlight=False,
-                              soft_wrap=True)
+                console.print(f"  {r.test.name}: {r.outcomes['prism'].error}", soft_wrap=True)
     return 0

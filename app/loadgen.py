@@ -27,9 +27,10 @@ from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import PrismError, QueueFullError
 from runtime.graph import Graph
 from runtime.host import HostManager
-from runtime.inputs import input_specs, random_feeds
+from runtime.inputs import InputSpec, input_specs, random_feeds
 
 POOL = 64  # distinct random feed sets per generator
+POOL_BYTES = 256 << 20  # ... fewer when they are large: the pool never holds more than this
 OnResult = Callable[[dict, dict | None, BaseException | None, float], None]
 
 
@@ -47,6 +48,15 @@ class LoadStats:
         return self.ok + self.failed + self.rejected
 
 
+def feed_pool(specs: list[InputSpec], rng: np.random.Generator,
+              bindings: Mapping[str, int] | None) -> list[dict]:
+    """Up to POOL random feed sets, within POOL_BYTES (always at least one)."""
+    pool = [random_feeds(specs, rng, bindings)]
+    size = sum(np.asarray(v).nbytes for v in pool[0].values() if isinstance(v, np.ndarray))
+    more = min(POOL, POOL_BYTES // max(size, 1)) - 1
+    return pool + [random_feeds(specs, rng, bindings) for _ in range(more)]
+
+
 class LoadGenerator:
     """Drive one network. Give `concurrency` (closed loop) or `rate` (open loop)."""
 
@@ -60,13 +70,13 @@ class LoadGenerator:
         self.host, self.network = host, network
         self.concurrency, self.rate = concurrency, rate
         self.requests, self.timeout, self.on_result = requests, timeout, on_result
-        self.specs = input_specs(host.graph(network))
+        self.specs = host.inputs(network)
         self.bindings = dict(bindings or {})
         self.fixed_feeds = dict(feeds) if feeds is not None else None
         self.rng = np.random.default_rng(seed)
         # A pool drawn once per run: drawing per request would cost more than a small
         # network's run, and the generator would measure itself.
-        self.pool = [random_feeds(self.specs, self.rng, self.bindings) for _ in range(POOL)]
+        self.pool = feed_pool(self.specs, self.rng, self.bindings)
         self.stats = LoadStats()
         self._lock = threading.Lock()
         self._running = threading.Event()
@@ -187,7 +197,7 @@ class LoadGenerator:
             self.stats.sent += 1
             if self.fixed_feeds is not None:
                 return self.fixed_feeds
-            return self.pool[self.stats.sent % POOL]
+            return self.pool[self.stats.sent % len(self.pool)]
 
     def _send(self, client: int) -> None:
         """Send client's next request. An answer that is there at once (the device was
@@ -280,14 +290,14 @@ def plain_onnxruntime(graph: Graph, clients: int, requests: int, threads: int = 
     threads (onnxruntime releases the GIL while it runs). Returns (requests/s, latencies)."""
     session = cpu_session(loadable(graph.model), threads=threads)
     rng = np.random.default_rng()
-    pool = [random_feeds(input_specs(graph), rng, bindings) for _ in range(POOL)]
+    pool = feed_pool(input_specs(graph), rng, bindings)
     count = iter(range(requests))
     latencies: list[float] = []
 
     def client() -> None:
         for i in count:
             start = time.perf_counter()
-            session.run(None, pool[i % POOL])
+            session.run(None, pool[i % len(pool)])
             latencies.append(time.perf_counter() - start)
 
     workers = [threading.Thread(target=client, name=f"prism-plain-{i}") for i in range(clients)]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from app.loading import load, mode_and_map
+from app.console import plain_console
+from app.loading import load, mode_and_map, output_file, writing
 from runtime.errors import PrismError
 from runtime.graph import Graph
 from runtime.partition import Plan, partition_steps
@@ -85,17 +85,18 @@ def explain(plan: Plan, graph: Graph, node: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = plain_console()
     mode, user_map = mode_and_map(args.partition)
+    dot = output_file(args.dot, "--dot") if args.dot else None
     graph, devices = load(args)
     steps = partition_steps(graph, devices, mode, user_map=user_map,
                             annotations=args.annotate, fallback=args.fallback)
     if args.steps and not args.json:
-        steps = tap(steps, lambda step: console.print(
-            f"[dim]{step.index:>5}[/] {step.kind:<8} {step.reason}", highlight=False))
+        steps = tap(steps, lambda step: console.print(Text.assemble(
+            (f"{step.index:>5}", "dim"), f" {step.kind:<8} {step.reason}")))
     plan = finish(steps)
-    if args.dot:
-        Path(args.dot).write_text(plan.to_dot(graph))
+    if dot:
+        writing(dot, "--dot", lambda: dot.write_text(plan.to_dot(graph)))
     memory_plan = getattr(args, "memory_plan", False)
     if args.json:
         if memory_plan:
@@ -114,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
                 console.print(memory_plan_table(mp))
         console.print(memory_peaks_table(plans))
     for node in args.explain:
-        console.print(explain(plan, graph, node), highlight=False)
-    console.print(f"bottleneck: [bold]{human_seconds(plan.bottleneck_seconds)}[/] per request "
-                  f"(busiest device), {len(plan.transfers)} copies between devices, "
-                  f"{human_bytes(sum(t.bytes for t in plan.transfers))} per request")
+        console.print(explain(plan, graph, node))
+    console.print(Text.assemble(
+        "bottleneck: ", (human_seconds(plan.bottleneck_seconds), "bold"),
+        f" per request (busiest device), {len(plan.transfers)} copies between devices, "
+        f"{human_bytes(sum(t.bytes for t in plan.transfers))} per request"))
     return 0

@@ -9,9 +9,16 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
+from app.console import plain_console
 from runtime.graph import Graph, load_graph
 from runtime.quantize import prepare, profile, read_samples
 
@@ -23,8 +30,8 @@ def progress_bar(quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
         yield lambda what, done, total: None
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-    tasks: dict[str, int] = {}
+                   TimeElapsedColumn(), console=plain_console(stderr=True), transient=True)
+    tasks: dict[str, TaskID] = {}
     with bar:
         def update(what: str, done: int, total: int) -> None:
             if what not in tasks:
@@ -50,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        Console().print(f"profiled {tensors} tensors of {graph.name} over {samples.count} "
+        plain_console().print(f"profiled {tensors} tensors of {graph.name} over {samples.count} "
                         f"samples ({args.method}) -> {args.output}", highlight=False)
     return 0

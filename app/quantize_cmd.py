@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
+from app.console import plain_console
 from app.loading import mode_and_map
 from app.profile_cmd import load_model, progress_bar
 from runtime.devices import parse_devices
@@ -24,6 +24,7 @@ from runtime.quantize import (
     Calibrated,
     QuantizeError,
     QuantizeOptions,
+    Samples,
     calibrate,
     float_nodes_by_device,
     load_metric,
@@ -31,6 +32,7 @@ from runtime.quantize import (
     prepare,
     read_samples,
     search,
+    slow_in_int8,
 )
 from runtime.units import human_bytes, human_seconds
 
@@ -38,10 +40,11 @@ from runtime.units import human_bytes, human_seconds
 def _options(args: argparse.Namespace) -> QuantizeOptions:
     return QuantizeOptions(format=args.format, activations=args.activations,
                            weights=args.weights, per_channel=not args.per_tensor,
-                           exclude_nodes=tuple(args.exclude), exclude_ops=tuple(args.exclude_op))
+                           exclude_nodes=tuple(args.exclude), exclude_ops=tuple(args.exclude_op),
+                           narrow_float=not args.quantize_narrow)
 
 
-def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, object]:
+def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, Samples | None]:
     """(prepared model with its profile, held-out samples or None)."""
     if args.profile:
         if args.accuracy_budget is not None:
@@ -51,7 +54,7 @@ def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, object]:
         return Calibrated(prepare(args.model), Path(args.profile), 0), None
     graph = load_model(args.model)
     samples = read_samples(args.calibrate, graph)
-    held = None
+    held: Samples | None = None
     if args.accuracy_budget is not None:
         samples, held = samples.split(args.holdout)
     show("preparing", 0, 1)
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 options = options.excluding(keep)
                 report["float_by_device"] = keep
             if budget is not None:
+                assert held is not None  # _calibrated keeps a held-out share for a budget
                 metric = load_metric(args.metric, prepared)
                 result = search(calibrated, held, budget, metric, options,
                                 lambda done, total, what: show("accuracy search", done, total))
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                 model = calibrated.quantize(options)
     onnx.save(model, args.output)
     counts = _counts(model)
-    report.update(int8_nodes=counts.get("int8", 0), float_nodes=counts.get("float", 0),
+    report.update(float_for_speed=slow_in_int8(prepared) if options.narrow_float else [],
+                  int8_nodes=counts.get("int8", 0), float_nodes=counts.get("float", 0),
                   excluded=list(options.exclude_nodes), excluded_ops=list(options.exclude_ops),
                   bytes_float=Path(args.model).stat().st_size,
                   bytes_int8=Path(args.output).stat().st_size)
@@ -116,13 +121,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict) -> None:
-    console = Console()
+    console = plain_console()
     console.print(f"{report['model']} -> {report['output']}: {report['int8_nodes']} compute "
                   f"nodes in int8, {report['float_nodes']} in float ({report['format']}, "
                   f"{report['activations']} activations, {report['weights']} weights "
                   f"{'per channel' if report['per_channel'] else 'per tensor'}); "
                   f"{human_bytes(report['bytes_float'])} -> {human_bytes(report['bytes_int8'])}",
                   highlight=False)
+    if report["float_for_speed"]:
+        console.print(f"kept in float, where onnxruntime's int8 kernels are slower: "
+                      f"{', '.join(report['float_for_speed'])} (--quantize-narrow quantizes "
+                      f"them too)", highlight=False)
     if report.get("float_by_device"):
         console.print(f"kept in float for devices without int8: "
                       f"{', '.join(report['float_by_device'])}", highlight=False)

@@ -5,29 +5,56 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+import zlib
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 from zipfile import BadZipFile
 
 import numpy as np
-from numpy.lib.npyio import NpzFile
 from rich import box
-from rich.console import Console, Group
-from rich.markup import escape
+from rich.console import Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.loadgen import LoadGenerator
-from app.loading import network_options
+from app.console import plain_console
+from app.loadgen import LoadGenerator, LoadStats
+from app.loading import load_options, output_file, writing
+from runtime.bundle.load import is_bundle
+from runtime.bundle.reader import read_bundle
 from runtime.devices import parse_devices
 from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.events import JsonlRecorder
-from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
-from runtime.inputs import check_feeds, input_specs
+from runtime.inputs import InputSpec, check_feeds, input_specs
 from runtime.metrics import Metrics, MetricsSnapshot
 from runtime.units import human_bytes, human_seconds
+
+
+def difference(got: object, want: object) -> tuple[float, str | None]:
+    """(largest error, what differs or None) between Prism's output and onnxruntime's.
+    NaN where onnxruntime has NaN is no difference; a shape, dtype or NaN that does not
+    match is an infinite one. Sequences compare element by element."""
+    if isinstance(want, list) or isinstance(got, list):
+        if not isinstance(got, list) or not isinstance(want, list) or len(got) != len(want):
+            return float("inf"), "a sequence of another length"
+        found = [difference(g, w) for g, w in zip(got, want, strict=True)]
+        return max(found, key=lambda f: (f[1] is not None, f[0]), default=(0.0, None))
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return float("inf"), (f"{got.dtype} {list(got.shape)}, where onnxruntime gives "
+                              f"{want.dtype} {list(want.shape)}")
+    if want.dtype.kind not in "fc":
+        same = np.array_equal(got, want)
+        return (0.0, None) if same else (float("inf"), "other values")
+    with np.errstate(invalid="ignore", over="ignore"):
+        gap = np.abs(got.astype(np.complex128 if want.dtype.kind == "c" else np.float64) - want)
+    gap[(got == want) | (np.isnan(got) & np.isnan(want))] = 0.0  # equal infinities, twin NaNs
+    gap[np.isnan(gap)] = np.inf  # NaN on one side only
+    err = float(gap.max(initial=0.0))
+    same = np.allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    return err, None if same else f"largest error {err:.3g}"
 
 
 class OutputCheck:
@@ -39,25 +66,29 @@ class OutputCheck:
         self.lock = threading.Lock()
         self.worst: tuple[float, str] = (0.0, "")
         self.mismatch: str | None = None
+        self.compared = 0  # answers checked
 
     def __call__(self, feeds: dict, outputs: dict | None, error, latency: float) -> None:
         if outputs is None:
             return
-        with self.lock:
-            expected = self.session.run(self.names, feeds)
+        try:
+            with self.lock:
+                expected = self.session.run(self.names, feeds)
+        except Exception as exc:  # runs on a runtime thread: never raise there
+            self._differs(f"onnxruntime fails on feeds Prism answered: {first_line(exc)}")
+            return
         for name, want in zip(self.names, expected, strict=True):
-            got = np.asarray(outputs[name])
-            if want.dtype.kind not in "fc":
-                same = np.array_equal(got, want)
-                err = 0.0 if same else float("inf")
-            else:
-                err = float(np.max(np.abs(got - want), initial=0.0))
-                same = got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-5)
+            err, why = difference(outputs.get(name), want)
             with self.lock:
                 self.worst = max(self.worst, (err, name))
-                if not same and self.mismatch is None:
-                    self.mismatch = (f"output {name!r} differs from onnxruntime: "
-                                     f"largest error {err:.3g}")
+            if why is not None:
+                self._differs(f"output {name!r} differs from onnxruntime: {why}")
+        with self.lock:
+            self.compared += 1
+
+    def _differs(self, message: str) -> None:
+        with self.lock:
+            self.mismatch = self.mismatch or message
 
 
 def summary_table(snap: MetricsSnapshot, wall: float, stats) -> Table:
@@ -91,40 +122,80 @@ def device_table(snap: MetricsSnapshot) -> Table:
     return table
 
 
-def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
+# what numpy and zipfile raise on a damaged archive (RuntimeError: "encrypted")
+NPZ_ERRORS = (OSError, ValueError, EOFError, RuntimeError, BadZipFile, NotImplementedError,
+              zlib.error)
+
+
+def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     """The feeds in an .npz file, checked against the model's inputs before anything runs."""
     try:
-        stored = np.load(path, allow_pickle=False)
-        if not isinstance(stored, NpzFile):
-            raise ValueError("not an .npz archive of named arrays (numpy.savez)")
-        with stored:
-            feeds = dict(stored)
-    except (OSError, ValueError, EOFError, BadZipFile) as exc:
+        with open(path, "rb") as file:
+            head = file.read(6)
+            if not head.startswith(b"PK"):  # numpy would try it as a pickle or one array
+                one = "one array (.npy), " if head == b"\x93NUMPY" else ""
+                raise ValueError(f"{one}not an .npz archive of named arrays (numpy.savez)")
+            file.seek(0)
+            with np.load(file, allow_pickle=False) as stored:
+                feeds = dict(stored)
+    except NPZ_ERRORS as exc:
         raise PrismError(f"cannot read inputs {path}: {first_line(exc)}") from None
     try:
-        return check_feeds(graph.name, input_specs(graph), feeds)
+        return check_feeds(network, specs, feeds)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{path}: {exc}") from None
 
 
+def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]]:
+    """A model's or a bundle's name and inputs, read without a host."""
+    if is_bundle(path):
+        with read_bundle(path) as bundle:
+            manifest = bundle.manifest
+        return manifest["network"], [InputSpec.from_dict(i) for i in manifest["inputs"]]
+    from runtime.graph import load_graph
+
+    graph = load_graph(path, bindings=bindings, name=Path(path).stem)
+    return graph.name, input_specs(graph)
+
+
+def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str]:
+    """What went wrong, each in a few words: the run's one line on stderr."""
+    found = []
+    if stats.failed:
+        counts = Counter(stats.errors)
+        first, _ = counts.most_common(1)[0]
+        others = f" ({len(counts) - 1} other errors; --record keeps them all)" \
+            if len(counts) > 1 else ""
+        found.append(f"{stats.failed} of {stats.done} requests failed: {first}{others}")
+    if check is not None and check.mismatch:
+        found.append(f"--check: {check.mismatch}")
+    elif check is not None and not check.compared and not found:
+        found.append("--check: no request succeeded, so nothing was compared")
+    if getattr(recorder, "error", None) is not None:
+        found.append(f"--record {recorder.path} stopped: {first_line(recorder.error)}")
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
-    console, errors = Console(), Console(stderr=True)
-    options = network_options(args)
+    console = plain_console()
+    options = load_options(args)
     devices = parse_devices(args.devices)
+    record = output_file(args.record, "--record") if args.record else None
     binds = options["bindings"]
     name = Path(args.model).stem
-    graph = load_graph(args.model, bindings=binds, name=name)
-    feeds = read_inputs(args.inputs, graph) if args.inputs else None
+    feeds = read_inputs(args.inputs, *model_inputs(args.model, binds)) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
-        host.add_network(name, graph, **options)
+        host.add_network(name, args.model, **options)
+        # a bundle is checked against the whole network stored inside it
         check = OutputCheck(host.graph(name).model) if args.check else None
-        recorder = JsonlRecorder(host.bus, args.record) if args.record else nullcontext()
+        recorder = writing(record, "--record", lambda: JsonlRecorder(host.bus, record)) \
+            if record else nullcontext()
         load = LoadGenerator(host, name, concurrency=None if args.rate else args.concurrency,
                              rate=args.rate, requests=args.requests, bindings=binds,
                              feeds=feeds, on_result=check)
-        with recorder, Progress(TextColumn("{task.description}"), BarColumn(),
+        with recorder, Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                                 transient=True) as progress:
             task = progress.add_task(f"running {name}", total=args.requests)
@@ -139,11 +210,10 @@ def run(args: argparse.Namespace) -> int:
         snap = metrics.snapshot()
         console.print(Group(summary_table(snap, wall, load.stats), partition_table(snap),
                             device_table(snap)))
-        for message in sorted(set(load.stats.errors))[:5]:
-            errors.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    problems = _problems(load.stats, check, recorder)
+    if problems:
+        raise PrismError("; ".join(problems))
     if check is not None:
-        if check.mismatch:
-            raise PrismError(check.mismatch)
-        console.print(f"check: every output matches onnxruntime (largest error "
-                      f"{check.worst[0]:.3g} in {check.worst[1] or '-'})")
-    return 1 if load.stats.failed else 0
+        console.print(f"check: every output matches onnxruntime ({check.compared} answers; "
+                      f"largest error {check.worst[0]:.3g} in {check.worst[1] or '-'})")
+    return 0

@@ -92,7 +92,7 @@ def _parameters(args: argparse.Namespace) -> dict:
         params["partition"] = args.partition
     if args.max_batch:
         params.update(max_batch_size=args.max_batch, max_queue_delay_ms=args.max_delay_ms)
-    if str(args.replicas) != "1":
+    if args.replicas not in (None, 1):
         params["replicas"] = args.replicas
     return params
 

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from app.dashboard.source import RuntimeSource
+from app.defaults import default_devices
 from app.live import LiveRuntime
 from app.replay import Recording
-from runtime.errors import PrismError
+from runtime.bundle.load import is_bundle
+from runtime.bundle.match import match_devices
+from runtime.bundle.reader import read_bundle
+from runtime.devices import parse_devices
+from runtime.errors import BundleError, PrismError
 
 ENV_PREFIX = "PRISM_WEB_"
 
@@ -32,6 +37,8 @@ class SourceSettings:
     def __post_init__(self) -> None:
         if self.replay is not None and not Path(self.replay).is_file():
             raise PrismError(f"--replay: no such file: {self.replay}")
+        if self.replay is None and self.model is not None and is_bundle(self.model):
+            _check_bundle(Path(self.model), self.devices)
 
     def open(self) -> RuntimeSource:
         if self.replay is not None:
@@ -58,3 +65,13 @@ class SourceSettings:
         return cls(get("model"), get("devices"), get("mode") or "balanced",
                    number("rate", float), number("concurrency", int), number("seed", int),
                    get("replay"))
+
+
+def _check_bundle(path: Path, devices: str | None) -> None:
+    """Refuse, in one line and before any dashboard starts, a bundle that is damaged or
+    whose devices these cannot hold."""
+    with read_bundle(path) as bundle:
+        try:
+            match_devices(bundle.manifest, parse_devices(devices or default_devices(path)))
+        except BundleError as exc:
+            raise BundleError(f"{path}: {exc}") from None

@@ -15,7 +15,6 @@ import contextlib
 import http.client
 import json
 import sys
-import time
 import urllib.parse
 from collections.abc import Mapping
 
@@ -33,7 +32,7 @@ from app.server.guard import Guard
 from app.server.runner import ServeProcess, ServerThread, bind
 from app.server.state import MAX_BODY_BYTES
 from app.server.tensors import encode_response, parse_infer
-from benchmarks.common import result
+from benchmarks.common import median_seconds, result
 from runtime import DeviceConfig
 from runtime.devices.ort import cpu_session, loadable
 from runtime.graph import load_graph
@@ -53,17 +52,6 @@ def _binary(feeds: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
                          "parameters": {"binary_data_output": True}}).encode()
     return header + b"".join(blobs), {"Inference-Header-Content-Length": str(len(header)),
                                       "Content-Type": "application/octet-stream"}
-
-
-def _p50(call, repeats: int, warmup: int = 200) -> float:
-    for _ in range(warmup):
-        call()
-    samples = np.empty(repeats)
-    for i in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples[i] = time.perf_counter() - start
-    return float(np.median(samples))
 
 
 def round_trip(repeats: int) -> dict:
@@ -86,8 +74,9 @@ def round_trip(repeats: int) -> dict:
 
         local, remote = [], []
         for _ in range(2):
-            local.append(_p50(lambda: host.run("mlp", feeds).result(30), repeats // 2))
-            remote.append(_p50(over_http, repeats // 2))
+            local.append(median_seconds(lambda: host.run("mlp", feeds).result(30),
+                                        repeats // 2, warmup=200))
+            remote.append(median_seconds(over_http, repeats // 2, warmup=200))
         conn.close()
     return {"in_process": min(local), "http": min(remote)}
 

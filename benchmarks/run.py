@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import (
+    clients,
     cold_start,
     http_serving,
     overhead,
@@ -21,8 +22,8 @@ from benchmarks import (
 )
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
-          "serving": serving.run, "quantized": quantized.run, "cold": cold_start.run,
-          "http": http_serving.run}
+          "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
+          "cold": cold_start.run, "http": http_serving.run}
 HERE = Path(__file__).parent
 
 

@@ -37,6 +37,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
                          "batch_size"),
     "request.failed": ("network", "request", "error", "partition", "device"),
     "queue.depth": ("depth", "active"),
+    "device.worker.replaced": ("device", "error"),
     "bus.lost": ("lost",),
 }
 """The catalogue: kind -> fields every publisher of that kind sets (more may be added)."""

@@ -17,6 +17,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
@@ -38,8 +39,8 @@ class Tensor:
     nbytes: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        known = self.dtype is not None and self.shape is not None
-        size = math.prod(self.shape) * np.dtype(self.dtype).itemsize if known else 0
+        size = 0 if self.dtype is None or self.shape is None else (
+            math.prod(self.shape) * np.dtype(self.dtype).itemsize)
         object.__setattr__(self, "nbytes", int(size))
 
 
@@ -116,12 +117,16 @@ class Graph:
     def is_weight(self, tensor: str) -> bool:
         return tensor in self.initializers
 
+    def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
+        """name -> its declared dimensions (symbolic names kept), None when unknown."""
+        return {n: self.tensors[n].dims if n in self.tensors else None for n in names}
+
     def tensor_bytes(self, tensor: str) -> int:
         info = self.tensors.get(tensor)
         return info.nbytes if info else 0
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
@@ -135,17 +140,40 @@ def read_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
         except Exception as exc:
             raise ModelLoadError(f"bytes given are not an ONNX model: {_one_line(exc)}") from None
     path = Path(source)
-    if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+    try:
+        if not path.exists():
+            raise ModelLoadError(f"model file not found: {path}")
+        if path.is_dir():
+            raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+    except OSError as exc:  # e.g. a name too long
+        raise ModelLoadError(f"cannot open model {path}: {exc.strerror or exc}") from None
     try:
         return onnx.load(str(path))
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
 
 
+def _not_text(message: Message, where: str) -> str | None:
+    """The first string field (as `graph.node[3].name`) whose bytes are not UTF-8, or None.
+    protobuf hands such a field back as bytes, not str, and onnx's checker fails on it
+    with a UnicodeDecodeError."""
+    for fd, value in message.ListFields():
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        many = not isinstance(value, str | bytes | Message)
+        for i, item in enumerate(value if many else [value]):
+            at = f"{where}.{fd.name}" + (f"[{i}]" if many else "")
+            if isinstance(item, bytes):
+                return at
+            if isinstance(item, Message) and (found := _not_text(item, at)):
+                return found
+    return None
+
+
 def _check(model: onnx.ModelProto, label: str) -> None:
+    bad = _not_text(model, "model")
+    if bad is not None:
+        raise ModelLoadError(f"{label}: {bad} is not UTF-8 text")
     if model.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(f"{label}: IR version {model.ir_version} is newer than this onnx "
                              f"reads (up to {onnx.IR_VERSION})")
@@ -173,6 +201,17 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
                 name, k = f"{base}_{k}", k + 1
             node.name = name
         seen.add(node.name)
+
+
+def _drop_empty_trailing_inputs(graph: onnx.GraphProto) -> None:
+    """`LayerNormalization(x, scale, "")` and `LayerNormalization(x, scale)` mean the same
+    (trailing optional inputs may be left out), but onnxruntime 1.32's optimizer crashes
+    the process on the first: every node loses its empty trailing inputs, in subgraphs too."""
+    for node in graph.node:
+        while node.input and not node.input[-1]:
+            del node.input[-1]
+        for sub in subgraphs(node):
+            _drop_empty_trailing_inputs(sub)
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
@@ -229,7 +268,8 @@ def _bind(dims: tuple[Dim, ...] | None, bindings: Mapping[str, int], default: in
         int, ...] | None:
     if dims is None:
         return None
-    return tuple(d if isinstance(d, int) else int(bindings.get(d, default)) for d in dims)
+    return tuple(d if isinstance(d, int) else
+                 int(bindings.get(d, default)) if isinstance(d, str) else default for d in dims)
 
 
 def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
@@ -275,6 +315,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     label = str(source) if isinstance(source, str | Path) else "model"
     _check(model, label)
     _name_nodes(model.graph)
+    _drop_empty_trailing_inputs(model.graph)
     bindings = dict(bindings or {})
     declared = _infer(model)
     bound = _infer(_bound_model(model, bindings, default_dim))
@@ -291,12 +332,12 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         elem, dims = _dims(declared.get(tname) or bound[tname])
         belem, bdims = _dims(bound.get(tname) or declared[tname])
         elem = elem or belem
-        shape = _bind(bdims if bdims is not None else dims, bindings, default_dim)
-        tensors[tname] = Tensor(tname, _np_dtype(elem), shape, dims, elem)
+        bound_shape = _bind(bdims if bdims is not None else dims, bindings, default_dim)
+        tensors[tname] = Tensor(tname, _np_dtype(elem), bound_shape, dims, elem)
     nodes = []
     for i, proto in enumerate(g.node):
-        outer = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]
-        outer = tuple(dict.fromkeys(r for r in outer if r not in proto.input))
+        reads = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]
+        outer = tuple(dict.fromkeys(r for r in reads if r not in proto.input))
         attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
         nodes.append(Node(proto.name, proto.op_type, proto.domain, tuple(proto.input),
                           tuple(proto.output), attrs, outer, i))

@@ -1,9 +1,10 @@
-"""Provisioner: each partition becomes a program (its sub-model), loaded onto a device.
+"""Provisioner: each partition's program loaded onto a device.
 
 A partition goes to the device its plan names when that device has room; otherwise to
 another device with the same backend and figures. Any failure unloads everything this
-call loaded, so a failed add leaves every device as it was. Programs are extracted once
-per plan and loaded once per replica.
+call loaded, so a failed add leaves every device as it was. Programs are made once per
+plan (extracted just in time by `jit.programs`, or read from a bundle) and loaded once
+per replica.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from typing import Any
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device, Program
 from runtime.errors import DeviceMemoryError, PrismError, ProvisionError, first_line
-from runtime.graph import Graph
 from runtime.partition.plan import Partition, Plan
-from runtime.submodel import extract
 from runtime.units import human_bytes
 
 
@@ -36,7 +35,7 @@ def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
 
 
 @contextmanager
-def _one_line(network: str) -> Iterator[None]:
+def one_line_errors(network: str) -> Iterator[None]:
     """Errors Prism did not raise on purpose become one-line ProvisionErrors."""
     try:
         yield
@@ -45,14 +44,6 @@ def _one_line(network: str) -> Iterator[None]:
     except Exception as exc:
         raise ProvisionError(f"{network}: provisioning failed: {type(exc).__name__}: "
                              f"{first_line(exc)}") from exc
-
-
-def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
-    """partition name -> its program: the sub-model, its weights, the device's arena (the
-    peak of its memory plan) and the stage time a modelled device is held for."""
-    with _one_line(plan.network):
-        return {p.name: Program.of(extract(graph, p), p.weight_bytes, plan.arenas[p.device],
-                                   p.stage_seconds) for p in plan.partitions}
 
 
 def _candidates(devices: Mapping[str, Device], name: str) -> list[Device]:
@@ -69,7 +60,7 @@ def provision(plan: Plan, made: Mapping[str, Program], devices: Mapping[str, Dev
     plan's devices to others (a replica's twins); `tag` tells a replica's keys apart."""
     loaded: list[LoadedPartition] = []
     try:
-        with _one_line(network):
+        with one_line_errors(network):
             for part in plan.partitions:
                 target = (onto or {}).get(part.device, part.device)
                 loaded.append(_load(part, made[part.name], devices, network, tag, target, bus))

@@ -36,11 +36,15 @@ def _wide(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich must not wrap the lines we read
 
 
-def one_line_error(capsys, argv: list[str]) -> str:
-    code = main(argv)
+def one_line_error(capsys, argv: list[str], status: int = 1) -> str:
+    """Run the CLI; it must fail with `status` (2: a bad flag) and one line on stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as done:  # argparse
+        code = done.code
     out, err = capsys.readouterr()
-    assert code != 0, out
-    assert "Traceback" not in err and "Traceback" not in out
+    assert code == status, (out, err)
+    assert "Traceback" not in out + err and "internal error" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     return lines[0]
@@ -208,9 +212,9 @@ def test_bench_compares_prism_with_plain_onnxruntime(capsys):
     assert figures["ratio"] == pytest.approx(
         prism["requests_per_second"] / plain["requests_per_second"])
     assert 0 < prism["p50_seconds"] <= prism["p99_seconds"]
-    assert main(["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1",
-                 "--replicas", "two"]) == 1
-    assert "--replicas" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--replicas", "two"])
+    assert done.value.code == 2 and "--replicas" in capsys.readouterr().err
 
 
 # -- first contact -----------------------------------------------------------------------------

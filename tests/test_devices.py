@@ -240,6 +240,45 @@ def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
     assert nested == [None, {"y": 2}] and pb.calls[-1] == (2, "prism-b")
 
 
+def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers):
+    gate = threading.Event()
+    probe, busy = Probe(), Probe(gate=gate)
+    a = managers("a", functions={"k": probe, "busy": busy})
+    a.call("busy", x(0), None, lambda *_: None)  # the worker holds it at the gate
+    assert busy.entered.wait(5)
+    started = time.monotonic()
+    assert a.run_now("k", x(1), wait=0.05) is None  # still busy when the wait ran out
+    assert time.monotonic() - started >= 0.05 and probe.calls == []
+
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(a.run_now("k", x(2), wait=5)),
+                              name="waiter")
+    waiter.start()
+    time.sleep(0.05)
+    assert got == []  # waiting for the device, not declined
+    gate.set()
+    waiter.join(5)
+    assert got == [{"y": 2}] and probe.calls == [(2, "waiter")]
+    assert a.stats().runs == 2
+
+
+def test_close_lets_a_waiting_caller_go(managers):
+    gate = threading.Event()
+    a = managers("a", functions={"k": Probe(), "busy": Probe(gate=gate)})
+    a.call("busy", x(0), None, lambda *_: None)
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(a.run_now("k", x(1), wait=30)))
+    waiter.start()
+    time.sleep(0.05)
+    closer = threading.Thread(target=a.close, args=(5.0,))
+    closer.start()
+    time.sleep(0.2)  # close has begun (its first step) and waits for the run in hand
+    gate.set()
+    waiter.join(5)
+    closer.join(5)
+    assert got == [None]  # declined: the device closed while it waited
+
+
 class Forward:
     """Runs on the caller, and from inside sends onward to another device."""
 

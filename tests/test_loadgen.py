@@ -23,7 +23,7 @@ from serving import MLP, WAIT, expected, idle, poll
 
 
 class Counting:
-    """Stands in for the host: forwards graph() and run(), counting requests in flight."""
+    """Stands in for the host: forwards inputs() and run(), counting requests in flight."""
 
     def __init__(self, host: HostManager):
         self.host = host
@@ -33,8 +33,8 @@ class Counting:
         self.times: list[float] = []
         self.feeds: list[dict] = []
 
-    def graph(self, name: str):
-        return self.host.graph(name)
+    def inputs(self, name: str):
+        return self.host.inputs(name)
 
     def run(self, name, feeds, *args, **kw):
         with self.lock:

@@ -246,7 +246,7 @@ def test_more_replicas_than_devices_is_refused():
         assert all(b == 0 for b in used(host).values())
 
 
-@pytest.mark.parametrize("replicas", [0, -1, 2.5, "lots", None])
+@pytest.mark.parametrize("replicas", [0, -1, 2.5, "lots", ""])  # None: the default
 def test_bad_replicas_value_is_refused(replicas):
     with HostManager(sims(2)) as host:
         with pytest.raises(PrismError) as info:

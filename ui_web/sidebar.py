@@ -36,7 +36,7 @@ def _defaults(status: Status, choices: dict[str, Path]) -> None:
     model = Path(status.model_path).resolve()
     current = next((k for k, p in choices.items() if p.resolve() == model), next(iter(choices)))
     for key, value in (("ctl_model", current), ("ctl_devices", status.devices),
-                       ("ctl_mode", status.mode),
+                       ("ctl_mode", status.mode if status.mode in MODES else MODES[0]),
                        ("ctl_load_kind", LOAD_KINDS[load.rate is None]),
                        ("ctl_rate", float(load.rate or 100.0)),
                        ("ctl_clients", int(load.clients or 4)), (UPLOAD_GEN, 0)):

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field, fields, replace
 from runtime.errors import DeviceSpecError
 
 BACKENDS = ("cpu", "reference", "sim")
+# onnxruntime starts every intra-op thread when a session is made: 1,024 took 46 s on
+# the 2-core CI machine kind. 256 is more than any one host's cores today.
+MAX_THREADS = 256
 
 # Per-thread figures for `cpu`, measured once on the 2-core CI machine kind with
 # onnxruntime 1.31 and one intra-op thread: 512x512 MatMul 107 GFLOP/s (we take 80,
@@ -61,8 +64,9 @@ class DeviceConfig:
             raise DeviceSpecError(
                 f"device {self.name}: unknown backend {self.backend!r}; "
                 f"choose one of {', '.join(BACKENDS)}")
-        if self.threads < 1:
-            raise DeviceSpecError(f"device {self.name}: threads must be >= 1, got {self.threads}")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise DeviceSpecError(f"device {self.name}: threads must be >= 1 and <= "
+                                  f"{MAX_THREADS}, got {self.threads}")
         flops, bw, link, launch, latency, memory = _DEFAULTS[self.backend]
         scale = self.threads if self.backend == "cpu" else 1
         defaults = {"peak_flops": flops * scale, "mem_bandwidth": bw, "link_bandwidth": link,

@@ -9,6 +9,10 @@ from pathlib import Path
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.errors import DeviceSpecError
 
+# Devices in one spec. Partitioning is linear in the device count (about 1 s at 10,000
+# twins), but each device is a manager, a worker and a session per partition it holds:
+# a thousand is far past any real host, and a typo (cpu:99999) is caught at once.
+MAX_DEVICES = 1024
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
           "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12}
 _KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
@@ -39,14 +43,14 @@ def _number(name: str, key: str, value: object, kind: type) -> float | int:
 
 
 def _device_fields(name: str, options: dict) -> dict:
-    out = {}
+    out: dict[str, object] = {}
     for key, value in options.items():
         target = _KEYS.get(key, key)
         if target in ("supported_ops", "precisions"):  # `ops=Conv+Relu`, `precision=int8`
             ops = value if isinstance(value, list) else str(value).split("+")
             out[target] = [str(op) for op in ops if str(op)]
         elif target == "threads":
-            if isinstance(value, float) or not str(value).isdigit():
+            if isinstance(value, float) or not _whole(str(value)):
                 raise DeviceSpecError(f"device {name}: threads must be a whole number, "
                                       f"got {value!r}")
             out[target] = int(value)
@@ -60,10 +64,14 @@ def _device_fields(name: str, options: dict) -> dict:
     return out
 
 
+def _whole(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # "²".isdigit() holds, but int("²") fails
+
+
 def _from_toml(path: Path) -> list[DeviceConfig]:
     try:
-        tables = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        tables = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DeviceSpecError(f"cannot read device file {path}: {exc}") from None
     tables = tables.get("devices", tables)
     if not isinstance(tables, dict):
@@ -77,11 +85,18 @@ def _from_toml(path: Path) -> list[DeviceConfig]:
     return devices
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a spec longer than a file name may be
+        return False
+
+
 def parse_devices(spec: str | Path) -> list[DeviceConfig]:
     """Devices from a compact spec or a TOML file; names are `<backend><index>` per kind."""
     path = Path(spec)
-    if str(spec).endswith(".toml") or path.is_file():
-        if not path.is_file():
+    if str(spec).endswith(".toml") or _is_file(path):
+        if not _is_file(path):
             raise DeviceSpecError(f"device file not found: {spec}")
         devices = _from_toml(path)
     else:
@@ -89,12 +104,15 @@ def parse_devices(spec: str | Path) -> list[DeviceConfig]:
         for part in filter(None, (p.strip() for p in str(spec).split(","))):
             kind, *rest = part.split(":")
             count = 1
-            if rest and rest[0].isdigit():
+            if rest and _whole(rest[0]):
                 count = int(rest.pop(0))
             if kind not in BACKENDS:
                 raise DeviceSpecError(f"unknown device kind {kind!r} in {spec!r}; "
                                       f"choose one of {', '.join(BACKENDS)}")
-            options = dict(opt.split("=", 1) if "=" in opt else (opt, "") for opt in rest)
+            if not 1 <= count <= MAX_DEVICES:
+                raise DeviceSpecError(f"{part!r} asks for {count or 'no'} devices; give 1 to "
+                                      f"{MAX_DEVICES}")
+            options = dict(opt.partition("=")[::2] for opt in rest)
             taken = sum(d.backend == kind for d in devices)
             for i in range(count):
                 name = f"{kind}{taken + i}"
@@ -102,6 +120,9 @@ def parse_devices(spec: str | Path) -> list[DeviceConfig]:
                                             **_device_fields(name, options)))
     if not devices:
         raise DeviceSpecError(f"no devices in {str(spec)!r}; write e.g. cpu:2 or cpu:2,sim:4")
+    if len(devices) > MAX_DEVICES:
+        raise DeviceSpecError(f"{str(spec)!r} holds {len(devices)} devices; at most "
+                              f"{MAX_DEVICES}")
     names = [d.name for d in devices]
     if len(set(names)) != len(names):
         raise DeviceSpecError(f"device names repeat in {str(spec)!r}: {names}")

@@ -48,15 +48,33 @@ def read_annotations(source: str | Path | Mapping | Annotations | None,
     else:
         path = Path(source)
         try:
-            table = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise PartitionError(f"cannot read annotations {path}: {exc}") from None
+    label = "annotations" if isinstance(source, Mapping | Annotations | None) \
+        else f"annotations {source}"
     unknown = set(table) - {"nodes", "ops", "fallback"}
     if unknown:
-        raise PartitionError(f"annotations: unknown key(s) {sorted(unknown)}; "
+        raise PartitionError(f"{label}: unknown key(s) {sorted(map(str, unknown))}; "
                              f"use [nodes], [ops] and fallback")
-    return Annotations(dict(table.get("nodes") or {}), dict(table.get("ops") or {}),
-                       fallback or table.get("fallback"))
+    fallback = fallback or table.get("fallback")
+    if fallback is not None and not isinstance(fallback, str):
+        raise PartitionError(f"{label}: fallback must be a device name, got {fallback!r}")
+    return Annotations(_names_to_targets(table, "nodes", label),
+                       _names_to_targets(table, "ops", label), fallback)
+
+
+def _names_to_targets(table: Mapping, key: str, label: str) -> dict[str, str]:
+    """`[nodes]` or `[ops]`: names to device names or kinds, all strings."""
+    value = table.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise PartitionError(f"{label}: {key} must be a table of name = \"device or kind\", "
+                             f"got {type(value).__name__} {value!r:.40}")
+    for name, target in value.items():
+        if not isinstance(target, str):
+            raise PartitionError(f"{label}: {key}.{name} must name a device or kind, "
+                                 f"got {target!r:.40}")
+    return dict(value)
 
 
 def can_run(device: DeviceConfig, node: Node, graph: Graph | None = None) -> bool:
@@ -127,35 +145,41 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
     if missing:
         raise PartitionError(f"annotations name nodes not in {graph.name}: "
                              f"{', '.join(missing[:5])}")
-    problems = {n.name: {d.name: unsupported(d, n, graph) for d in devices} for n in graph.nodes}
-    capable = {n: [d for d, why in p.items() if why is None] for n, p in problems.items()}
+    # Devices of one backend, op list and precisions answer alike: ask one of each kind, so
+    # placement stays linear in the device count (thousands of twins are one question).
+    kinds: dict[tuple, list[str]] = {}
+    for d in devices:
+        kinds.setdefault((d.backend, d.supported_ops, d.precisions), []).append(d.name)
+    kind_of = {name: key for key, names in kinds.items() for name in names}
+    sample = {key: by_name[names[0]] for key, names in kinds.items()}
+    everyone, anywhere = frozenset(by_name), f"any device ({_names(by_name)})"
     allowed, reasons = {}, {}
     for node in graph.nodes:
+        problems = {key: unsupported(d, node, graph) for key, d in sample.items()}
+        capable = [n for key, names in kinds.items() if problems[key] is None for n in names]
+        capable_set = everyone if len(capable) == len(by_name) else frozenset(capable)
         if node.name in notes.nodes:
             asked = notes.nodes[node.name]
-            wanted = _targets(asked, devices, f"for node {node.name}", node,
-                              capable[node.name])
+            wanted = _targets(asked, devices, f"for node {node.name}", node, capable)
             why = f"annotated {asked} (node)"
         elif node.op_type in notes.ops:
             asked = notes.ops[node.op_type]
-            wanted = _targets(asked, devices, f"for op {node.op_type}", node,
-                              capable[node.name])
+            wanted = _targets(asked, devices, f"for op {node.op_type}", node, capable)
             why = f"annotated {asked} (op {node.op_type})"
         else:
-            wanted, why = [d.name for d in devices], "cheapest"
-            asked = f"any device ({_names(wanted)})"
-        able = [d for d in wanted if d in capable[node.name]]
+            wanted, why, asked = list(by_name), "cheapest", anywhere
+        able = [d for d in wanted if d in capable_set]
         if not able:
             # what stops the wanted devices, whatever order they were listed in
-            problem = "; ".join(sorted({problems[node.name][d] or "" for d in wanted}))
+            problem = "; ".join(sorted({problems[kind_of[d]] or "" for d in wanted}))
             fallback = notes.fallback
-            if fallback is not None and fallback in capable[node.name]:
+            if fallback is not None and fallback in capable_set:
                 able, why = [fallback], (f"unsupported on {asked} -> fallback {fallback} "
                                          f"({problem})")
             else:
-                could = _names(capable[node.name]) or "none"
+                could = _names(capable) or "none"
                 raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on "
                                      f"{asked}: {problem}; devices that can: {could}")
-        allowed[node.name] = frozenset(able)
+        allowed[node.name] = everyone if len(able) == len(everyone) else frozenset(able)
         reasons[node.name] = why
     return Placement(allowed, reasons)

@@ -14,6 +14,7 @@ import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
@@ -30,19 +31,38 @@ def read_user_map(source: str | Path | Mapping) -> dict:
     if not path.is_file():
         raise PartitionError(f"partition map not found: {path}")
     try:
-        text = path.read_text()
-        return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        text = path.read_text(encoding="utf-8")
+        table = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (OSError, ValueError) as exc:
         raise PartitionError(f"cannot read partition map {path}: {exc}") from None
+    if not isinstance(table, dict):
+        raise PartitionError(f"partition map {path}: expected an object of tables, got "
+                             f"{type(table).__name__}")
+    return table
+
+
+def _strings(mapping: Mapping, key: str, what: str, *also: type) -> dict[str, Any]:
+    """A `[key]` table whose values are names (or one of `also`)."""
+    table = mapping.get(key) or {}
+    if not isinstance(table, Mapping):
+        raise PartitionError(f"partition map: {key} must be a table, got "
+                             f"{type(table).__name__} {table!r:.40}")
+    for name, value in table.items():
+        if not isinstance(value, (str, *also)):
+            raise PartitionError(f"partition map: {key}.{name} must name {what}, "
+                                 f"got {value!r:.40}")
+    return dict(table)
 
 
 def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, order: list[str],
               rec: Recorder) -> Steps[Groups]:
     names = {d.name for d in devices}
-    nodes = dict(mapping.get("nodes", {}))
-    parts = {k: (v["device"] if isinstance(v, Mapping) else v)
-             for k, v in dict(mapping.get("partitions", {})).items()}
+    nodes = _strings(mapping, "nodes", "a partition")
+    parts = {k: (v.get("device") if isinstance(v, Mapping) else v)
+             for k, v in _strings(mapping, "partitions", "a device", Mapping).items()}
     default = mapping.get("default")
+    if default is not None and not isinstance(default, str):
+        raise PartitionError(f"partition map: default must name a partition, got {default!r:.40}")
     for part in {*nodes.values(), *([default] if default else [])}:
         parts.setdefault(part, part)
     for part, dev in parts.items():
@@ -67,4 +87,4 @@ def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, o
         members[part].append(n)
         why = "mapped" if n in nodes else f"unmapped, default {default}"
         yield rec.step("assign", f"{n} -> {part} ({why})", index[part], parts[part], (n,))
-    return [(part, parts[part], m) for part, m in members.items() if m]
+    return [(part, str(parts[part]), m) for part, m in members.items() if m]

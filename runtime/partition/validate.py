@@ -35,8 +35,9 @@ def validate_plan(plan: Plan, graph: Graph,
                 raise PartitionError(f"invalid plan: {p.device} cannot run {n} "
                                      f"({graph.node(n).op_type}) by placement; allowed: "
                                      f"{', '.join(sorted(allowed[n]))}")
+    capacity = {d.name: d.memory_bytes for d in plan.devices}
     for name, used in plan.device_memory().items():
-        cap = plan.device(name).memory_bytes
+        cap = capacity[name]
         if used > cap:
             raise PartitionError(f"invalid plan: device {name} needs {human_bytes(used)}, "
                                  f"has {human_bytes(cap)}")
