@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     with HostManager(devices, max_queue=args.max_queue) as host:
         state = ServerState.open(host, repository,
-                                 ServerSettings(token, int(args.max_body_mb * (1 << 20))))
+                                 ServerSettings(token, int(args.max_body_mb * (1 << 20)),
+                                                args.devices))
         try:
             with Progress(TextColumn("loading {task.description}"), BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
