@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 from app.dashboard.source import (
     BundleInfo,
     DeviceCounters,
-    LoadSetting,
     LoadState,
     PartitionSteps,
+    ReadOnly,
     Status,
 )
 from runtime.bundle.plan_io import plan_from_dict
@@ -50,7 +50,7 @@ def outline_of(data: dict) -> Outline:
                    dict(data["sizes"]))
 
 
-class RemoteSource:
+class RemoteSource(ReadOnly):
     def __init__(self, url: str, token: str | None = None):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -196,25 +196,6 @@ class RemoteSource:
     def _refuse(self, what: str) -> PrismError:
         return PrismError(f"cannot {what} from a dashboard attached to {self.url}: its load "
                           f"comes from its clients, its models from its repository")
-
-    def toggle_pause(self) -> None:
-        raise self._refuse("pause the load")
-
-    def scale_load(self, factor: float) -> None:
-        raise self._refuse("change the load")
-
-    def set_load(self, setting: LoadSetting) -> None:
-        raise self._refuse("change the load")
-
-    def repartition(self, mode: str | None = None, devices: str | None = None,
-                    model: str | Path | None = None) -> Plan:
-        raise self._refuse("re-partition")
-
-    def start_recording(self, path: str | Path) -> str:
-        raise self._refuse("record")
-
-    def stop_recording(self) -> str | None:
-        return None
 
     def close(self) -> None:
         """Stop reading: the open stream is cut, and the reader ends within a bound."""
