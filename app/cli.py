@@ -104,6 +104,13 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
                              "bundle's own)")
 
 
+def _add_connect_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect", metavar="URL",
+                        help="attach to a running `prism serve` (http://HOST:PORT) instead "
+                             "of running a model here")
+    parser.add_argument("--token", metavar="T", help="the server's token, if it asks for one")
+
+
 def _add_remap_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remap", action="append", default=[], metavar="OLD=NEW",
                         help="a bundle: run what it placed on device OLD on this host's NEW "
@@ -161,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true",
                      help="compare every answer with the whole model in plain onnxruntime")
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
+    run.add_argument("--trace", metavar="FILE.json",
+                     help="write a Chrome trace of the run (Perfetto, chrome://tracing)")
     run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
@@ -193,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: every model in it)")
     serve.add_argument("--devices", required=True,
                        help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
+    serve.add_argument("--trace", metavar="FILE.json",
+                       help="write a Chrome trace of everything served, when it stops")
     serve.add_argument("--model-repository", metavar="DIR",
                        help="Triton's layout (DIR/NAME/VERSION/model.onnx) or flat "
                             "(DIR/NAME.onnx); the load API loads only from here")
@@ -283,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
+    _add_connect_args(tui)
     tui.set_defaults(handler="app.tui_cmd:run")
 
     web = sub.add_parser("web", help="the live dashboard in a browser (Streamlit)")
@@ -292,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
+    _add_connect_args(web)
     web.set_defaults(handler="app.web_cmd:run")
 
     comp = sub.add_parser("compile", help="partition and compile a model ahead of time into "

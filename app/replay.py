@@ -16,9 +16,9 @@ from app.dashboard.source import (
     MODES,
     BundleInfo,
     DeviceCounters,
-    LoadSetting,
     LoadState,
     PartitionSteps,
+    ReadOnly,
     Status,
 )
 from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL
@@ -32,7 +32,7 @@ from runtime.partition import Plan
 from runtime.partition.dot import Outline
 
 
-class Recording:
+class Recording(ReadOnly):
     def __init__(self, path: str | Path, model: str | Path | None = None,
                  devices: str | None = None, mode: str = "balanced") -> None:
         self.path = str(path)
@@ -110,25 +110,6 @@ class Recording:
 
     def _refuse(self, what: str) -> PrismError:
         return PrismError(f"a replay cannot {what}: {self.path} is a recording")
-
-    def toggle_pause(self) -> None:
-        raise self._refuse("pause its load")
-
-    def scale_load(self, factor: float) -> None:
-        raise self._refuse("change its load")
-
-    def set_load(self, setting: LoadSetting) -> None:
-        raise self._refuse("change its load")
-
-    def repartition(self, mode: str | None = None, devices: str | None = None,
-                    model: str | Path | None = None) -> Plan:
-        raise self._refuse("re-partition")
-
-    def start_recording(self, path: str | Path) -> str:
-        raise self._refuse("be recorded again")
-
-    def stop_recording(self) -> str | None:
-        return None
 
     def close(self) -> None:
         pass

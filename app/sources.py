@@ -1,4 +1,5 @@
-"""Where a dashboard's runtime comes from: embedded under live load, or a recording.
+"""Where a dashboard's runtime comes from: embedded under live load, a recording, or a
+running `prism serve` (`--connect`).
 
 `prism tui` builds `SourceSettings` from its arguments; `prism web` hands them to its
 Streamlit process through the environment (`to_env`, `from_env`), which opens the source.
@@ -33,14 +34,23 @@ class SourceSettings:
     concurrency: int | None = None
     seed: int | None = None
     replay: str | None = None  # a recording (JSON lines) to replay instead of running
+    connect: str | None = None  # a running server's URL to attach to instead of running
+    token: str | None = None  # its token, if it asks for one
 
     def __post_init__(self) -> None:
+        if self.connect is not None and (self.model or self.devices or self.replay):
+            raise PrismError("--connect attaches to a running server: MODEL, --devices and "
+                             "--replay are the server's business")
         if self.replay is not None and not Path(self.replay).is_file():
             raise PrismError(f"--replay: no such file: {self.replay}")
         if self.replay is None and self.model is not None and is_bundle(self.model):
             _check_bundle(Path(self.model), self.devices)
 
     def open(self) -> RuntimeSource:
+        if self.connect is not None:
+            from app.remote import RemoteSource
+
+            return RemoteSource(self.connect, self.token)
         if self.replay is not None:
             return Recording(self.replay, self.model, self.devices, self.mode)
         return LiveRuntime(self.model, self.devices, self.mode, rate=self.rate,
@@ -64,7 +74,7 @@ class SourceSettings:
 
         return cls(get("model"), get("devices"), get("mode") or "balanced",
                    number("rate", float), number("concurrency", int), number("seed", int),
-                   get("replay"))
+                   get("replay"), get("connect"), get("token"))
 
 
 def _check_bundle(path: Path, devices: str | None) -> None:

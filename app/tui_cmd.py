@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = DashboardModel(SourceSettings(
         args.model, args.devices, args.partition, rate=args.rate, concurrency=args.concurrency,
-        seed=args.seed, replay=args.replay).open())
+        seed=args.seed, replay=args.replay, connect=args.connect, token=args.token).open())
     if sys.stdin.isatty():
         exit_on_hangup(sys.stdin.fileno())
     try:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
@@ -22,7 +23,7 @@ from streamlit.testing.v1 import AppTest
 from app.cli import main
 from app.dashboard.colors import UNASSIGNED
 from app.dashboard.source import MODES
-from app.defaults import DEFAULT_DEVICES, SAMPLES
+from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL, SAMPLES
 from app.sources import ENV_PREFIX
 from recordings import record_run
 from ui_web.cached import shared_live
@@ -235,3 +236,31 @@ def test_replay_draws_the_recorded_plan(mode: str, tmp_path: Path, shared: Share
     assert not at.exception, at.exception
     assert at.segmented_control(key="stepper_mode").value == mode
     assert UNASSIGNED.fill not in _dots(at)[0]  # opens on the finished plan
+
+
+def test_the_web_dashboard_attaches_to_a_running_server(shared: SharedLive,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prism web --connect URL`: the page shows the server's plan and the requests its
+    clients sent, through the same view model."""
+    from servers import call, serving
+
+    with serving("cpu:2", files=(("cnn", DEFAULT_MODEL),)) as (url, state):
+        x = np.random.default_rng().standard_normal((1, 3, 32, 32), np.float32)
+        for _ in range(7):
+            status, _, body = call(f"{url}/v2/models/cnn/infer", "POST", {"inputs": [
+                {"name": "image", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                 "data": x.ravel().tolist()}]})
+            assert status == 200, body
+        monkeypatch.setenv(f"{ENV_PREFIX}CONNECT", url)
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        assert not at.exception, at.exception
+        attached = shared_live()
+        assert attached is not shared
+        plan = state.host.plan("cnn")
+        view = attached.view()
+        assert [(p.name, p.device) for p in view.plan.partitions] == [
+            (p.name, p.device) for p in plan.partitions]
+        deadline = time.monotonic() + TIMEOUT
+        while attached.view().totals.finished < 7 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert attached.view().totals.finished == 7

@@ -201,3 +201,30 @@ class RuntimeSource(Protocol):
     def stop_recording(self) -> str | None: ...
 
     def close(self) -> None: ...
+
+
+class ReadOnly:
+    """The controls of a source nothing can change (a recording, a server): each raises
+    the source's own one-line refusal, `_refuse(what)`."""
+
+    def _refuse(self, what: str) -> PrismError:
+        raise NotImplementedError
+
+    def toggle_pause(self) -> None:
+        raise self._refuse("pause the load")
+
+    def scale_load(self, factor: float) -> None:
+        raise self._refuse("change the load")
+
+    def set_load(self, setting: LoadSetting) -> None:
+        raise self._refuse("change the load")
+
+    def repartition(self, mode: str | None = None, devices: str | None = None,
+                    model: str | Path | None = None) -> Plan:
+        raise self._refuse("re-partition")
+
+    def start_recording(self, path: str | Path) -> str:
+        raise self._refuse("record")
+
+    def stop_recording(self) -> str | None:
+        return None

@@ -15,10 +15,10 @@ from starlette.middleware import Middleware
 
 from app.server.errors import HANDLERS
 from app.server.guard import Guard
-from app.server.routes import health, infer, metrics, models, repository
+from app.server.routes import health, infer, metrics, models, repository, watch
 from app.server.state import ServerState
 
-ROUTE_MODULES: tuple[ModuleType, ...] = (infer, health, models, repository, metrics)
+ROUTE_MODULES: tuple[ModuleType, ...] = (infer, health, models, repository, metrics, watch)
 
 
 def create_app(state: ServerState, modules: Sequence[ModuleType] = ROUTE_MODULES) -> Starlette:

@@ -61,12 +61,16 @@ def url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+GRACEFUL_SECONDS = 2  # a shutdown waits this long for open responses (event streams)
+
+
 def server(app: ASGIApp) -> uvicorn.Server:
     """uvicorn with its fast parts (httptools, uvloop where installed), quiet: no access
     log, warnings only."""
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     config = uvicorn.Config(app, http="httptools", loop=loop, lifespan="off",
-                            log_level="warning", access_log=False, timeout_keep_alive=30)
+                            log_level="warning", access_log=False, timeout_keep_alive=30,
+                            timeout_graceful_shutdown=GRACEFUL_SECONDS)
     return uvicorn.Server(config)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.server.catalog import Catalog
+from app.server.event_log import EventLog
 from app.server.metrics import ServerMetrics
 from app.server.repository import ModelRepository
 from runtime.host import HostManager
+from runtime.partition.plan import Plan
+from runtime.trace import ChromeTrace
 
 MAX_BODY_BYTES = 64 << 20  # Triton's default --http-max-input-size
 
@@ -16,6 +19,7 @@ MAX_BODY_BYTES = 64 << 20  # Triton's default --http-max-input-size
 class ServerSettings:
     token: str | None = None  # None: no token asked for
     max_body_bytes: int = MAX_BODY_BYTES
+    devices: str = ""  # the --devices spec, for a dashboard's stepper in another mode
 
 
 @dataclass
@@ -24,7 +28,14 @@ class ServerState:
     catalog: Catalog
     metrics: ServerMetrics
     settings: ServerSettings
+    events: EventLog
     ready: bool = False  # every model asked for at start is loaded
+    closing: bool = False  # shutting down: event streams end
+    trace: ChromeTrace | None = None  # a Chrome trace being taken (--trace, trace/start)
+
+    def plans(self) -> dict[str, Plan]:
+        """Every loaded network's plan (what a trace's flows follow)."""
+        return {name: self.host.plan(name) for name in self.host.networks()}
 
     @classmethod
     def open(cls, host: HostManager, repository: ModelRepository | None = None,
@@ -36,8 +47,12 @@ class ServerState:
             served = catalog.of_network(network)
             return None if served is None else (served.name, served.version, served.transfers)
 
-        return cls(host, catalog, ServerMetrics(host.bus, label), settings or ServerSettings())
+        return cls(host, catalog, ServerMetrics(host.bus, label), settings or ServerSettings(),
+                   EventLog(host.bus))
 
     def close(self) -> None:
-        self.ready = False
+        self.ready, self.closing = False, True
         self.metrics.close()
+        self.events.close()
+        if self.trace is not None:
+            self.trace.close()
