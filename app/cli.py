@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true",
                      help="compare every answer with the whole model in plain onnxruntime")
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
+    run.add_argument("--trace", metavar="FILE.json",
+                     help="write a Chrome trace of the run (Perfetto, chrome://tracing)")
     run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
@@ -200,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: every model in it)")
     serve.add_argument("--devices", required=True,
                        help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
+    serve.add_argument("--trace", metavar="FILE.json",
+                       help="write a Chrome trace of everything served, when it stops")
     serve.add_argument("--model-repository", metavar="DIR",
                        help="Triton's layout (DIR/NAME/VERSION/model.onnx) or flat "
                             "(DIR/NAME.onnx); the load API loads only from here")

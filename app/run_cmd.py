@@ -29,6 +29,7 @@ from runtime.events import JsonlRecorder
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, check_feeds, input_specs
 from runtime.metrics import Metrics, MetricsSnapshot
+from runtime.trace import ChromeTrace
 from runtime.units import human_bytes, human_seconds
 
 
@@ -181,12 +182,14 @@ def run(args: argparse.Namespace) -> int:
     options = load_options(args)
     devices = parse_devices(args.devices)
     record = output_file(args.record, "--record") if args.record else None
+    trace_path = output_file(args.trace, "--trace") if args.trace else None
     binds = options["bindings"]
     name = Path(args.model).stem
     feeds = read_inputs(args.inputs, *model_inputs(args.model, binds)) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
+        trace = ChromeTrace(host.bus) if trace_path else None  # before the load: memory
         host.add_network(name, args.model, **options)
         # a bundle is checked against the whole network stored inside it
         check = OutputCheck(host.graph(name).model) if args.check else None
@@ -203,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
             load.start()
             while not load.wait(timeout=0.1):
                 metrics.feed(subscription.drain())
+                if trace is not None:
+                    trace.collect()
                 progress.update(task, completed=load.stats.done)
             wall = time.perf_counter() - start
             load.stop()
@@ -210,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
         snap = metrics.snapshot()
         console.print(Group(summary_table(snap, wall, load.stats), partition_table(snap),
                             device_table(snap)))
+        if trace is not None and trace_path is not None:
+            plans = {name: host.plan(name)}
+            count = writing(trace_path, "--trace", lambda: trace.write(trace_path, plans))
+            console.print(f"trace: {count} events in {trace_path} (open it in "
+                          f"https://ui.perfetto.dev)")
     problems = _problems(load.stats, check, recorder)
     if problems:
         raise PrismError("; ".join(problems))

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.loading import output_file, writing
 from app.server.app import create_app
 from app.server.load_options import load_options
 from app.server.repository import SUFFIXES, ModelRepository
@@ -20,6 +21,7 @@ from app.server.state import ServerSettings, ServerState
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
+from runtime.trace import ChromeTrace
 from runtime.units import human_bytes
 
 TOKEN_VARIABLE = "PRISM_TOKEN"  # the token, kept off the command line (and out of `ps`)
@@ -38,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
         state = ServerState.open(host, repository,
                                  ServerSettings(token, int(args.max_body_mb * (1 << 20)),
                                                 args.devices))
+        trace_path = output_file(args.trace, "--trace") if args.trace else None
+        if trace_path is not None:
+            state.trace = ChromeTrace(host.bus)  # before the loads: their memory too
         try:
             with Progress(TextColumn("loading {task.description}"), BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
@@ -57,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
                           highlight=False)
             server(create_app(state)).run(sockets=[sock])
         finally:
+            if trace_path is not None and state.trace is not None:
+                taken, plans = state.trace, state.plans()
+                writing(trace_path, "--trace", lambda: taken.write(trace_path, plans))
             state.close()
             sock.close()
     return 0

@@ -23,7 +23,7 @@ from runtime.inputs import InputSpec, Signature
 from runtime.outputs import OutputCheck
 from runtime.partition.plan import Plan
 from runtime.partition.steps import Step
-from runtime.provision import LoadedPartition, provision, unload
+from runtime.provision import LoadedPartition, provision, twin_groups, unload
 from runtime.requests import Request
 
 if TYPE_CHECKING:
@@ -96,10 +96,11 @@ def place(name: str, plan: Plan, made: Mapping[str, Program], devices: Mapping[s
     executor, checking partition outputs against `graph` when there is one (else only
     that they are there); raises with nothing left loaded."""
     loaded: list[list[LoadedPartition]] = []
+    groups = twin_groups(devices.values())
     try:
         for r, onto in enumerate(twin_sets):
             loaded.append(provision(plan, made, devices, network=name, tag=f"#{r}" if r else "",
-                                    bus=bus, onto=onto))
+                                    bus=bus, onto=onto, groups=groups))
     except BaseException:
         _unload(name, loaded, bus)
         raise

@@ -10,9 +10,9 @@ per replica.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.devices.config import DeviceConfig
@@ -31,7 +31,15 @@ class LoadedPartition:
 
 def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
     """Same figures, whatever the names."""
-    return replace(a, name=b.name) == b
+    return a.figures() == b.figures()
+
+
+def twin_groups(devices: Iterable[Device]) -> dict[tuple, list[Device]]:
+    """Devices by their figures, made once per load rather than per partition and device."""
+    groups: dict[tuple, list[Device]] = {}
+    for d in devices:
+        groups.setdefault(d.config.figures(), []).append(d)
+    return groups
 
 
 @contextmanager
@@ -46,37 +54,45 @@ def one_line_errors(network: str) -> Iterator[None]:
                              f"{first_line(exc)}") from exc
 
 
-def _candidates(devices: Mapping[str, Device], name: str) -> list[Device]:
-    """The named device, then its twins (same figures but the name), by most free bytes."""
-    want = devices[name].config
-    others = [d for d in devices.values() if d.name != name and twins(d.config, want)]
-    return [devices[name], *sorted(others, key=lambda d: -d.free_bytes)]
+def _candidates(devices: Mapping[str, Device], groups: Mapping[tuple, list[Device]],
+                name: str) -> Iterator[Device]:
+    """The named device, then (asked for only when it is full) its twins, by most free
+    bytes."""
+    want = devices[name]
+    yield want
+    others = [d for d in groups[want.config.figures()] if d is not want]
+    yield from sorted(others, key=lambda d: -d.free_bytes)
 
 
 def provision(plan: Plan, made: Mapping[str, Program], devices: Mapping[str, Device], *,
               network: str, tag: str = "", bus: Any = None,
-              onto: Mapping[str, str] | None = None) -> list[LoadedPartition]:
+              onto: Mapping[str, str] | None = None,
+              groups: Mapping[tuple, list[Device]] | None = None) -> list[LoadedPartition]:
     """Load every partition of `plan`, in plan order, or none of them. `onto` maps the
-    plan's devices to others (a replica's twins); `tag` tells a replica's keys apart."""
+    plan's devices to others (a replica's twins); `tag` tells a replica's keys apart;
+    `groups` is `twin_groups(devices)` when the caller has it (one per replica costs)."""
     loaded: list[LoadedPartition] = []
+    groups = twin_groups(devices.values()) if groups is None else groups
     try:
         with one_line_errors(network):
             for part in plan.partitions:
                 target = (onto or {}).get(part.device, part.device)
-                loaded.append(_load(part, made[part.name], devices, network, tag, target, bus))
+                loaded.append(_load(part, made[part.name], devices, groups, network, tag,
+                                   target, bus))
     except BaseException:
         unload(loaded, network=network, bus=bus)
         raise
     return loaded
 
 
-def _load(part: Partition, program: Program, devices: Mapping[str, Device], network: str,
-          tag: str, target: str, bus: Any) -> LoadedPartition:
+def _load(part: Partition, program: Program, devices: Mapping[str, Device],
+          groups: Mapping[tuple, list[Device]], network: str, tag: str, target: str, bus: Any
+          ) -> LoadedPartition:
     if target not in devices:
         raise ProvisionError(f"{network}/{part.name}: plan names device {target}, which this "
                              f"host does not have")
     key, start = f"{network}{tag}/{part.name}", time.perf_counter()
-    for device in _candidates(devices, target):
+    for device in _candidates(devices, groups, target):
         try:
             device.load(key, program)
             break

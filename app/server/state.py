@@ -9,6 +9,8 @@ from app.server.event_log import EventLog
 from app.server.metrics import ServerMetrics
 from app.server.repository import ModelRepository
 from runtime.host import HostManager
+from runtime.partition.plan import Plan
+from runtime.trace import ChromeTrace
 
 MAX_BODY_BYTES = 64 << 20  # Triton's default --http-max-input-size
 
@@ -29,6 +31,11 @@ class ServerState:
     events: EventLog
     ready: bool = False  # every model asked for at start is loaded
     closing: bool = False  # shutting down: event streams end
+    trace: ChromeTrace | None = None  # a Chrome trace being taken (--trace, trace/start)
+
+    def plans(self) -> dict[str, Plan]:
+        """Every loaded network's plan (what a trace's flows follow)."""
+        return {name: self.host.plan(name) for name in self.host.networks()}
 
     @classmethod
     def open(cls, host: HostManager, repository: ModelRepository | None = None,
@@ -47,3 +54,5 @@ class ServerState:
         self.ready, self.closing = False, True
         self.metrics.close()
         self.events.close()
+        if self.trace is not None:
+            self.trace.close()

@@ -103,14 +103,14 @@ class DeviceManager(Device):
                 return None
         elif self._queue or not self._running.acquire(blocking=False):
             return None
-        if self._closed:
-            self._running.release()
-            return None
-        _local.device = True
-        try:
+        try:  # from the moment the device is held: Ctrl-C may land on any line
+            if self._closed:
+                return None
+            _local.device = True
             outputs, error = self._run(key, feeds, tag, time.perf_counter())
         finally:
             _local.device = False
+            self._running.release()
         if error is not None:
             raise error
         return outputs
@@ -166,7 +166,10 @@ class DeviceManager(Device):
                         return  # closed and drained
                     job = self._queue.popleft()
                 self._running.acquire()  # held by a run on a caller's thread, at most
-                outputs, error = self._run(job.key, job.feeds, job.tag, job.arrived)
+                try:
+                    outputs, error = self._run(job.key, job.feeds, job.tag, job.arrived)
+                finally:
+                    self._running.release()
                 answer, job = job, None  # answered from here on: never twice
                 _settle(answer, outputs, error)
                 del answer, outputs  # an idle worker must not pin the last request's tensors
@@ -190,14 +193,16 @@ class DeviceManager(Device):
 
     def _run(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float
              ) -> tuple[Outputs | None, ExecutionError | None]:
-        """Run with `_running` held; releases it and publishes the run's events."""
+        """Run with `_running` held (its caller releases it) and publish the run's events.
+        Whatever passes through here (an interrupt while an event is published, say), the
+        run's figures and its finished event are kept."""
         tagged = tag if tag is not None and self.publishing else None
         start = time.perf_counter()
-        if tagged is not None:
-            self.publish("partition.run.started", **tagged, device=self.name)
         error: ExecutionError | None = None
         outputs: Outputs | None = None
         try:
+            if tagged is not None:
+                self.publish("partition.run.started", **tagged, device=self.name)
             function = self._functions.get(key)
             if function is None:
                 raise LookupError(f"{key} is not loaded")
@@ -209,7 +214,6 @@ class DeviceManager(Device):
             end = time.perf_counter()
             self._runs += 1  # under `_running`, as every run
             self._busy_seconds += end - start
-            self._running.release()
             if tagged is not None:
                 self.publish("partition.run.finished", **tagged, device=self.name,
                              queue_wait=start - arrived, run_seconds=end - start,

@@ -9,6 +9,8 @@ queries.
 - `GET /v2/prism/networks`: each network's plan, graph outline, mode, devices and bundle.
 - `GET /v2/prism/networks/{network}/steps?mode=M`: the partitioner's steps in mode `M`.
 - `GET /v2/prism/devices`: each device's counts, and the server's clock (`now`).
+- `POST /v2/prism/trace/start`, `.../trace/stop`: take a Chrome trace (`runtime/trace.py`)
+  of what is served in between; stop answers with the trace's JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from runtime.bundle.network import open_contents
 from runtime.bundle.plan_io import plan_dict
 from runtime.errors import PrismError
 from runtime.partition.dot import Outline
+from runtime.trace import ChromeTrace
 
 PREFIX = "/v2/prism"
 POLL_SECONDS = 0.05
@@ -122,6 +125,22 @@ def routes(state: ServerState) -> list[BaseRoute]:
         return json_response({"now": time.monotonic(), "last_event": log.last, "devices": {
             name: asdict(device.stats()) for name, device in host.devices.items()}})
 
-    return [Route(f"{PREFIX}/events", events), Route(f"{PREFIX}/networks", networks),
+    async def trace_start(request: Request) -> Response:
+        started = state.trace is None
+        if started:
+            state.trace = ChromeTrace(host.bus)
+        return json_response({"tracing": True, "started": started})
+
+    async def trace_stop(request: Request) -> Response:
+        taken, state.trace = state.trace, None
+        if taken is None:
+            raise HTTPException(400, "no trace is being taken: POST /v2/prism/trace/start")
+        document = await asyncio.to_thread(lambda: taken.trace(state.plans()))
+        taken.close()
+        return json_response(document)
+
+    return [Route(f"{PREFIX}/trace/start", trace_start, methods=["POST"]),
+            Route(f"{PREFIX}/trace/stop", trace_stop, methods=["POST"]),
+            Route(f"{PREFIX}/events", events), Route(f"{PREFIX}/networks", networks),
             Route(f"{PREFIX}/networks/{{network}}/steps", steps),
             Route(f"{PREFIX}/devices", devices)]
