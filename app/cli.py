@@ -294,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
+    _add_remap_arg(tui)
     _add_connect_args(tui)
     tui.set_defaults(handler="app.tui_cmd:run")
 
@@ -304,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
+    _add_remap_arg(web)
     _add_connect_args(web)
     web.set_defaults(handler="app.web_cmd:run")
 
