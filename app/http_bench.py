@@ -24,10 +24,10 @@ import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.console import plain_console
 from app.server.tensors import DTYPES
 from runtime.errors import PrismError
 from runtime.units import human_seconds
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([asdict(level) for level in levels], indent=2))
     else:
-        Console().print(_table(args.url, levels))
+        plain_console().print(_table(args.url, levels))
     return 0 if all(level.requests for level in levels) else 1
 
 
@@ -77,7 +77,8 @@ async def bench(url: str, model: str | None, levels: list[int], requests: int,
         metadata = await _get_json(session, "GET", f"{url}/v2/models/{model}")
         out = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), disable=quiet, transient=True) as progress:
+                      TimeElapsedColumn(), console=plain_console(stderr=True),
+                      disable=quiet, transient=True) as progress:
             for clients in levels:
                 task = progress.add_task(f"{model}, {clients} clients", total=requests)
                 bodies = [_request(metadata, np.random.default_rng()) for _ in range(POOL)]

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from app.console import plain_console
 from app.loading import output_file, writing
 from app.server.app import create_app
 from app.server.load_options import load_options
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     wanted = _wanted(args.models, repository)
     params = _parameters(args)
     sock = bind(args.host, args.port)  # before loading: a taken port fails at once
-    console = Console()
+    console = plain_console()
     with HostManager(devices, max_queue=args.max_queue) as host:
         state = ServerState.open(host, repository,
                                  ServerSettings(token, int(args.max_body_mb * (1 << 20)),
@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
             state.trace = ChromeTrace(host.bus)  # before the loads: their memory too
         try:
             with Progress(TextColumn("loading {task.description}"), BarColumn(),
-                          MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
-                          transient=True) as progress:
+                          MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=plain_console(stderr=True), transient=True) as progress:
                 task = progress.add_task("models", total=len(wanted))
                 for name, path in wanted:
                     progress.update(task, description=name)
@@ -57,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
                     progress.advance(task)
             state.ready = True
             console.print(_table(state))
-            console.print(f"Serving the Open Inference Protocol on [bold]{url(sock)}[/] "
-                          f"(/v2, /metrics){'' if token else ', no token'}; Ctrl-C stops.",
-                          highlight=False)
+            console.print(Text.assemble("Serving the Open Inference Protocol on ",
+                                        (url(sock), "bold"), " (/v2, /metrics)",
+                                        "" if token else ", no token", "; Ctrl-C stops."))
             server(create_app(state)).run(sockets=[sock])
         finally:
             if trace_path is not None and state.trace is not None:
@@ -118,5 +118,5 @@ def _table(state: ServerState) -> Table:
                       ", ".join(dict.fromkeys(p.device for p in plan.partitions)),
                       human_bytes(sum(p.weight_bytes for p in plan.partitions)),
                       f"max {batch}" if batch else "off", str(state.host.replicas(served.network)),
-                      escape(str(served.source)))
+                      str(served.source))
     return table

@@ -66,6 +66,7 @@ class _Triton:
         self.sums: dict[str, defaultdict[tuple[str, str], float]] = {
             name: defaultdict(float) for name, _ in _TRITON_COUNTERS}
         self.failures: defaultdict[tuple[str, str, str], int] = defaultdict(int)
+        self.rejected: defaultdict[tuple[str, str, str], int] = defaultdict(int)
         self.pending: dict[tuple[str, str], set[int]] = defaultdict(set)
 
     def collect(self) -> Iterator[Metric]:
@@ -78,7 +79,10 @@ class _Triton:
             yield family
         family = Metric("nv_inference_request_failure", "Number of failed inference requests, "
                         "all batch sizes", "counter")
-        for (model, version, reason), count in sorted(self.failures.items()):
+        failures = self.failures.copy()
+        for key, count in list(self.rejected.items()):
+            failures[key] += count
+        for (model, version, reason), count in sorted(failures.items()):
             family.add_sample("nv_inference_request_failure",
                               {"model": model, "version": version, "reason": reason}, count)
         yield family
@@ -185,9 +189,10 @@ class ServerMetrics:
             self._triton.pending.clear()  # some starts went missing: count afresh
 
     def rejected(self, model: str, version: str, reason: str) -> None:
-        """A request refused before it reached the host (queue full, bad input)."""
-        with self._lock:
-            self._triton.failures[(model, version, reason)] += 1
+        """A request refused before it reached the host (queue full, bad input). Called
+        on the event loop, so it takes no lock (the fold may hold one for a while): only
+        the loop writes these counts."""
+        self._triton.rejected[(model, version, reason)] += 1
 
     def render(self) -> bytes:
         self.catch_up()
