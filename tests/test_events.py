@@ -38,7 +38,7 @@ def test_catalogue_names():
     assert EVENT_KINDS["partition.run.finished"] == (
         "network", "request", "partition", "device", "queue_wait", "run_seconds")
     assert EVENT_KINDS["bus.lost"] == ("lost",)
-    assert len(EVENT_KINDS) == 14
+    assert len(EVENT_KINDS) == 17
 
 
 def test_publish_order_across_threads():
