@@ -9,6 +9,7 @@ device opens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -179,10 +180,8 @@ def serve_through_a_kill(host: HostManager, victim: str, requests: int = 240):
     for t in threads:
         t.join(WAIT)
     for _, future in sent:
-        try:
+        with contextlib.suppress(DeviceLostError):
             future.result(WAIT)
-        except DeviceLostError:
-            pass
     first_ok = min(answered[f] for t, f in sent if t > killed[0] and f.exception(0) is None)
     print(f"kill -> first success of a request sent after it: {first_ok - killed[0]:.2f} s")
     return sent, killed[0], sub.drain(), feeds
