@@ -287,3 +287,25 @@ def test_ray_loads_only_when_a_ray_device_opens():
     done = subprocess.run([sys.executable, "-c", PROBE, str(SAMPLES_DIR / "mlp.onnx")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(done.stdout) == {"ray": []}
+
+
+def test_dashboards_show_ray_devices_with_their_node(cluster):
+    """The view model's rows for a live runtime on ray devices carry the node; both
+    dashboards show it."""
+    from app.dashboard import DashboardModel
+    from app.live import LiveRuntime
+    from ui_tui.widgets.devices import device_lines
+    from ui_web.frames import devices_frame
+
+    live = LiveRuntime(devices="ray:1,cpu:1", start_load=False, seed=2)
+    try:
+        rows = {r.name: r for r in DashboardModel(live).poll().devices}
+        node = live.host.devices["ray0"].info["node"]
+        assert (rows["ray0"].node, rows["ray0"].where, rows["ray0"].health) == (
+            node, f"ray @ {node}", "ok")
+        assert rows["cpu0"].where == "cpu"
+        assert f"ray @ {node}" in device_lines(tuple(rows.values()), 80).plain
+        frame = devices_frame(tuple(rows.values()))
+        assert list(frame["where"]) == [rows[n].where for n in frame["device"]]
+    finally:
+        live.close()
