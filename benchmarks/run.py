@@ -10,10 +10,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import cold_start, overhead, partition_speed, pipeline, quantized, serving
+from benchmarks import (
+    cold_start,
+    overhead,
+    partition_speed,
+    pipeline,
+    quantized,
+    ray_devices,
+    serving,
+)
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
-          "serving": serving.run, "quantized": quantized.run, "cold": cold_start.run}
+          "serving": serving.run, "quantized": quantized.run, "cold": cold_start.run,
+          "ray": ray_devices.run}
 HERE = Path(__file__).parent
 
 
