@@ -13,8 +13,9 @@ from rich.text import Text
 
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
-from app.loading import network_options
+from app.loading import load_options
 from runtime.devices import parse_devices
+from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds
 
@@ -25,8 +26,16 @@ def _figures(rate: float, latencies: list[float]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url:
+        from app.http_bench import run as run_url
+
+        return run_url(args)
+    if not args.model or not args.devices or len(args.concurrency) != 1:
+        raise PrismError("prism bench MODEL --devices SPEC takes one --concurrency; "
+                         "or give --url URL to load a server")
+    args.concurrency = args.concurrency[0]
     devices = parse_devices(args.devices)
-    options = network_options(args)
+    options = load_options(args)
     name = Path(args.model).stem
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:

@@ -74,13 +74,14 @@ def _binding(text: str) -> str:
     return text
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     from runtime.partition import MODES
 
-    parser.add_argument("model", help="path to an .onnx file")
-    parser.add_argument("--devices", required=True,
+    parser.add_argument("model", help="path to an .onnx file (run and bench: or a .prism "
+                                      "bundle)", nargs=None if required else "?")
+    parser.add_argument("--devices", required=required,
                         help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
-    parser.add_argument("--partition", default="balanced", metavar="MODE",
+    parser.add_argument("--partition", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
     parser.add_argument("--bind", action="append", default=[], metavar="DIM=N", type=_binding,
@@ -105,8 +106,32 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=_number(float, 0, MAX_DELAY_MS), default=1.0,
                         metavar="D", help="dynamic batching: longest wait for a fuller batch, "
                                           "in milliseconds (default 1)")
-    parser.add_argument("--replicas", default=1, type=_replicas, metavar="N|saturate",
-                        help="whole copies of the plan on twin devices")
+    parser.add_argument("--replicas", type=_replicas, metavar="N|saturate",
+                        help="whole copies of the plan on twin devices (default 1, or a "
+                             "bundle's own)")
+
+
+def _add_connect_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect", metavar="URL",
+                        help="attach to a running `prism serve` (http://HOST:PORT) instead "
+                             "of running a model here")
+    parser.add_argument("--token", metavar="T", help="the server's token, if it asks for one")
+
+
+def _add_remap_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remap", action="append", default=[], metavar="OLD=NEW",
+                        help="a bundle: run what it placed on device OLD on this host's NEW "
+                             "(default: devices matched by kind, memory and ops)")
+
+
+def _counts(text: str) -> list[int]:
+    """`1,8,64` -> [1, 8, 64]: client counts, from 1 to MAX_CLIENTS."""
+    one = _number(int, 1, MAX_CLIENTS)
+    try:
+        return [one(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"give whole numbers from 1 to {MAX_CLIENTS}, "
+                                         f"comma-separated; got {text!r}") from None
 
 
 class _Versions(argparse.Action):
@@ -150,21 +175,62 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true",
                      help="compare every answer with the whole model in plain onnxruntime")
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
+    run.add_argument("--trace", metavar="FILE.json",
+                     help="write a Chrome trace of the run (Perfetto, chrome://tracing)")
     run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
     _add_serving_args(run)
+    _add_remap_arg(run)
     run.set_defaults(handler="app.run_cmd:run")
 
-    bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load")
-    _add_model_args(bench)
+    bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load, "
+                                         "or a running server over HTTP (--url)")
+    _add_model_args(bench, required=False)
     bench.add_argument("--requests", type=_number(int, 1), default=1000, metavar="N")
-    bench.add_argument("--concurrency", type=_number(int, 1, MAX_CLIENTS), default=8,
-                       metavar="C",
-                       help="closed-loop clients, for both runtimes")
+    bench.add_argument("--concurrency", type=_counts, default=[8], metavar="C[,C...]",
+                       help="closed-loop clients, for both runtimes; with --url, one run per "
+                            "level (e.g. 1,8,64)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_serving_args(bench)
+    _add_remap_arg(bench)
+    bench.add_argument("--url", help="load a running `prism serve` (or any Open Inference "
+                                     "Protocol server) at URL instead; MODEL is then --model")
+    bench.add_argument("--model", dest="served_model", metavar="M",
+                       help="with --url: the model to load (default: the one served)")
+    bench.add_argument("--token", help="with --url: the server's bearer token "
+                                       "(default: $PRISM_TOKEN)")
     bench.set_defaults(handler="app.bench_cmd:run")
+
+    serve = sub.add_parser("serve", help="serve models over HTTP: the Open Inference Protocol "
+                                         "(KServe v2, as Triton) and Prometheus /metrics")
+    serve.add_argument("models", nargs="*", metavar="MODEL",
+                       help=".onnx/.prism files, or names in the model repository "
+                            "(default: every model in it)")
+    serve.add_argument("--devices", required=True,
+                       help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
+    serve.add_argument("--trace", metavar="FILE.json",
+                       help="write a Chrome trace of everything served, when it stops")
+    serve.add_argument("--model-repository", metavar="DIR",
+                       help="Triton's layout (DIR/NAME/VERSION/model.onnx) or flat "
+                            "(DIR/NAME.onnx); the load API loads only from here")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; any other needs --token "
+                            "or --insecure)")
+    serve.add_argument("--port", type=int, default=8000, help="default 8000; 0: a free one")
+    serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request "
+                                       "(default: $PRISM_TOKEN)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback --host without a token")
+    serve.add_argument("--partition", choices=("balanced", "memory"),
+                       help="partition mode for the models loaded at start (default balanced, "
+                            "or the model's config.pbtxt)")
+    _add_serving_args(serve)
+    serve.add_argument("--max-queue", type=int, default=1024, metavar="N",
+                       help="requests that may wait (default 1024); more get 503")
+    serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
+                       help="largest request body (default 64)")
+    serve.set_defaults(handler="app.serve_cmd:run")
 
     prof = sub.add_parser("profile", help="record every tensor's range over calibration "
                                           "samples (the first phase of quantization)")
@@ -187,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--format", default="qdq", choices=("qdq", "qoperator"),
                        help="QuantizeLinear/DequantizeLinear pairs (default) or QLinear ops")
     quant.add_argument("--activations", default="uint8", choices=("uint8", "int8"),
-                       help="activation type (default uint8: 1.3-2x faster here than float; "
-                            "int8 was slower than float)")
+                       help="activation type (default uint8: 1.6-1.8x faster here than "
+                            "float; int8 was slower than float)")
     quant.add_argument("--weights", default="int8", choices=("uint8", "int8"))
     quant.add_argument("--per-tensor", action="store_true",
                        help="one weight scale per tensor (default: per output channel)")
@@ -198,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep this node in float (repeatable)")
     quant.add_argument("--exclude-op", action="append", default=[], metavar="OP",
                        help="keep every node of this op type in float (repeatable)")
+    quant.add_argument("--quantize-narrow", action="store_true",
+                       help="quantize convolutions on fewer than 8 input channels too (by "
+                            "default they stay in float: onnxruntime runs them slower in int8)")
     quant.add_argument("--accuracy-budget", metavar="B",
                        help="e.g. 1%%: return the fewest nodes to float to stay within it")
     quant.add_argument("--metric", default="auto", metavar="M",
@@ -215,12 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
                                      "through the partitioner")
-    tui.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled "
-                                              "sample CNN)")
-    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB)")
+    tui.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample CNN)")
+    tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB; for a "
+                                       "bundle, the kinds it was compiled for)")
     _add_ray_arg(tui)
     tui.add_argument("--partition", default="balanced", choices=("balanced", "memory"),
-                     metavar="MODE", help="balanced (default) or memory")
+                     metavar="MODE", help="balanced (default) or memory (a bundle keeps "
+                                          "the mode it was compiled in)")
     tui_load = tui.add_mutually_exclusive_group()
     tui_load.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                           help="open-loop load, requests per second (default 150)")
@@ -231,15 +302,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
+    _add_remap_arg(tui)
+    _add_connect_args(tui)
     tui.set_defaults(handler="app.tui_cmd:run")
 
     web = sub.add_parser("web", help="the live dashboard in a browser (Streamlit)")
-    web.add_argument("model", nargs="?", help="path to an .onnx file (default: a bundled sample)")
+    web.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
+                                              "(default: a bundled sample)")
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     _add_ray_arg(web)
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
+    _add_remap_arg(web)
+    _add_connect_args(web)
     web.set_defaults(handler="app.web_cmd:run")
 
     comp = sub.add_parser("compile", help="partition and compile a model ahead of time into "

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+
+from runtime.bundle.load import is_bundle
+from runtime.bundle.reader import read_bundle
+from runtime.devices.config import DeviceConfig
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 DEFAULT_MODEL = SAMPLES / "cnn.onnx"
@@ -13,3 +18,19 @@ DEFAULT_RATE = 150.0  # requests/s
 def sample_models() -> dict[str, Path]:
     """The bundled models by file name."""
     return {p.name: p for p in sorted(SAMPLES.glob("*.onnx"))}
+
+
+def default_devices(model: Path) -> str:
+    """DEFAULT_DEVICES; for a bundle, as many devices of each kind as it was compiled for,
+    each with the memory its largest one needs when that is more than the kind's default."""
+    if not is_bundle(model):
+        return DEFAULT_DEVICES
+    with read_bundle(model) as bundle:
+        devices = bundle.manifest["devices"]
+    kinds = Counter(d["kind"] for d in devices)
+    spec = []
+    for kind, count in kinds.items():
+        need = max(d["memory_bytes"] for d in devices if d["kind"] == kind)
+        roomy = need <= DeviceConfig(name=kind, backend=kind).memory_bytes
+        spec.append(f"{kind}:{count}" + ("" if roomy else f":mem={need}"))
+    return ",".join(spec)

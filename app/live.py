@@ -10,18 +10,22 @@ leaves the old network serving and raises.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from app.dashboard.source import (
     MODES,
+    BundleInfo,
     DeviceCounters,
     LoadSetting,
     LoadState,
     PartitionSteps,
     Status,
 )
-from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL, DEFAULT_RATE
+from app.defaults import DEFAULT_MODEL, DEFAULT_RATE, default_devices
 from app.loadgen import LoadGenerator
+from runtime.bundle.load import is_bundle
+from runtime.bundle.network import open_contents
 from runtime.devices import parse_devices
 from runtime.errors import DeviceMemoryError, PrismError
 from runtime.events import Event, JsonlRecorder, write_jsonl
@@ -43,10 +47,11 @@ class LiveRuntime:
     def __init__(self, model: str | Path | None = None, devices: str | None = None,
                  mode: str = "balanced", *, rate: float | None = None,
                  concurrency: int | None = None, start_load: bool = True,
-                 seed: int | None = None):
+                 seed: int | None = None, remap: Mapping[str, str] | None = None):
         self.model = Path(model) if model else DEFAULT_MODEL
-        self.devices_spec = devices or DEFAULT_DEVICES
-        self.mode = dashboard_mode(mode)
+        self._remap = (self.model.resolve(), dict(remap or {}))  # for that bundle only
+        self.devices_spec = devices or default_devices(self.model)
+        self.mode = mode if is_bundle(self.model) else dashboard_mode(mode)  # a bundle: its own
         self.network = self.model.stem
         self.rate = rate if rate is not None or concurrency is not None else DEFAULT_RATE
         self.concurrency = concurrency
@@ -69,8 +74,16 @@ class LiveRuntime:
 
     def _load_network(self) -> None:
         host = self._running()
-        self._plan = host.add_network(self.network, self.model, partition=self.mode)
+        self._plan = self._add(host, self.network, self.model,  # a bundle: its own mode
+                               None if is_bundle(self.model) else self.mode)
+        self.mode = self._plan.mode
         self._outline = Outline.of(host.graph(self.network))
+
+    def _add(self, host: HostManager, name: str, model: Path, mode: str | None) -> Plan:
+        """`add_network`, with `--remap` for the bundle it was given for."""
+        path, remap = self._remap
+        return host.add_network(name, model, partition=mode,
+                                remap=remap if remap and model.resolve() == path else None)
 
     def _start_load(self, paused: bool = False) -> None:
         self.load = LoadGenerator(self._running(), self.network, rate=self.rate,
@@ -101,13 +114,23 @@ class LiveRuntime:
         setting = None if load is None else LoadSetting(rate=load.rate) \
             if load.rate is not None else LoadSetting(clients=load.concurrency)
         return Status(str(self.model), self.network, self.mode, self.devices_spec,
-                      LoadState(setting, self.paused), self._record_path)
+                      LoadState(setting, self.paused), self._record_path,
+                      bundle=self._origin() is not None)
 
     def plan(self) -> Plan | None:
         return self._plan
 
     def outline(self) -> Outline | None:
         return self._outline
+
+    def bundle(self) -> BundleInfo | None:
+        origin = self._origin()
+        return None if origin is None else BundleInfo.of(origin.path, origin.manifest,
+                                                         origin.devices)
+
+    def _origin(self):
+        host = self.host
+        return host.bundle(self.network) if host is not None else None
 
     def device_stats(self) -> dict[str, DeviceCounters]:
         if self.host is None:
@@ -117,6 +140,10 @@ class LiveRuntime:
                 for name, s in ((n, m.stats()) for n, m in self.host.devices.items())}
 
     def partition_steps(self, mode: str) -> PartitionSteps:
+        """The partitioner's steps in `mode`; for a bundle in its own mode, the steps it
+        recorded when it was compiled."""
+        if mode == self.mode and is_bundle(self.model):
+            return PartitionSteps.recorded(open_contents(self.model), self.model.stem)
         return PartitionSteps.run(self._running().graph(self.network), self.devices_spec,
                                   dashboard_mode(mode), self.model.stem)
 
@@ -165,7 +192,9 @@ class LiveRuntime:
         On a bad model or devices the old network keeps serving and the error is raised.
         """
         new_model = Path(model) if model else self.model
-        new_mode = dashboard_mode(mode or self.mode)
+        new_mode: str | None = mode  # a bundle's: its own, or refused as it loads
+        if not is_bundle(new_model):
+            new_mode = dashboard_mode(mode or (self.mode if self.mode in MODES else MODES[0]))
         new_devices = devices or self.devices_spec
         if new_devices != self.devices_spec:
             parse_devices(new_devices)  # a bad spec fails here, before anything stops
@@ -174,7 +203,7 @@ class LiveRuntime:
             self._replace_network(new_model, new_mode)
         return self._plan
 
-    def _replace_network(self, model: Path, mode: str) -> None:
+    def _replace_network(self, model: Path, mode: str | None) -> None:
         """Load the new plan beside the old one (the old keeps serving if it fails), then
         switch the load over. If both do not fit, the old one goes first and comes back
         should the new one fail."""
@@ -183,27 +212,28 @@ class LiveRuntime:
         name, old = f"{model.stem}#{self._generation}", self.network
         paused = self.paused
         try:
-            host.add_network(name, model, partition=mode)
+            self._add(host, name, model, mode)
             self._stop_load()
         except DeviceMemoryError:
             self._stop_load()
             host.remove_network(old, timeout=10.0)
             try:
-                host.add_network(name, model, partition=mode)
+                self._add(host, name, model, mode)
             except PrismError:
-                host.add_network(old, self.model, partition=self.mode)
+                self._add(host, old, self.model, self.mode)
                 self._start_load(paused)
                 raise
         else:
             host.remove_network(old, timeout=10.0)
-        self.network, self.model, self.mode = name, model, mode
+        self.network, self.model = name, model
         self._plan, self._outline = host.plan(name), Outline.of(host.graph(name))
+        self.mode = self._plan.mode
         self._start_load(paused)
 
-    def _replace_host(self, devices: str, model: Path, mode: str) -> None:
+    def _replace_host(self, devices: str, model: Path, mode: str | None) -> None:
         probe = HostManager(parse_devices(devices))
         try:
-            probe.add_network("probe", model, partition=mode)  # may raise: old stays
+            self._add(probe, "probe", model, mode)  # old stays
         finally:
             probe.close(timeout=5.0)
         paused = self.paused
@@ -212,7 +242,7 @@ class LiveRuntime:
         self._running().close(timeout=10.0)
         self.host = HostManager(parse_devices(devices), max_queue=MAX_QUEUE)
         self._subscription = self.host.bus.subscribe(maxlen=EVENTS_KEPT)
-        self.devices_spec, self.model, self.mode = devices, model, mode
+        self.devices_spec, self.model, self.mode = devices, model, mode or self.mode
         self.network = model.stem
         self._load_network()
         self._start_load(paused)
@@ -229,10 +259,12 @@ class LiveRuntime:
         """Record the bus to `path`, opening with the state a replay starts from: the
         network as loaded (mode, devices and their spec) and each device's memory."""
         host, now = self._running(), time.monotonic()
+        origin = self._origin()
         opening = [Event("network.loaded", now, {
             "network": self.network, "mode": self.mode, "partitions": len(self._plan.partitions),
             "devices": sorted({p.device for p in self._plan.partitions}),
-            "nodes": len(self._outline.ops), "spec": self.devices_spec})]
+            "nodes": len(self._outline.ops), "spec": self.devices_spec,
+            **({} if origin is None else {"bundle": origin.path, "placed": origin.devices})})]
         opening += [Event("device.memory", now, {"device": c.name, "used_bytes": c.used_bytes,
                                                   "total_bytes": c.total_bytes})
                     for c in self.device_stats().values()]

@@ -70,7 +70,7 @@ class LoadGenerator:
         self.host, self.network = host, network
         self.concurrency, self.rate = concurrency, rate
         self.requests, self.timeout, self.on_result = requests, timeout, on_result
-        self.specs = input_specs(host.graph(network))
+        self.specs = host.inputs(network)
         self.bindings = dict(bindings or {})
         self.fixed_feeds = dict(feeds) if feeds is not None else None
         self.rng = np.random.default_rng(seed)

@@ -32,6 +32,7 @@ from runtime.quantize import (
     prepare,
     read_samples,
     search,
+    slow_in_int8,
 )
 from runtime.units import human_bytes, human_seconds
 
@@ -39,7 +40,8 @@ from runtime.units import human_bytes, human_seconds
 def _options(args: argparse.Namespace) -> QuantizeOptions:
     return QuantizeOptions(format=args.format, activations=args.activations,
                            weights=args.weights, per_channel=not args.per_tensor,
-                           exclude_nodes=tuple(args.exclude), exclude_ops=tuple(args.exclude_op))
+                           exclude_nodes=tuple(args.exclude), exclude_ops=tuple(args.exclude_op),
+                           narrow_float=not args.quantize_narrow)
 
 
 def _calibrated(args: argparse.Namespace, show) -> tuple[Calibrated, Samples | None]:
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                 model = calibrated.quantize(options)
     onnx.save(model, args.output)
     counts = _counts(model)
-    report.update(int8_nodes=counts.get("int8", 0), float_nodes=counts.get("float", 0),
+    report.update(float_for_speed=slow_in_int8(prepared) if options.narrow_float else [],
+                  int8_nodes=counts.get("int8", 0), float_nodes=counts.get("float", 0),
                   excluded=list(options.exclude_nodes), excluded_ops=list(options.exclude_ops),
                   bytes_float=Path(args.model).stat().st_size,
                   bytes_int8=Path(args.output).stat().st_size)
@@ -125,6 +128,10 @@ def _print(report: dict) -> None:
                   f"{'per channel' if report['per_channel'] else 'per tensor'}); "
                   f"{human_bytes(report['bytes_float'])} -> {human_bytes(report['bytes_int8'])}",
                   highlight=False)
+    if report["float_for_speed"]:
+        console.print(f"kept in float, where onnxruntime's int8 kernels are slower: "
+                      f"{', '.join(report['float_for_speed'])} (--quantize-narrow quantizes "
+                      f"them too)", highlight=False)
     if report.get("float_by_device"):
         console.print(f"kept in float for devices without int8: "
                       f"{', '.join(report['float_by_device'])}", highlight=False)

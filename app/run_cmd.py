@@ -19,15 +19,17 @@ from rich.table import Table
 
 from app.console import plain_console
 from app.loadgen import LoadGenerator, LoadStats
-from app.loading import network_options, output_file, writing
+from app.loading import load_options, output_file, writing
+from runtime.bundle.load import is_bundle
+from runtime.bundle.reader import read_bundle
 from runtime.devices import parse_devices
 from runtime.devices.ort import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.events import JsonlRecorder
-from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
-from runtime.inputs import check_feeds, input_specs
+from runtime.inputs import InputSpec, check_feeds, input_specs
 from runtime.metrics import Metrics, MetricsSnapshot
+from runtime.trace import ChromeTrace
 from runtime.units import human_bytes, human_seconds
 
 
@@ -126,7 +128,7 @@ NPZ_ERRORS = (OSError, ValueError, EOFError, RuntimeError, BadZipFile, NotImplem
               zlib.error)
 
 
-def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
+def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     """The feeds in an .npz file, checked against the model's inputs before anything runs."""
     try:
         with open(path, "rb") as file:
@@ -140,9 +142,21 @@ def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
     except NPZ_ERRORS as exc:
         raise PrismError(f"cannot read inputs {path}: {first_line(exc)}") from None
     try:
-        return check_feeds(graph.name, input_specs(graph), feeds)
+        return check_feeds(network, specs, feeds)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{path}: {exc}") from None
+
+
+def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]]:
+    """A model's or a bundle's name and inputs, read without a host."""
+    if is_bundle(path):
+        with read_bundle(path) as bundle:
+            manifest = bundle.manifest
+        return manifest["network"], [InputSpec.from_dict(i) for i in manifest["inputs"]]
+    from runtime.graph import load_graph
+
+    graph = load_graph(path, bindings=bindings, name=Path(path).stem)
+    return graph.name, input_specs(graph)
 
 
 def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str]:
@@ -165,17 +179,19 @@ def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str
 
 def run(args: argparse.Namespace) -> int:
     console = plain_console()
-    options = network_options(args)
+    options = load_options(args)
     devices = parse_devices(args.devices)
     record = output_file(args.record, "--record") if args.record else None
+    trace_path = output_file(args.trace, "--trace") if args.trace else None
     binds = options["bindings"]
     name = Path(args.model).stem
-    graph = load_graph(args.model, bindings=binds, name=name)
-    feeds = read_inputs(args.inputs, graph) if args.inputs else None
+    feeds = read_inputs(args.inputs, *model_inputs(args.model, binds)) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
-        host.add_network(name, graph, **options)
+        trace = ChromeTrace(host.bus) if trace_path else None  # before the load: memory
+        host.add_network(name, args.model, **options)
+        # a bundle is checked against the whole network stored inside it
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = writing(record, "--record", lambda: JsonlRecorder(host.bus, record)) \
             if record else nullcontext()
@@ -190,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
             load.start()
             while not load.wait(timeout=0.1):
                 metrics.feed(subscription.drain())
+                if trace is not None:
+                    trace.collect()
                 progress.update(task, completed=load.stats.done)
             wall = time.perf_counter() - start
             load.stop()
@@ -197,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
         snap = metrics.snapshot()
         console.print(Group(summary_table(snap, wall, load.stats), partition_table(snap),
                             device_table(snap)))
+        if trace is not None and trace_path is not None:
+            plans = {name: host.plan(name)}
+            count = writing(trace_path, "--trace", lambda: trace.write(trace_path, plans))
+            console.print(f"trace: {count} events in {trace_path} (open it in "
+                          f"https://ui.perfetto.dev)")
     problems = _problems(load.stats, check, recorder)
     if problems:
         raise PrismError("; ".join(problems))

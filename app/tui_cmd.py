@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from app.dashboard import DashboardModel
+from app.hangup import exit_on_hangup
 from app.sources import SourceSettings
 
 
@@ -13,7 +15,10 @@ def run(args: argparse.Namespace) -> int:
 
     model = DashboardModel(SourceSettings(
         args.model, args.devices, args.partition, rate=args.rate, concurrency=args.concurrency,
-        seed=args.seed, replay=args.replay).open())
+        seed=args.seed, replay=args.replay, connect=args.connect, token=args.token,
+        remap=",".join(args.remap) or None).open())
+    if sys.stdin.isatty():
+        exit_on_hangup(sys.stdin.fileno())
     try:
         app = PrismApp(model)
         result = app.run()

@@ -1,4 +1,5 @@
-"""`prism web [MODEL] [--devices SPEC] [--port P]`: the Streamlit dashboard on loopback.
+"""`prism web [MODEL] [--devices SPEC] [--port P] [--connect URL]`: the Streamlit dashboard
+on loopback, on an embedded runtime or attached to a running server.
 
 Starts `streamlit run ui_web/dashboard.py` headless on 127.0.0.1, hands the model and devices
 (or a recording to replay) to the app through the environment (`app.sources`), waits until
@@ -87,8 +88,13 @@ def _settings(args: argparse.Namespace) -> SourceSettings:
     if args.devices:
         parse_devices(args.devices)  # a bad spec fails here, as one line
     replay = getattr(args, "replay", None)  # `prism web --replay` once the CLI takes it
-    return SourceSettings(model, args.devices,
-                          replay=str(Path(replay).resolve()) if replay else None)
+    settings = SourceSettings(model, args.devices,
+                              replay=str(Path(replay).resolve()) if replay else None,
+                              connect=args.connect, token=args.token,
+                              remap=",".join(args.remap) or None)
+    if settings.connect is not None:
+        settings.open().close()  # an unreachable server fails here, as one line
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import (
+    clients,
     cold_start,
+    http_serving,
     overhead,
     partition_speed,
     pipeline,
@@ -21,8 +23,8 @@ from benchmarks import (
 )
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
-          "serving": serving.run, "quantized": quantized.run, "cold": cold_start.run,
-          "ray": ray_devices.run}
+          "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
+          "cold": cold_start.run, "http": http_serving.run, "ray": ray_devices.run}
 HERE = Path(__file__).parent
 
 

@@ -10,22 +10,26 @@ requests).
 
 A batch is a Request of its own holding the slot, with its live requests as `members`.
 Everything a batcher does happens on its thread: forming and launching batches, and
-answering finished ones (`post`), so its count of batches in flight needs no lock.
+answering finished ones (`_finished`), so its count of batches in flight needs no lock.
+
+A batch whose run fails does not fail its members: they go back to the front of the
+queue, each to run once more in a batch of its own, so only a request that fails alone
+fails, with its own error. Batching stays invisible to a request's outcome, as Triton's
+users expect of it; the cost is paid on failure only (one run per member).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from runtime.errors import PrismError
-from runtime.graph import Graph
+from runtime.errors import ExecutionError, PrismError
 from runtime.requests import Request, RequestQueue
 
 Finish = Callable[[Request, dict | None, BaseException | None], None]
@@ -54,14 +58,15 @@ class BatchingConfig:
         return cls(**value)
 
 
-def check_batchable(graph: Graph) -> None:
-    """Every input and output must have a symbolic first dimension, or batching is refused."""
-    for kind, names in (("input", graph.inputs), ("output", graph.outputs)):
-        for name in names:
-            dims = graph.tensors[name].dims if name in graph.tensors else None
+def check_batchable(network: str, inputs: Mapping[str, Sequence | None],
+                    outputs: Mapping[str, Sequence | None]) -> None:
+    """Every input and output (name -> declared dims, None when unknown) must have a
+    symbolic first dimension, or batching is refused."""
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for name, dims in tensors.items():
             if not dims or isinstance(dims[0], int):
                 first = "no shape" if not dims else f"a fixed first dimension {dims[0]}"
-                raise PrismError(f"{graph.name} cannot batch: {kind} {name!r} has {first}; "
+                raise PrismError(f"{network} cannot batch: {kind} {name!r} has {first}; "
                                  f"dynamic batching needs a symbolic batch dimension")
 
 
@@ -82,12 +87,24 @@ def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
 
 
 def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dict]:
+    if len(outputs) == 1 and all(m.rows == 1 for m in members):  # the usual case, fast
+        ((name, value),) = outputs.items()
+        return [{name: value[i:i + 1]} for i in range(len(members))]
     parts, start = [], 0
     for m in members:
         end = start + m.rows
         parts.append({name: value[start:end] for name, value in outputs.items()})
         start = end
     return parts
+
+
+def _rows_problem(batch: Request, outputs: Mapping[str, np.ndarray]) -> ExecutionError | None:
+    """Each output must have a row per row fed, or splitting it back would be wrong."""
+    for name, value in outputs.items():
+        if len(value) != batch.rows:
+            return ExecutionError(f"a batch of {batch.rows} rows to {batch.network} came "
+                                  f"back with {len(value)} rows of {name!r}")
+    return None
 
 
 class Batcher:
@@ -152,14 +169,16 @@ class Batcher:
         while total < limit and (r := self._queue.pop()) is not None:
             if r.ended:
                 continue
-            if alike and r.key != alike[0].key:
-                passed.append(r)  # another shape: a later batch
+            if alike and (r.key != alike[0].key or r.alone):
+                passed.append(r)  # another shape, or one to try alone: a later batch
                 continue
             if total + r.rows > limit:
                 passed.append(r)
                 break  # never let a later request jump one that does not fit
             alike.append(r)
             total += r.rows
+            if r.alone:
+                break
         fitting = [s for s in self.config.preferred_batch_sizes if s <= total]
         if fitting and total < limit:
             while total > fitting[-1] and len(alike) > 1:
@@ -173,21 +192,32 @@ class Batcher:
         """Start the members still waiting, concatenate, run once (batcher's thread)."""
         batch = Request(self.name, {}, slot=True, members=[])
         try:
-            live = [m for m in formed if m.start()]  # started: a deadline finds it running
+            # started: a deadline finds it running (one tried alone was started before)
+            live = [m for m in formed if m.alone or m.start()]
             if live:
                 now, size = time.monotonic(), len(live)
+                fresh = [m for m in live if not m.alone]
                 for m in live:
-                    m.started_at, m.batch_size = now, size
+                    m.batch_size = size
+                for m in fresh:
+                    m.started_at = now
                 if self.bus is not None and self.bus.active:
-                    for m in live:
+                    for m in fresh:
                         self.bus.publish("request.started", network=self.name, request=m.id,
                                          queue_wait=now - m.queued_at, batch_size=size)
                 batch.members, batch.batch_size, batch.started_at = live, size, now
                 batch.queued_at = min(m.queued_at for m in live)
                 batch.rows, batch.feeds = sum(m.rows for m in live), concatenate(live)
+                # Its first stage may run right here when its device is idle: the clients
+                # are answered a hand-off sooner, and the batcher forms the next batch as
+                # soon as this one is answered.
+                batch.inline = True
                 self._begin(batch, self._finished)
                 return
-        except Exception as exc:  # the batcher must outlive any one batch
+        # The batcher must outlive any one batch, also an interrupt-like BaseException out
+        # of a run on its own thread (its batch has ended by then): it was meant for a
+        # caller's thread, and this is none.
+        except BaseException as exc:
             self._done(batch, None, exc)
             return
         self._done(batch, None, None)  # everything formed had ended: the slot goes back
@@ -195,15 +225,42 @@ class Batcher:
     def _finished(self, batch: Request, outputs: dict | None, error: BaseException | None
                   ) -> None:
         """A batch's run ended (on a device's thread): answer it on the batcher's thread,
-        so the device goes straight on to the next batch. One hand-off per batch."""
+        so the device goes straight on to the next batch. One hand-off per batch (none when
+        it ran on the batcher's thread)."""
+        if threading.current_thread() is self._thread:
+            self._done(batch, outputs, error)
+            return
         with self._cv:
             self._completions.append(partial(self._done, batch, outputs, error))
             self._cv.notify()
 
     def _done(self, batch: Request, outputs: dict | None, error: BaseException | None) -> None:
-        if not batch.ended:  # only this thread ends batches
-            self._in_flight -= 1
-            self._finish(batch, outputs, error)
+        if batch.ended:  # only this thread ends batches
+            return
+        self._in_flight -= 1
+        if outputs is not None and error is None:
+            error = _rows_problem(batch, outputs)
+        if isinstance(error, ExecutionError) and self._alone(batch, error):
+            return
+        self._finish(batch, None if error else outputs, error)
+
+    def _alone(self, batch: Request, error: ExecutionError) -> bool:
+        """A batch of several failed running: its live members go back to the front of the
+        queue (their places: the queue orders by request id) to run once more, alone.
+        The batch ends without them, giving its slot back."""
+        live = [m for m in batch.members or () if not m.ended]
+        if batch.batch_size < 2 or not live:
+            return False
+        with self._cv:
+            if self._closed:
+                return False
+            for m in live:
+                m.alone = True
+                self._queue.push(m)
+            self._cv.notify()
+        batch.members = []  # they carry on: ending the batch ends none of them
+        self._finish(batch, None, error)
+        return True
 
     def _loop(self) -> None:
         while True:

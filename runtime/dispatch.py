@@ -4,8 +4,8 @@ start to end; the rest wait in a priority queue (or in their network's batcher).
 `Dispatcher` starts requests on their network's least busy replica and is the one place
 where a request ends (`finish`): its future answered once, its end reported, its slot
 (or its place in line) given back, and whatever that slot lets start, started. One lock
-(`cv`) covers the slots, the queue and the host's registry of networks, so admitting a
-request costs one lock, and ending it one more.
+(`cv`) covers the slots, the queue, the deadlines and the host's registry of networks, so
+admitting a request costs one lock, and ending it one more.
 """
 
 from __future__ import annotations
@@ -14,31 +14,104 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 
 import numpy as np
 
 from runtime.batching import Batcher, Finish, split
 from runtime.deadlines import Deadlines
 from runtime.devices.device import Outputs
-from runtime.errors import DeviceLostError, ExecutionError, RequestTimeoutError
+from runtime.errors import (
+    DeviceLostError,
+    ExecutionError,
+    HostClosedError,
+    NetworkBusyError,
+    NetworkNotFoundError,
+    RequestTimeoutError,
+    described,
+)
 from runtime.events import EventBus
 from runtime.executor import Executor
 from runtime.network import Network
 from runtime.requests import ReadyFuture, Request, RequestQueue
 
+LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queueing instead
+
 
 class Dispatcher:
     def __init__(self, networks: dict[str, Network | None], bus: EventBus, max_active: int):
         self.networks, self.bus, self.max_active = networks, bus, max_active
-        self.cv = threading.Condition()
+        lock = threading.RLock()
+        self.cv = threading.Condition(lock)
         self.queue = RequestQueue()
         self.slots_used = 0
         self.closing = False  # the host takes no more requests
         self.stopped = False  # nor starts any: freed slots start nothing more
         self.batchers: tuple[Batcher, ...] = ()  # told of every freed slot
-        self.deadlines = Deadlines(self._expire)
+        self.deadlines = Deadlines(self._expire, lock)
         self._uses = 0  # counts replica choices, for least-recently-used
         self._waiters = 0  # threads in wait_for
+
+    def batcher(self, net: Network) -> Batcher:
+        """A batcher for `net`, lent this dispatcher's slots, replicas and ending."""
+        assert net.batching is not None
+        return Batcher(net.name, net.batching, 2 * net.stages, take_slot=self.take_for_batch,
+                       begin=partial(self.begin_batch, net), finish=self.finish, bus=self.bus)
+
+    def stop(self, timeout: float) -> bool:
+        """Take no more requests, let accepted ones finish for up to `timeout`, fail the
+        rest, stop the batchers and the deadline timer. False if stopped already."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            if self.stopped:
+                return False
+            self.closing = True
+            self.wait_for(lambda: not self.slots_used and not self.queue.size and not any(
+                len(b) for b in self.batchers), timeout)
+            self.stopped = True
+            leftovers = self.queue.drain()
+            for net in self.networks.values():
+                leftovers.extend(net.running if net else ())
+        for batcher in self.batchers:
+            leftovers.extend(batcher.close(max(0.0, deadline - time.monotonic())))
+        for request in leftovers:
+            self.finish(request, None, HostClosedError(
+                f"host closed before request {request.id} to {request.network} finished"))
+        self.deadlines.close(max(0.0, deadline - time.monotonic()))
+        return True
+
+    # -- the registry --------------------------------------------------------------------
+
+    def network(self, name: str) -> Network:
+        """Under the lock: a loaded network by name, or NetworkNotFoundError."""
+        net = self.networks.get(name)
+        if net is None or net.removing:
+            state = "is being removed" if net else "is not loaded"
+            known = ", ".join(n for n, v in self.networks.items() if v) or "none"
+            raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
+        return net
+
+    def batchers_changed(self) -> None:
+        """Under the lock: the batchers to tell of freed slots, after a network came or went."""
+        self.batchers = tuple(n.batcher for n in self.networks.values()
+                              if n and n.batcher is not None)
+
+    def retire(self, name: str, wait: bool, timeout: float) -> Network:
+        """Take a network out of the registry once its requests have ended (up to
+        `timeout`), or refuse (NetworkBusyError) and leave it serving."""
+        with self.cv:
+            net = self.network(name)
+            if net.outstanding and not wait:
+                raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
+                                       f"remove_network(wait=True) waits for them")
+            net.removing = True
+            if not self.wait_for(lambda: net.outstanding == 0, timeout):
+                net.removing = False
+                raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
+                                       f"{timeout:g} s; not removed")
+            del self.networks[name]
+            self.batchers_changed()
+        return net
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -100,21 +173,37 @@ class Dispatcher:
 
     # -- starting ------------------------------------------------------------------------
 
-    def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray]
-                 ) -> Future | None:
-        """The lean path (a one-partition plan, nobody listening, no timeout): when a slot
-        is free, nothing is queued and the device is idle, run on this thread and return a
-        finished future; no Request record, no hand-off. None: take the general path."""
+    def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
+                 timeout: float) -> Future | None:
+        """The lean path (a one-partition plan, nobody listening): when nothing waits in
+        the queue, run on this thread, waiting for the device as for a lock if it is busy,
+        and return a finished future; no Request record, no hand-off. None: take the
+        general path (the device closed, or stayed busy for LEAN_WAIT).
+
+        A caller waiting for its device holds a slot, beyond `max_active` if need be: like
+        a caller blocked on a locked session, it is one thread waiting its turn, and no
+        queued request is passed over (none is queued, or it would not be here).
+
+        The run holds this thread, so its deadline is not a timer's: nothing could answer
+        the caller sooner. An answer later than `timeout` is dropped and the request ends
+        timed out, as a request on the general path would."""
         with self.cv:
-            if (self.closing or net.removing or self.slots_used >= self.max_active
-                    or self.queue.size):
+            if self.closing or net.removing or self.queue.size:
                 return None
             self.slots_used += 1
             replica.outstanding += 1
             net.outstanding += 1
         try:
-            outputs = replica.run_now(feeds)
-            future = None if outputs is None else ReadyFuture(outputs)
+            start = time.monotonic()
+            outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
+            took = time.monotonic() - start
+            if outputs is None:
+                future = None
+            elif took > timeout:
+                future = ReadyFuture(exception=RequestTimeoutError(
+                    f"request to {net.name} timed out after {took:.3g} s running"))
+            else:
+                future = ReadyFuture(outputs)
         except ExecutionError as exc:
             future = ReadyFuture(exception=exc)
         finally:
@@ -132,7 +221,16 @@ class Dispatcher:
         if self.bus.active:
             self.bus.publish("request.started", network=request.network, request=request.id,
                              queue_wait=request.started_at - request.queued_at, batch_size=1)
-        request.replica.start(request, self._landed)
+        self._start(request)
+
+    def _start(self, request: Request) -> None:
+        try:
+            request.replica.start(request, self._landed)
+        except BaseException as exc:  # a device that raised from `call`, or an interrupt
+            self.finish(request, None, exc if isinstance(exc, Exception) else ExecutionError(
+                f"request {request.id} to {request.network} interrupted: {described(exc)}"))
+            if not isinstance(exc, Exception):
+                raise
 
     def _landed(self, request: Request, outputs: Outputs | None,
                 error: BaseException | None) -> None:
@@ -154,15 +252,22 @@ class Dispatcher:
                                      request=request.id, error=str(error),
                                      partition=getattr(error, "partition", None),
                                      device=getattr(error, "device", None))
-                request.replica.start(request, self._landed)
+                self._start(request)
                 return
         self.finish(request, outputs, error)
 
     def begin_batch(self, net: Network, batch: Request, done: Finish) -> None:
-        """Run a batch (its members started by its batcher) on the least busy replica."""
+        """Run a batch (its members started by its batcher) on the least busy replica. Its
+        deadline is its last member's: a batch stuck on its device gives its slot back
+        once every member has ended (`_expire`)."""
+        members = batch.members or ()
         with self.cv:
             batch.replica = self._least_busy(net)
-            net.running.update(batch.members or ())
+            net.running.update(members)
+            deadlines = [m.deadline for m in members if m.deadline is not None]
+            if members and len(deadlines) == len(members):
+                batch.deadline = max(deadlines)
+                self.deadlines.add_locked(batch, batch.deadline)
         batch.replica.start(batch, done)
 
     # -- ending --------------------------------------------------------------------------
@@ -181,10 +286,12 @@ class Dispatcher:
         if self.bus.active:
             for r in ended:
                 self._report(r, error)
-        for r in ended:
-            if r.deadline is not None:
-                self.deadlines.discard(r)
         with self.cv:
+            timed = int(request.deadline is not None)  # the request, or the batch
+            if request.members is not None:
+                timed += sum(m.deadline is not None for m in ended)
+            if timed:
+                self.deadlines.ended_locked(timed)
             net = self.networks.get(request.network)
             if net is not None:
                 net.running.difference_update(ended)
@@ -197,14 +304,29 @@ class Dispatcher:
                     self.cv.notify_all()
         if freed:
             self._after_free(ready)
-        elif not request.started_at and net is not None and net.batcher is not None:
+        elif (not request.started_at or request.alone) and net is not None and \
+                net.batcher is not None:
             net.batcher.discard(request)
 
     def _expire(self, request: Request) -> None:
+        if request.members is not None:  # a batch: its members time out on their own
+            self._release(request)
+            return
         where = "running" if request.started_at else "in the queue"
         self.finish(request, None, RequestTimeoutError(
             f"request {request.id} to {request.network} timed out after "
             f"{time.monotonic() - request.queued_at:.3g} s {where}"))
+
+    def _release(self, batch: Request) -> None:
+        """A batch past its last member's deadline, still on its device: its slot goes back
+        now, so a stuck device holds none. The batch itself ends when its device answers:
+        its batcher counts it in flight until then, and sends that device no more."""
+        with self.cv:
+            if not batch.slot:
+                return
+            batch.slot = False
+            ready = self._free_locked(batch.replica)
+        self._after_free(ready)
 
     def _report(self, request: Request, error: BaseException | None) -> None:
         now = time.monotonic()
@@ -212,8 +334,10 @@ class Dispatcher:
             self.bus.publish("request.finished", network=request.network, request=request.id,
                              latency=now - request.queued_at,
                              queue_wait=request.started_at - request.queued_at,
-                             run_seconds=now - request.started_at, batch_size=request.batch_size)
+                             run_seconds=now - request.started_at, batch_size=request.batch_size,
+                             rows=request.rows)
         else:
             self.bus.publish("request.failed", network=request.network, request=request.id,
                              error=str(error), partition=getattr(error, "partition", None),
-                             device=getattr(error, "device", None))
+                             device=getattr(error, "device", None),
+                             error_type=type(error).__name__)

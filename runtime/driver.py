@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import traceback
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -33,12 +32,13 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort_options import new_session
 from runtime.errors import (
     BundleError,
     ExecutionError,
     InvalidInputError,
     RequestTimeoutError,
+    drop_frames,
     first_line,
 )
 
@@ -46,16 +46,6 @@ POLICIES = ("serial", "parallel", "pipelined")
 RUNS_IN_ORT = ("cpu", "sim")
 DEFAULT_TIMEOUT = 300.0  # seconds `run` waits for an answer (parallel, pipelined)
 _POLL = 0.5  # bound on each idle worker wait
-
-
-def stage_options(threads: int, weights: np.ndarray | None = None) -> ort.SessionOptions:
-    """The just-in-time path's options (`session_options`), with the bundle's weights as
-    in-memory external data."""
-    opts = session_options(threads)
-    if weights is not None and weights.size:
-        opts.add_external_initializers_from_files_in_memory([EXTERNAL_LOCATION], [weights],
-                                                            [weights.size])
-    return opts
 
 
 class Stage:
@@ -83,8 +73,7 @@ def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
                           f"{' and '.join(RUNS_IN_ORT)} partitions only")
     model, weights = bundle.member(row["model"]), bundle.weights()
     try:
-        session = ort.InferenceSession(model, stage_options(row["threads"], weights),
-                                       providers=["CPUExecutionProvider"])
+        session = new_session(model, row["threads"], {EXTERNAL_LOCATION: weights})
     except Exception as exc:
         raise BundleError(f"{where} does not load in onnxruntime {ort.__version__}: "
                           f"{first_line(exc)}") from None
@@ -133,9 +122,7 @@ class Driver:
         self.network: str = manifest["network"]
         self.inputs: list[dict] = manifest["inputs"]
         self.outputs: list[str] = manifest["outputs"]
-        weights = bundle.weights()
-        self.constants = {name: weights[c["offset"]:c["offset"] + c["length"]].view(
-            c["dtype"]).reshape(c["shape"]).copy() for name, c in manifest["constants"].items()}
+        self.constants = bundle.constants()
         # the table's dependencies: rows each row waits for, rows each row releases
         index = {s.partition: s.index for s in stages}
         self._waits = [len(s.after) for s in stages]
@@ -326,7 +313,7 @@ def open_bundle(path: str | Path, policy: str = "serial", *,
         return Driver(bundle, stages, policy, timeout)
     except BaseException as exc:
         stages.clear()  # sessions, and the frames that held the weights, go before the
-        traceback.clear_frames(exc.__traceback__)  # mapping they read, so it closes
+        drop_frames(exc)  # mapping they read, so it closes
         bundle.close()
         if isinstance(exc, KeyError | TypeError | ValueError):
             raise BundleError(f"{bundle.path}: manifest is malformed: {first_line(exc)}"

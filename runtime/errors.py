@@ -74,3 +74,24 @@ def first_line(exc: BaseException) -> str:
     """An exception's first non-blank line, or its type's name: for one-line messages."""
     return next((line.strip() for line in str(exc).splitlines() if line.strip()),
                 type(exc).__name__)
+
+
+def described(exc: BaseException) -> str:
+    """An exception's type and first line ("SystemExit: 3"), or its type alone when it
+    says nothing more ("KeyboardInterrupt")."""
+    line, name = first_line(exc), type(exc).__name__
+    return name if line == name else f"{name}: {line}"
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of every frame `exc` and the errors behind it (its cause
+    and context) still hold, so what they referenced (a mapped file's arrays, say) can go
+    before the error does."""
+    import traceback
+
+    seen: set[int] = set()
+    chain: BaseException | None = exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        traceback.clear_frames(chain.__traceback__)
+        chain = chain.__cause__ or chain.__context__

@@ -43,6 +43,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
     # its device was lost under it: it runs once more on another replica
     "request.retried": ("network", "request", "error", "partition", "device"),
     "queue.depth": ("depth", "active"),
+    "device.worker.replaced": ("device", "error"),
     "bus.lost": ("lost",),
 }
 """The catalogue: kind -> fields every publisher of that kind sets (more may be added)."""

@@ -10,6 +10,13 @@ Tensors stay in host memory and pass by reference; the plan's transfers model wh
 real copy would cost (and `sim` devices are held for it). The first error wins and ends
 the request; its other partitions are abandoned.
 
+Guarded, whatever the device: a partition's outputs are checked against its declared
+ones before anything reads them (`outputs.OutputCheck`), and any failure of a run, an
+exception from the device included, ends the request with an ExecutionError naming the
+partition, the device and what went wrong. A BaseException that is not an Exception
+(KeyboardInterrupt during an inline run) ends the request the same way and then goes on
+up the caller's thread, where it was meant to land.
+
 `run_now(feeds)` is the lean path the host takes with no Request record at all (one
 partition, nobody listening, no timeout): the device's `run_now`, or None when it is busy.
 """
@@ -22,12 +29,12 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from onnx import numpy_helper
 
 from runtime.devices.device import Outputs, Tag
 from runtime.devices.remote import local
-from runtime.errors import ExecutionError
-from runtime.graph import Graph
+from runtime.errors import ExecutionError, described
+from runtime.inputs import Signature
+from runtime.outputs import OutputCheck
 from runtime.provision import LoadedPartition
 from runtime.requests import Request
 
@@ -47,13 +54,15 @@ class _Run:
 
 
 class Executor:
-    def __init__(self, graph: Graph, loaded: Sequence[LoadedPartition], network: str,
-                 bus: Any = None):
+    def __init__(self, face: Signature, loaded: Sequence[LoadedPartition], network: str,
+                 bus: Any = None, checks: Sequence[OutputCheck] | None = None):
+        """`checks`: per partition, what its outputs must be (by default, only there)."""
         self.network, self.parts, self.bus = network, list(loaded), bus
-        self.outputs = list(graph.outputs)
-        self.constants = {t: numpy_helper.to_array(graph.initializers[t])
-                          for t in self.outputs if t in graph.initializers}
-        fed = set(graph.inputs)
+        self.outputs = list(face.outputs)
+        self.constants = dict(face.constants)
+        fed = set(face.input_names)
+        self.checks = list(checks) if checks is not None else [
+            OutputCheck.names(lp.partition.outputs) for lp in loaded]
         self.readers: dict[str, list[int]] = {}
         self.missing: list[int] = []
         for i, lp in enumerate(loaded):
@@ -72,18 +81,20 @@ class Executor:
             self.parts[0].partition.outputs)
         self._reorder = self.single and list(self.parts[0].partition.outputs) != self.outputs
 
-    def run_now(self, feeds: dict[str, np.ndarray]) -> Outputs | None:
-        """A `single` plan on this thread: the graph outputs, or None if its device is busy.
-        Raises ExecutionError naming the partition and the device."""
+    def run_now(self, feeds: dict[str, np.ndarray], wait: float = 0.0) -> Outputs | None:
+        """A `single` plan on this thread: the graph outputs, or None if its device stayed
+        busy (`wait`: seconds to wait in its line). Raises ExecutionError naming the
+        partition and the device."""
         lp = self.parts[0]
         try:
-            outputs = lp.device.run_now(lp.key, feeds)
-        except ExecutionError as exc:
-            _named(exc, lp)
-            raise
-        if outputs is None or not self._reorder:
-            return outputs
-        return {t: outputs[t] for t in self.outputs}
+            outputs = lp.device.run_now(lp.key, feeds, wait=wait)
+        except Exception as exc:
+            raise _failure(exc, lp)  # noqa: B904 (its cause is kept)
+        if outputs is None:
+            return None
+        if (problem := self.checks[0].problem(outputs)) is not None:
+            raise _bad_result(problem, lp)
+        return {t: outputs[t] for t in self.outputs} if self._reorder else outputs
 
     def start(self, request: Request, done: Done) -> None:
         """Run `request`; `done(request, outputs, error)` is called once when it ends."""
@@ -109,45 +120,50 @@ class Executor:
             try:
                 feeds = local(feeds)
             except ExecutionError as exc:
-                self._fail(run, request, done, exc, lp)
+                self._fail(run, request, done, _named(exc, lp))
                 return
         tag = self._tag(request, lp)
         if request.inline:  # only the first stage: later ones pipeline on device threads
             request.inline = False
             try:
                 outputs = lp.device.run_now(lp.key, feeds, tag)
-            except ExecutionError as exc:
-                self._fail(run, request, done, exc, lp)
+            except BaseException as exc:
+                self._fail(run, request, done, _failure(exc, lp))
+                if not isinstance(exc, Exception):
+                    raise  # KeyboardInterrupt and the like: the request has ended; go on up
                 return
             if outputs is not None:
-                self._advance(run, request, outputs, done)
+                self._advance(run, request, i, outputs, done)
                 return
-        lp.device.call(lp.key, feeds, tag, partial(self._landed, run, request, done, lp))
+        lp.device.call(lp.key, feeds, tag, partial(self._landed, run, request, done, i))
 
-    def _landed(self, run: _Run, request: Request, done: Done, lp: LoadedPartition,
+    def _landed(self, run: _Run, request: Request, done: Done, i: int,
                 outputs: Outputs | None, error: ExecutionError | None) -> None:
         if error is None and outputs is not None:
-            self._advance(run, request, outputs, done)
+            self._advance(run, request, i, outputs, done)
         else:
-            self._fail(run, request, done, error or ExecutionError(
-                f"{lp.device.name} returned nothing for {lp.key}"), lp)
+            lp = self.parts[i]
+            self._fail(run, request, done, _named(error or ExecutionError(
+                f"{lp.device.name} returned nothing for {lp.key}"), lp))
 
-    def _fail(self, run: _Run, request: Request, done: Done, error: BaseException,
-              lp: LoadedPartition | None = None) -> None:
+    def _fail(self, run: _Run, request: Request, done: Done, error: BaseException) -> None:
         if not run.failed and not request.ended:
             run.failed = True
-            if lp is not None and isinstance(error, ExecutionError):
-                _named(error, lp)
             done(request, None, error)
 
-    def _advance(self, run: _Run, request: Request, outputs: Outputs, done: Done) -> None:
+    def _advance(self, run: _Run, request: Request, i: int, outputs: Outputs, done: Done
+                 ) -> None:
         if run.failed or request.ended:
+            return
+        lp = self.parts[i]
+        if (problem := self.checks[i].problem(outputs)) is not None:
+            self._fail(run, request, done, _bad_result(problem, lp))
             return
         try:
             ready = []
             with run.lock:
-                for t, value in outputs.items():
-                    run.values[t] = value
+                for t in lp.partition.outputs:  # as declared: a device's extras are ignored
+                    run.values[t] = outputs[t]
                     for r in self.readers.get(t, ()):
                         run.missing[r] -= 1
                         if run.missing[r] == 0:
@@ -167,3 +183,18 @@ def _named(error: ExecutionError, lp: LoadedPartition) -> ExecutionError:
     """The error, marked with the partition and device it came from."""
     error.partition, error.device = lp.partition.name, lp.device.name
     return error
+
+
+def _failure(exc: BaseException, lp: LoadedPartition) -> ExecutionError:
+    """Whatever a device's run raised, as an ExecutionError naming partition and device."""
+    if isinstance(exc, ExecutionError):
+        return _named(exc, lp)
+    verb = "failed" if isinstance(exc, Exception) else "was interrupted"
+    error = ExecutionError(f"{lp.device.name} {verb} running {lp.key}: {described(exc)}")
+    error.__cause__ = exc
+    return _named(error, lp)
+
+
+def _bad_result(problem: str, lp: LoadedPartition) -> ExecutionError:
+    return _named(ExecutionError(f"{lp.device.name} returned a bad result for {lp.key}: "
+                                 f"{problem}"), lp)

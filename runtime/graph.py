@@ -117,6 +117,10 @@ class Graph:
     def is_weight(self, tensor: str) -> bool:
         return tensor in self.initializers
 
+    def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
+        """name -> its declared dimensions (symbolic names kept), None when unknown."""
+        return {n: self.tensors[n].dims if n in self.tensors else None for n in names}
+
     def tensor_bytes(self, tensor: str) -> int:
         info = self.tensors.get(tensor)
         return info.nbytes if info else 0

@@ -3,23 +3,26 @@
 Requests wait in one bounded priority queue (lower number first, FIFO among equals), or
 in their network's batcher, until one of `max_active` slots is free; then a replica's
 executor runs them. Every accepted request ends exactly once (`Dispatcher.finish`):
-outputs, an error, a timeout, a cancellation, or HostClosedError. Loading is
-`network.py`'s job, slots and ending `dispatch.py`'s, batching `batching.py`'s, running
-a request over a plan `executor.py`'s.
+outputs, an error, a timeout, a cancellation, or HostClosedError. Every request has a
+timeout unless one is turned off by name (math.inf), so a stuck device holds no request,
+and no slot, for ever. Loading is `network.py`'s job, slots and ending `dispatch.py`'s,
+batching `batching.py`'s, running a request over a plan `executor.py`'s.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.batching import Batcher, BatchingConfig, batch_shape
+from runtime.batching import BatchingConfig, batch_shape
 from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
@@ -27,18 +30,23 @@ from runtime.dispatch import Dispatcher
 from runtime.errors import (
     HostClosedError,
     InvalidInputError,
-    NetworkBusyError,
     NetworkExistsError,
     NetworkNotFoundError,
     PrismError,
     QueueFullError,
 )
 from runtime.events import EventBus
-from runtime.graph import Graph
-from runtime.inputs import check_feeds
-from runtime.network import ModelSource, Network, PartitionSpec, load_network, unload_network
-from runtime.partition import Plan
-from runtime.requests import Request
+from runtime.inputs import InputSpec, check_feeds
+from runtime.loading import load
+from runtime.network import Network, device_pool, unload_network
+from runtime.partition.plan import Plan
+from runtime.requests import DEFAULT_TIMEOUT, Request, checked_timeout
+
+if TYPE_CHECKING:
+    from runtime.bundle.load import LoadedBundle
+    from runtime.graph import Graph
+    from runtime.jit import ModelSource
+    from runtime.planning import PartitionSpec
 
 _CANCELLED = CancelledError("cancelled")
 
@@ -54,10 +62,13 @@ class HostStats:
 class HostManager:
     def __init__(self, devices: Sequence[DeviceConfig | Device], *, max_queue: int = 100,
                  max_active: int | None = None, bus: EventBus | None = None,
-                 device_factory: DeviceFactory = open_device):
+                 device_factory: DeviceFactory = open_device,
+                 timeout: float = DEFAULT_TIMEOUT):
         """`devices`: DeviceConfigs, each opened by `device_factory(config, bus)` (by
         default the backend's own kind of device), or Device instances; the host owns
-        them from here on, and closes them."""
+        them from here on, and closes them. `timeout`: seconds a request may take, queued
+        and running, when neither it nor its network says (default 300); math.inf turns
+        it off."""
         names = [d.name for d in devices]
         if not devices or len(set(names)) != len(names):
             raise PrismError(f"HostManager needs at least one device, each named once: {names}")
@@ -68,6 +79,7 @@ class HostManager:
                 device.bus = self.bus
         self.devices: dict[str, Device] = {d.name: d for d in opened}
         self.max_queue = max_queue
+        self.timeout = checked_timeout(timeout, "HostManager timeout")
         self.max_active = max_active or max(2, 2 * len(devices))
         self._networks: dict[str, Network | None] = {}  # None: reserved while it loads
         self._slots = Dispatcher(self._networks, self.bus, self.max_active)
@@ -75,76 +87,94 @@ class HostManager:
 
     # -- networks ----------------------------------------------------------------------
 
-    def add_network(self, name: str, model: ModelSource, partition: PartitionSpec = "balanced",
+    def add_network(self, name: str, model: ModelSource,
+                    partition: PartitionSpec | None = None,
                     annotations: str | Path | Mapping | None = None,
-                    fallback: str | None = None, replicas: int | str = 1,
+                    fallback: str | None = None, replicas: int | str | None = None,
                     batching: Mapping | BatchingConfig | None = None,
-                    bindings: Mapping[str, int] | None = None) -> Plan:
+                    bindings: Mapping[str, int] | None = None, timeout: float | None = None,
+                    devices: Sequence[str] | None = None, *,
+                    remap: Mapping[str, str] | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
+        `model`: an ONNX model (path, bytes, ModelProto or Graph), or the path of a bundle
+        (`NAME.prism`, from `prism compile`), which loads without partitioning: its
+        devices are matched to the host's by requirement (`remap`: {bundle device: host
+        device} pins one), and its replicas and batching apply unless given here.
+        `partition`: a mode (default balanced) or a node -> partition map.
         `replicas`: N whole replicas of the plan, or "saturate" (as many as twin devices
         allow); each request goes to the replica with the fewest outstanding requests.
         `batching`: {"max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes"}.
+        `timeout`: seconds a request to this network may take, queued and running, when
+        it names none; None takes the host's (`HostManager(timeout=...)`, default 300),
+        math.inf turns it off.
         `annotations`: {"nodes": {name: device or kind}, "ops": {op: device or kind},
         "fallback": device} or a TOML file of the same; `fallback` overrides its fallback.
+        `devices`: the names of the host's devices it may use (default: all of them).
         """
+        pool = self.devices if devices is None else device_pool(self.devices, devices)
         with self._cv:
             if self._slots.closing:
                 raise HostClosedError("host is closed")
             if name in self._networks:
                 raise NetworkExistsError(f"a network named {name!r} is already added")
+            limit = self.timeout if timeout is None else checked_timeout(
+                timeout, f"timeout of {name}")
             self._networks[name] = None
         try:
-            net = load_network(name, model, self.devices, self.bus, partition=partition,
-                               annotations=annotations, fallback=fallback, replicas=replicas,
-                               batching=BatchingConfig.of(batching), bindings=bindings)
+            net = load(name, model, pool, self.bus, partition=partition,
+                       annotations=annotations, fallback=fallback, replicas=replicas,
+                       batching=BatchingConfig.of(batching), bindings=bindings, remap=remap)
         except BaseException:
             with self._cv:
                 del self._networks[name]
             raise
+        net.timeout = limit
         if net.batching is not None:
-            net.batcher = Batcher(name, net.batching, 2 * net.stages,
-                                  take_slot=self._slots.take_for_batch,
-                                  begin=partial(self._slots.begin_batch, net),
-                                  finish=self._slots.finish, bus=self.bus)
+            net.batcher = self._slots.batcher(net)
         with self._cv:
             self._networks[name] = net
-            self._slots.batchers = self._batchers()
+            self._slots.batchers_changed()
+        origin = {} if net.bundle is None else {"bundle": net.bundle.path,
+                                                "placed": net.bundle.devices}
         self._publish("network.loaded", network=name, mode=net.plan.mode,
-                      partitions=len(net.plan.partitions), nodes=len(net.graph.nodes),
-                      devices=sorted({p.device for p in net.plan.partitions}))
+                      partitions=len(net.plan.partitions),
+                      nodes=sum(len(p.nodes) for p in net.plan.partitions),
+                      devices=sorted({p.device for p in net.plan.partitions}), **origin)
         return net.plan
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
         """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
-        with self._cv:
-            net = self._network(name)
-            if net.outstanding and not wait:
-                raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
-                                       f"remove_network(wait=True) waits for them")
-            net.removing = True
-            if not self._slots.wait_for(lambda: net.outstanding == 0, timeout):
-                net.removing = False
-                raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
-                                       f"{timeout:g} s; not removed")
-            del self._networks[name]
-            self._slots.batchers = self._batchers()
+        net = self._slots.retire(name, wait, timeout)
         if net.batcher is not None:
             net.batcher.close()
-        unload_network(name, net.loaded, self.bus)
+        unload_network(net, self.bus)
 
     def replicas(self, name: str) -> int:
         """How many replicas of the network's plan are loaded."""
         with self._cv:
-            return len(self._network(name).replicas)
+            return len(self._slots.network(name).replicas)
 
     def plan(self, name: str) -> Plan:
         with self._cv:
-            return self._network(name).plan
+            return self._slots.network(name).plan
 
     def graph(self, name: str) -> Graph:
+        """The network's graph (a bundle's is loaded from it on the first call)."""
         with self._cv:
-            return self._network(name).graph
+            net = self._slots.network(name)
+        return net.graph
+
+    def inputs(self, name: str) -> list[InputSpec]:
+        """What the network takes as feeds."""
+        with self._cv:
+            return self._slots.network(name).specs
+
+    def bundle(self, name: str) -> LoadedBundle | None:
+        """The bundle the network was loaded from (its manifest and schedule, on this
+        host's devices), or None for one loaded from an ONNX model."""
+        with self._cv:
+            return self._slots.network(name).bundle
 
     def networks(self) -> list[str]:
         with self._cv:
@@ -158,26 +188,18 @@ class HostManager:
                              self._slots.queue.size + batched,
                              {n.name: n.outstanding for n in nets})
 
-    def _batchers(self) -> tuple[Batcher, ...]:
-        return tuple(n.batcher for n in self._networks.values() if n and n.batcher is not None)
-
-    def _network(self, name: str) -> Network:
-        net = self._networks.get(name)
-        if net is None or net.removing:
-            state = "is being removed" if net else "is not loaded"
-            known = ", ".join(n for n, v in self._networks.items() if v) or "none"
-            raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
-        return net
-
     # -- requests ----------------------------------------------------------------------
 
     def run(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
             timeout: float | None = None, *, inline: bool = True) -> Future:
         """Queue one request; the future resolves to {output name: array}.
 
-        When a slot is free and nothing waits, the request starts at once, and its first
-        partition runs right on this thread if its device is idle (no hand-off).
-        `inline=False` never runs anything on this thread: for callers that must not
+        `timeout`: seconds it may take, queued and running, after which it ends with
+        RequestTimeoutError; None takes its network's (`add_network(timeout=...)`),
+        math.inf turns it off. When a slot is free and nothing waits, the request starts
+        at once, and its first partition runs right on this thread if its device is idle
+        (no hand-off; an answer past the timeout is then dropped and the request times
+        out). `inline=False` never runs anything on this thread: for callers that must not
         block, like load generators and servers.
         """
         net = self._networks.get(name)
@@ -185,14 +207,15 @@ class HostManager:
             with self._cv:
                 if self._slots.closing:
                     raise HostClosedError("host is closed; it takes no more requests")
-                net = self._network(name)
+                net = self._slots.network(name)
         checked = check_feeds(name, net.specs, feeds)
-        if inline and timeout is None and not self.bus.active and net.lean is not None:
-            ready = self._slots.run_lean(net, net.lean, checked)
+        timeout = net.timeout if timeout is None else checked_timeout(timeout)
+        if inline and not self.bus.active and net.lean is not None:
+            ready = self._slots.run_lean(net, net.lean, checked, timeout)
             if ready is not None:
                 return ready
         request = Request(name, checked, priority, queued_at=time.monotonic())
-        if timeout is not None:
+        if timeout < math.inf:
             request.deadline = request.queued_at + timeout
         batcher = net.batcher
         if batcher is not None:
@@ -206,6 +229,8 @@ class HostManager:
             start_now = batcher is None and slots.slots_used < self.max_active and not waiting
             self._admit_locked(net, None if start_now else waiting)
             net.outstanding += 1
+            if request.deadline is not None:
+                slots.deadlines.add_locked(request, request.deadline)
             if start_now:
                 slots.take_locked(request, net)
                 request.inline = inline
@@ -213,8 +238,6 @@ class HostManager:
                 slots.queue.push(request)
         self._publish("request.queued", network=name, request=request.id, priority=priority,
                       queue_depth=waiting + (not start_now))
-        if request.deadline is not None:
-            slots.deadlines.add(request)
         if start_now:
             slots.begin(request)
             return request.future
@@ -228,6 +251,15 @@ class HostManager:
               timeout: float | None = None) -> dict[str, np.ndarray]:
         """Blocking `run`."""
         return self.run(name, feeds, priority, timeout).result()
+
+    async def run_async(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
+                        timeout: float | None = None) -> dict[str, np.ndarray]:
+        """`run` for asyncio: no thread per request, nothing run on the event loop's thread.
+        The request's end wakes the loop once; cancelling the awaiting task cancels the
+        request if it has not started."""
+        import asyncio  # here: a host that never awaits skips its import (cold start)
+
+        return await asyncio.wrap_future(self.run(name, feeds, priority, timeout, inline=False))
 
     def _admit_locked(self, net: Network, waiting: int | None) -> None:
         """Under the lock, just before a request is accepted: is the host, and `net`, still
@@ -244,29 +276,16 @@ class HostManager:
     # -- life cycle ----------------------------------------------------------------------
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest."""
-        slots = self._slots
-        with self._cv:
-            if slots.stopped:
-                return
-            slots.closing = True
-            slots.wait_for(lambda: not slots.slots_used and not slots.queue.size and not any(
-                len(b) for b in slots.batchers), timeout)
-            slots.stopped = True
-            leftovers = slots.queue.drain()
-            for net in self._networks.values():
-                leftovers.extend(net.running if net else ())
-        for batcher in slots.batchers:
-            leftovers.extend(batcher.close())
-        for request in leftovers:
-            slots.finish(request, None, HostClosedError(
-                f"host closed before request {request.id} to {request.network} finished"))
-        slots.deadlines.close()
+        """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest.
+        Returns within `timeout` (and a little), even with a device stuck in a run."""
+        deadline = time.monotonic() + timeout
+        if not self._slots.stop(timeout):
+            return  # closed already
         for device in self.devices.values():
-            device.close()
-        for name, net in list(self._networks.items()):
+            device.close(max(0.0, deadline - time.monotonic()))
+        for net in list(self._networks.values()):
             if net is not None:
-                unload_network(name, net.loaded, self.bus)
+                unload_network(net, self.bus)
         self._networks.clear()
 
     def __enter__(self) -> HostManager:

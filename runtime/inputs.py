@@ -1,52 +1,159 @@
-"""What a network expects as feeds: checking given feeds, and drawing random ones."""
+"""What a network expects as feeds and gives back: checking given feeds, and drawing random
+ones.
+
+Plain data, no onnx: a network loaded from an ahead-of-time bundle describes its inputs from
+the bundle's manifest (`InputSpec.from_dict`), one loaded from ONNX from its graph
+(`input_specs`, which reads the ONNX types), and both are checked alike.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from runtime.errors import InvalidInputError
-from runtime.graph import Dim, Graph
+
+if TYPE_CHECKING:
+    import onnx
+
+    from runtime.graph import Dim, Graph
 
 _SHAPES_KEPT = 64  # accepted shapes remembered per input
 
 
 @dataclass(frozen=True)
+class ValueType:
+    """A declared ONNX type as plain data: `kind` is tensor, sequence, optional, map, ...;
+    a tensor has its numpy `dtype` (None if numpy has none) and `dims` (ints and names),
+    a sequence or optional its element type."""
+
+    kind: str
+    dtype: str | None = None
+    dims: tuple[Dim, ...] | None = None
+    elem: ValueType | None = None
+
+    @classmethod
+    def of(cls, proto: onnx.TypeProto) -> ValueType:
+        which = proto.WhichOneof("value")
+        kind = which.removesuffix("_type") if which else "value"
+        if kind == "tensor":
+            tensor = proto.tensor_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                         for d in tensor.shape.dim) if tensor.HasField("shape") else None
+            return cls(kind, _np_dtype(tensor.elem_type), dims)
+        if kind in ("sequence", "optional"):
+            return cls(kind, elem=cls.of(getattr(proto, which).elem_type))
+        return cls(kind)
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
+        if self.dims is not None:
+            out["dims"] = list(self.dims)
+        if self.elem is not None:
+            out["elem"] = self.elem.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> ValueType:
+        elem = data.get("elem")
+        dims = data.get("dims")
+        return cls(data["kind"], data.get("dtype"), None if dims is None else tuple(dims),
+                   None if elem is None else cls.from_dict(elem))
+
+    def describe(self) -> str:
+        if self.kind == "tensor":
+            return self.dtype or "tensor"
+        if self.kind == "sequence" and self.elem is not None:
+            return f"sequence of {self.elem.describe()}"
+        if self.kind == "optional" and self.elem is not None:
+            return f"optional {self.elem.describe()}"
+        return self.kind
+
+
+@dataclass(frozen=True)
 class InputSpec:
-    """A graph input. `type` is its declared ONNX type when it is not a plain tensor
-    (a sequence, an optional, a map): such feeds are checked against it structurally."""
+    """A graph input, or any tensor (`tensor_specs`). `type` is its declared type when it
+    is not a plain tensor (a sequence, an optional, a map): such feeds are checked against
+    it structurally."""
 
     name: str
     dtype: np.dtype | None
     dims: tuple[Dim, ...] | None
-    type: onnx.TypeProto | None = None
+    type: ValueType | None = None
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
+
+    def accepts(self, array: np.ndarray) -> bool:
+        """Is `array` of this dtype and shape (a symbolic dimension takes any size)? Shapes
+        accepted are remembered, so a shape seen before costs one set lookup."""
+        dtype = self.dtype
+        if array.shape in self.shapes_seen and (array.dtype is dtype or dtype is None):
+            return True
+        if (dtype is not None and array.dtype != dtype) or not _shape_ok(self.dims,
+                                                                          array.shape):
+            return False
+        if len(self.shapes_seen) < _SHAPES_KEPT:
+            self.shapes_seen.add(array.shape)
+        return True
 
     def describe(self) -> str:
         if self.type is not None:
-            return _type_text(self.type)
+            return self.type.describe()
         dims = "?" if self.dims is None else ", ".join(
             str(d) if d is not None else "?" for d in self.dims)
         return f"{self.dtype or '?'} [{dims}]"
 
+    def to_dict(self) -> dict:
+        """As a bundle's manifest lists it (`kind`, `dtype`, `dims`, and `type` when it is
+        not a plain tensor)."""
+        out: dict[str, Any] = {
+            "name": self.name, "kind": "tensor" if self.type is None else self.type.kind,
+            "dtype": self.dtype.name if self.dtype is not None else None,
+            "dims": None if self.dims is None else list(self.dims)}
+        if self.type is not None:
+            out["type"] = self.type.to_dict()
+        return out
 
-def _type_text(kind: onnx.TypeProto) -> str:
-    which = kind.WhichOneof("value")
-    if which == "tensor_type":
-        return _np_dtype(kind.tensor_type.elem_type) or "tensor"
-    if which == "sequence_type":
-        return f"sequence of {_type_text(kind.sequence_type.elem_type)}"
-    if which == "optional_type":
-        return f"optional {_type_text(kind.optional_type.elem_type)}"
-    return which.removesuffix("_type") if which else "value"
+    @classmethod
+    def from_dict(cls, data: Mapping) -> InputSpec:
+        """From a manifest row. A structured input without its `type` (an older bundle)
+        keeps its kind only: its value goes to the backend as given."""
+        kind, dims = data.get("kind", "tensor"), data.get("dims")
+        structured = None if kind == "tensor" else ValueType.from_dict(
+            data.get("type") or {"kind": kind})
+        return cls(data["name"], np.dtype(data["dtype"]) if data.get("dtype") else None,
+                   None if dims is None else tuple(dims), structured)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A network's face: the inputs it takes, its outputs in order, and those outputs that
+    are constants (initializers), which no partition makes."""
+
+    inputs: list[InputSpec]
+    outputs: tuple[str, ...]
+    constants: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+
+def signature(graph: Graph) -> Signature:
+    from onnx import numpy_helper
+
+    return Signature(input_specs(graph), tuple(graph.outputs), {
+        t: numpy_helper.to_array(graph.initializers[t]) for t in graph.outputs
+        if t in graph.initializers})
 
 
 def _np_dtype(elem_type: int) -> str | None:
+    from onnx import helper
+
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
     except (KeyError, TypeError, ValueError):
@@ -54,41 +161,51 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
+    return tensor_specs(graph, graph.inputs)
+
+
+def tensor_specs(graph: Graph, names: Iterable[str]) -> list[InputSpec]:
+    """Specs of any tensors by name, as declared (a partition's outputs, say)."""
     specs = []
-    for name in graph.inputs:
+    for name in names:
         info = graph.tensors.get(name)
         dtype = np.dtype(info.dtype) if info and info.dtype else None
         kind = graph.types.get(name)
         structured = kind is not None and kind.WhichOneof("value") != "tensor_type"
         specs.append(InputSpec(name, dtype, info.dims if info else None,
-                               kind if structured else None))
+                               ValueType.of(kind) if structured and kind is not None else None))
     return specs
 
 
-def _structured(network: str, spec: InputSpec, kind: onnx.TypeProto, value: object,
+def _structured(network: str, spec: InputSpec, kind: ValueType, value: object,
                 where: str) -> object:
     """A sequence feed as a list of arrays, an optional as None or its value; each element
     checked against the declared element type where one is known."""
-    which = kind.WhichOneof("value")
-    if which == "optional_type":
-        if value is None:
-            return None
-        return _structured(network, spec, kind.optional_type.elem_type, value, where)
-    if which == "sequence_type":
+    if kind.kind == "optional":
+        if value is None or kind.elem is None:
+            return value
+        return _structured(network, spec, kind.elem, value, where)
+    if kind.kind == "sequence":
         if not isinstance(value, list | tuple):
             raise InvalidInputError(f"input {spec.name!r} of {network}{where}: expected "
-                                    f"{_type_text(kind)}, got {type(value).__name__}")
-        elem = kind.sequence_type.elem_type
-        return [_structured(network, spec, elem, v, f"{where}[{i}]")
+                                    f"{kind.describe()}, got {type(value).__name__}")
+        if kind.elem is None:
+            return list(value)
+        return [_structured(network, spec, kind.elem, v, f"{where}[{i}]")
                 for i, v in enumerate(value)]
-    if which == "tensor_type":
+    if kind.kind == "tensor":
         array = value if type(value) is np.ndarray else np.asarray(value)
-        want = _np_dtype(kind.tensor_type.elem_type)
+        want = kind.dtype
         if want is not None and array.dtype != np.dtype(want):
             raise InvalidInputError(f"input {spec.name!r} of {network}{where}: expected "
                                     f"{want}, got {array.dtype}")
         return array
     return value  # maps and other kinds go to the backend as given
+
+
+def array_text(array: np.ndarray) -> str:
+    """An array's dtype and shape, as a spec is described: "float64 [2, 256]"."""
+    return f"{array.dtype} [{', '.join(map(str, array.shape))}]"
 
 
 def _shape_ok(dims: tuple[Dim, ...] | None, shape: tuple[int, ...]) -> bool:
@@ -108,7 +225,7 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
     for spec in specs:
         value = feeds.get(spec.name)
         if spec.type is not None and (value is not None or spec.name in feeds
-                                      or spec.type.HasField("optional_type")):
+                                      or spec.type.kind == "optional"):
             # an optional left out is an empty optional
             out[spec.name] = _structured(network, spec, spec.type, value, "")
             continue
@@ -121,17 +238,9 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
         array = value if type(value) is np.ndarray else np.asarray(value)
-        dtype = array.dtype
-        if array.shape in spec.shapes_seen and (dtype is spec.dtype or spec.dtype is None):
-            out[spec.name] = array  # the common case, a shape seen before: no dim by dim
-            continue
-        if (spec.dtype is not None and dtype != spec.dtype) or not _shape_ok(
-                spec.dims, array.shape):
-            raise InvalidInputError(
-                f"input {spec.name!r} of {network}: expected {spec.describe()}, got "
-                f"{array.dtype} [{', '.join(map(str, array.shape))}]")
-        if len(spec.shapes_seen) < _SHAPES_KEPT:
-            spec.shapes_seen.add(array.shape)
+        if not spec.accepts(array):
+            raise InvalidInputError(f"input {spec.name!r} of {network}: expected "
+                                    f"{spec.describe()}, got {array_text(array)}")
         out[spec.name] = array
     if len(feeds) != len(out) and any(k not in out for k in feeds):
         extra = sorted(k for k in feeds if k not in out)
@@ -178,17 +287,15 @@ def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random
     return rng.integers(0, 16, shape).astype(dtype)
 
 
-def _random_value(kind: onnx.TypeProto, rng: np.random.Generator) -> object:
+def _random_value(kind: ValueType, rng: np.random.Generator) -> object:
     """A structured input's value: a sequence of two small tensors, an optional's value."""
-    which = kind.WhichOneof("value")
-    if which == "optional_type":
-        return _random_value(kind.optional_type.elem_type, rng)
-    if which == "sequence_type":
-        return [_random_value(kind.sequence_type.elem_type, rng) for _ in range(2)]
-    if which == "tensor_type":
-        tt = kind.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim)
-        dtype = np.dtype(_np_dtype(tt.elem_type) or np.float32)
+    if kind.kind == "optional":
+        return None if kind.elem is None else _random_value(kind.elem, rng)
+    if kind.kind == "sequence":
+        return [] if kind.elem is None else [_random_value(kind.elem, rng) for _ in range(2)]
+    if kind.kind == "tensor":
+        shape = tuple(d if isinstance(d, int) else 1 for d in (kind.dims or ()))
+        dtype = np.dtype(kind.dtype or np.float32)
         return rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else \
             np.zeros(shape, dtype)
     return None

@@ -76,7 +76,7 @@ class MetricsSnapshot:
     devices: dict[str, DeviceUsage] = field(default_factory=dict)
     queue_depth: list[tuple[float, int]] = field(default_factory=list)
     throughput_series: list[tuple[float, float]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # failed requests, replaced workers
     lost_events: int = 0
 
 
@@ -156,6 +156,7 @@ class Metrics:
             "provision.loaded": self._device_seen,
             "provision.evicted": self._device_seen,
             "queue.depth": self._queue_depth,
+            "device.worker.replaced": self._worker_replaced,
             "bus.lost": self._bus_lost,
         }
 
@@ -247,6 +248,11 @@ class Metrics:
         if rs is not None:
             dev.busy += rs
             dev.intervals.append((ev.ts - rs, ev.ts))
+
+    def _worker_replaced(self, ev: Event) -> None:
+        self._dev(ev.get("device"))
+        self._errors.append(f"{ev.get('device')}: its worker thread died ({ev.get('error')}) "
+                            f"and was replaced")
 
     def _device_memory(self, ev: Event) -> None:
         dev = self._dev(ev.get("device"))

@@ -1,48 +1,71 @@
-"""A network as the host holds it, and loading one: graph, plan, replicas, provisioning,
+"""A network as the host holds it, and placing one on devices: provisioning each replica,
 and rollback when any of it fails (nothing stays loaded).
+
+Two loaders make networks, both light to reach from the host: `jit.load_network` (an ONNX
+model: graph, plan, sub-models extracted now) and `bundle.load.load_bundle` (a bundle
+compiled ahead of time: the plan and programs read from the file). This module imports
+neither the graph IR nor the partitioner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
-
-from runtime.batching import Batcher, BatchingConfig, check_batchable
-from runtime.devices.device import Device
+from runtime.batching import Batcher, BatchingConfig
+from runtime.devices.device import Device, Program
+from runtime.errors import DeviceSpecError
 from runtime.executor import Executor
-from runtime.graph import Graph, load_graph
-from runtime.inputs import InputSpec, input_specs
-from runtime.partition import Plan
-from runtime.planning import PartitionSpec, plan_network
-from runtime.provision import LoadedPartition, programs, provision, unload
-from runtime.replicas import twin_maps
+from runtime.inputs import InputSpec, Signature
+from runtime.outputs import OutputCheck
+from runtime.partition.plan import Plan
+from runtime.partition.steps import Step
+from runtime.provision import LoadedPartition, provision, twin_groups, unload
 from runtime.requests import Request
 
-ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded already
+if TYPE_CHECKING:
+    from runtime.bundle.load import LoadedBundle
+    from runtime.graph import Graph
 
 
 @dataclass(eq=False)
 class Network:
     name: str
-    graph: Graph
     plan: Plan
-    specs: list[InputSpec]
+    face: Signature
     loaded: list[list[LoadedPartition]]  # per replica
     replicas: list[Executor]
     batching: BatchingConfig | None = None
+    timeout: float = math.inf  # a request's timeout when it names none (inf: none)
+    # the graph, or how to load it when first asked (a bundle's network.onnx)
+    graph_source: Graph | Callable[[], Graph] | None = None
+    bundle: LoadedBundle | None = None  # the bundle it was loaded from, if it was
     outstanding: int = 0  # accepted and not yet ended
     removing: bool = False
     running: set[Request] = field(default_factory=set)
     batcher: Batcher | None = None
     lean: Executor | None = None  # the replica a request may run on with no Request record
+    _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         if self.batching is None and len(self.replicas) == 1 and self.replicas[0].single:
             self.lean = self.replicas[0]
+
+    @property
+    def specs(self) -> list[InputSpec]:
+        return self.face.inputs
+
+    @property
+    def graph(self) -> Graph:
+        """The whole network's graph; a bundle's is loaded when first asked for."""
+        with self._graph_lock:
+            if callable(self.graph_source):
+                self.graph_source = self.graph_source()
+            assert self.graph_source is not None
+            return self.graph_source
 
     @property
     def stages(self) -> int:
@@ -50,44 +73,57 @@ class Network:
         return sum(max(1, len(replica.parts)) for replica in self.replicas)
 
 
-def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
-                 partition: PartitionSpec = "balanced",
-                 annotations: str | Path | Mapping | None = None, fallback: str | None = None,
-                 replicas: int | str = 1, batching: BatchingConfig | None = None,
-                 bindings: Mapping[str, int] | None = None) -> Network:
-    """Load, plan (publishing every step), provision each replica. Raises with nothing
-    left loaded."""
-    graph = load_graph(model, bindings=bindings, name=name)
-    if batching is not None:
-        check_batchable(graph)
-    configs = [d.config for d in devices.values()]
-    steps, plan = plan_network(graph, configs, partition, annotations=annotations,
-                               fallback=fallback, replicas=replicas)
-    if bus.active:
-        for step in steps:
-            bus.publish("partition.step", network=name, index=step.index, step=step.kind,
-                        reason=step.reason, partition=step.partition, device=step.device,
-                        nodes=list(step.nodes))
-        bus.publish("partition.planned", network=name, mode=plan.mode,
-                    bottleneck_seconds=plan.bottleneck_seconds,
-                    partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
-                                 "est_seconds": p.est_seconds} for p in plan.partitions])
-    twin_sets: list[dict[str, str] | None] = [None]  # per replica: plan device -> its twin
-    if replicas != 1:
-        twin_sets += twin_maps(plan, configs, None if replicas == "saturate" else int(replicas) - 1)
-    made = programs(graph, plan)
+def publish_plan(bus: Any, name: str, steps: Sequence[Step], plan: Plan) -> None:
+    """Every step as `partition.step`, then `partition.planned` (nothing without a
+    subscriber)."""
+    if not bus.active:
+        return
+    for step in steps:
+        bus.publish("partition.step", network=name, index=step.index, step=step.kind,
+                    reason=step.reason, partition=step.partition, device=step.device,
+                    nodes=list(step.nodes))
+    bus.publish("partition.planned", network=name, mode=plan.mode,
+                bottleneck_seconds=plan.bottleneck_seconds,
+                partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
+                             "est_seconds": p.est_seconds} for p in plan.partitions])
+
+
+def place(name: str, plan: Plan, made: Mapping[str, Program], devices: Mapping[str, Device],
+          bus: Any, twin_sets: Sequence[Mapping[str, str] | None], face: Signature,
+          graph: Graph | None = None) -> tuple[list[list[LoadedPartition]], list[Executor]]:
+    """Provision `made` (partition -> program) once per replica (`twin_sets`: per replica,
+    plan device -> its twin, None for the plan's own devices) and make each replica's
+    executor, checking partition outputs against `graph` when there is one (else only
+    that they are there); raises with nothing left loaded."""
     loaded: list[list[LoadedPartition]] = []
+    groups = twin_groups(devices.values())
     try:
         for r, onto in enumerate(twin_sets):
             loaded.append(provision(plan, made, devices, network=name, tag=f"#{r}" if r else "",
-                                    bus=bus, onto=onto))
+                                    bus=bus, onto=onto, groups=groups))
     except BaseException:
-        unload_network(name, loaded, bus)
+        _unload(name, loaded, bus)
         raise
-    return Network(name, graph, plan, input_specs(graph), loaded,
-                   [Executor(graph, replica, name, bus) for replica in loaded], batching)
+    return loaded, [Executor(face, replica, name, bus, None if graph is None else [
+        OutputCheck.of(graph, lp.partition.outputs) for lp in replica]) for replica in loaded]
 
 
-def unload_network(name: str, loaded: list[list[LoadedPartition]], bus: Any) -> None:
+def device_pool(devices: Mapping[str, Device], names: Sequence[str]) -> dict[str, Device]:
+    """The named ones of a host's devices, for a network confined to them."""
+    unknown = [n for n in names if n not in devices]
+    if unknown or not names:
+        what = f"no device named {unknown[0]!r}" if unknown else "no devices were named"
+        raise DeviceSpecError(f"{what}: this host has {', '.join(sorted(devices))}")
+    return {n: devices[n] for n in dict.fromkeys(names)}
+
+
+def unload_network(net: Network, bus: Any) -> None:
+    """Unload every replica, then let go of the bundle file it was loaded from, if any."""
+    _unload(net.name, net.loaded, bus)
+    if net.bundle is not None:
+        net.bundle.close()
+
+
+def _unload(name: str, loaded: list[list[LoadedPartition]], bus: Any) -> None:
     for replica in loaded:
         unload(replica, network=name, bus=bus)

@@ -1,25 +1,24 @@
-"""Provisioner: each partition becomes a program (its sub-model), loaded onto a device.
+"""Provisioner: each partition's program loaded onto a device.
 
 A partition goes to the device its plan names when that device has room; otherwise to
 another device with the same backend and figures. Any failure unloads everything this
-call loaded, so a failed add leaves every device as it was. Programs are extracted once
-per plan and loaded once per replica.
+call loaded, so a failed add leaves every device as it was. Programs are made once per
+plan (extracted just in time by `jit.programs`, or read from a bundle) and loaded once
+per replica.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device, Program
 from runtime.errors import DeviceMemoryError, PrismError, ProvisionError, first_line
-from runtime.graph import Graph
 from runtime.partition.plan import Partition, Plan
-from runtime.submodel import extract
 from runtime.units import human_bytes
 
 
@@ -32,11 +31,19 @@ class LoadedPartition:
 
 def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
     """Same figures, whatever the names."""
-    return replace(a, name=b.name) == b
+    return a.figures() == b.figures()
+
+
+def twin_groups(devices: Iterable[Device]) -> dict[tuple, list[Device]]:
+    """Devices by their figures, made once per load rather than per partition and device."""
+    groups: dict[tuple, list[Device]] = {}
+    for d in devices:
+        groups.setdefault(d.config.figures(), []).append(d)
+    return groups
 
 
 @contextmanager
-def _one_line(network: str) -> Iterator[None]:
+def one_line_errors(network: str) -> Iterator[None]:
     """Errors Prism did not raise on purpose become one-line ProvisionErrors."""
     try:
         yield
@@ -47,45 +54,45 @@ def _one_line(network: str) -> Iterator[None]:
                              f"{first_line(exc)}") from exc
 
 
-def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
-    """partition name -> its program: the sub-model, its weights, the device's arena (the
-    peak of its memory plan) and the stage time a modelled device is held for."""
-    with _one_line(plan.network):
-        return {p.name: Program.of(extract(graph, p), p.weight_bytes, plan.arenas[p.device],
-                                   p.stage_seconds) for p in plan.partitions}
-
-
-def _candidates(devices: Mapping[str, Device], name: str) -> list[Device]:
-    """The named device, then its twins (same figures but the name), by most free bytes."""
-    want = devices[name].config
-    others = [d for d in devices.values() if d.name != name and twins(d.config, want)]
-    return [devices[name], *sorted(others, key=lambda d: -d.free_bytes)]
+def _candidates(devices: Mapping[str, Device], groups: Mapping[tuple, list[Device]],
+                name: str) -> Iterator[Device]:
+    """The named device, then (asked for only when it is full) its twins, by most free
+    bytes."""
+    want = devices[name]
+    yield want
+    others = [d for d in groups[want.config.figures()] if d is not want]
+    yield from sorted(others, key=lambda d: -d.free_bytes)
 
 
 def provision(plan: Plan, made: Mapping[str, Program], devices: Mapping[str, Device], *,
               network: str, tag: str = "", bus: Any = None,
-              onto: Mapping[str, str] | None = None) -> list[LoadedPartition]:
+              onto: Mapping[str, str] | None = None,
+              groups: Mapping[tuple, list[Device]] | None = None) -> list[LoadedPartition]:
     """Load every partition of `plan`, in plan order, or none of them. `onto` maps the
-    plan's devices to others (a replica's twins); `tag` tells a replica's keys apart."""
+    plan's devices to others (a replica's twins); `tag` tells a replica's keys apart;
+    `groups` is `twin_groups(devices)` when the caller has it (one per replica costs)."""
     loaded: list[LoadedPartition] = []
+    groups = twin_groups(devices.values()) if groups is None else groups
     try:
-        with _one_line(network):
+        with one_line_errors(network):
             for part in plan.partitions:
                 target = (onto or {}).get(part.device, part.device)
-                loaded.append(_load(part, made[part.name], devices, network, tag, target, bus))
+                loaded.append(_load(part, made[part.name], devices, groups, network, tag,
+                                   target, bus))
     except BaseException:
         unload(loaded, network=network, bus=bus)
         raise
     return loaded
 
 
-def _load(part: Partition, program: Program, devices: Mapping[str, Device], network: str,
-          tag: str, target: str, bus: Any) -> LoadedPartition:
+def _load(part: Partition, program: Program, devices: Mapping[str, Device],
+          groups: Mapping[tuple, list[Device]], network: str, tag: str, target: str, bus: Any
+          ) -> LoadedPartition:
     if target not in devices:
         raise ProvisionError(f"{network}/{part.name}: plan names device {target}, which this "
                              f"host does not have")
     key, start = f"{network}{tag}/{part.name}", time.perf_counter()
-    for device in _candidates(devices, target):
+    for device in _candidates(devices, groups, target):
         try:
             device.load(key, program)
             break

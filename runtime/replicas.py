@@ -8,13 +8,13 @@ groups as remain.
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError, PrismError
 from runtime.partition import Plan, canonical_devices
-from runtime.provision import twins
 
 T = TypeVar("T")
 
@@ -39,11 +39,10 @@ def planned_over(devices: Sequence[DeviceConfig], replicas: int | str,
     if replicas > len(ordered):
         raise PrismError(f"replicas={replicas} needs at least {replicas} devices; "
                          f"the host has {len(ordered)}")
-    groups: list[list[DeviceConfig]] = []
+    groups: dict[tuple, list[DeviceConfig]] = {}  # in canonical order, first seen first
     for d in ordered:
-        group = next((g for g in groups if twins(g[0], d)), None)
-        group.append(d) if group is not None else groups.append([d])
-    share = [d for g in groups for d in g[: len(g) // replicas]]
+        groups.setdefault(d.figures(), []).append(d)
+    share = [d for g in groups.values() for d in g[: len(g) // replicas]]
     if not share:
         raise PrismError(f"replicas={replicas}: no group of twin devices has {replicas} "
                          f"members to give each replica one")
@@ -55,20 +54,17 @@ def twin_maps(plan: Plan, devices: Sequence[DeviceConfig], wanted: int | None
     """For each further replica, plan device -> a twin no replica uses yet."""
     used = {p.device for p in plan.partitions}
     logical = sorted(used)
+    figures = {d.name: d.figures() for d in devices if d.name in used}
+    free: dict[tuple, deque[DeviceConfig]] = {}  # by figures, each in canonical order
+    for d in canonical_devices(devices):
+        if d.name not in used:
+            free.setdefault(d.figures(), deque()).append(d)
+    need = Counter(figures.values())  # twins of each kind one replica takes
     maps: list[dict[str, str]] = []
-    free = [d for d in canonical_devices(devices) if d.name not in used]
     while wanted is None or len(maps) < wanted:
-        mapping = {}
-        for name in logical:
-            config = next(d for d in devices if d.name == name)
-            twin = next((d for d in free if twins(d, config)), None)
-            if twin is None:
-                break
-            mapping[name] = twin.name
-            free.remove(twin)
-        if len(mapping) < len(logical):
+        if any(len(free.get(f, ())) < n for f, n in need.items()):
             break
-        maps.append(mapping)
+        maps.append({name: free[figures[name]].popleft().name for name in logical})
     if wanted is not None and len(maps) < wanted:
         raise PartitionError(f"only {len(maps) + 1} replicas of {plan.network} fit: the plan "
                              f"uses {', '.join(logical)} and too few twin devices remain")

@@ -13,7 +13,18 @@ from typing import Any
 
 import numpy as np
 
+from runtime.errors import PrismError
+
 _ids = itertools.count(1)
+DEFAULT_TIMEOUT = 300.0  # seconds: a request's timeout unless its host or network says
+
+
+def checked_timeout(value: object, what: str = "timeout") -> float:
+    """A timeout in seconds: a number above 0, math.inf for none."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise PrismError(f"{what} must be a number of seconds above 0 (math.inf: none), "
+                         f"got {value!r}")
+    return float(value)
 
 
 class RequestFuture(Future):
@@ -43,6 +54,19 @@ class ReadyFuture(Future):
         self._waiters: list = []
         self._done_callbacks: list = []
 
+    # Born finished and never changed: answered without the shared Condition, which
+    # every caller's thread would otherwise contend for.
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> object:
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._exception
+
 
 @dataclass(eq=False, slots=True)
 class Request:
@@ -57,6 +81,7 @@ class Request:
     key: tuple = ()  # what must agree for requests to share a batch (batching.batch_shape)
     slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
+    alone: bool = False  # runs in a batch of its own: its batch failed, it is tried alone
     replica: Any = None  # the Executor (one replica of the plan) running it
     retried: bool = False  # run again on another replica after its device was lost
     members: list[Request] | None = None  # a batch: the requests it runs as one

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,3 +143,20 @@ def assert_identical(got: dict, want: dict, label: str) -> None:
     for name, value in want.items():
         assert got[name].dtype == value.dtype, f"{label}/{name}: dtype"
         np.testing.assert_array_equal(got[name], value, err_msg=f"{label}/{name}")
+
+
+def rewrite(src: Path, dst: Path, change: dict, compression=zipfile.ZIP_STORED) -> Path:
+    """A copy of a bundle with members replaced (bytes) or left out (None)."""
+    with zipfile.ZipFile(src) as old, zipfile.ZipFile(dst, "w", compression) as new:
+        for info in old.infolist():
+            data = change.get(info.filename, old.read(info.filename))
+            if data is not None:
+                new.writestr(info.filename, data)
+    return dst
+
+
+def file_is_open(path: Path) -> bool:
+    """Does this process hold `path` open (False where /proc cannot tell)?"""
+    fds = Path("/proc/self/fd")
+    return fds.is_dir() and any(os.path.realpath(fd) == str(Path(path).resolve())
+                                for fd in fds.iterdir())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import itertools
 import threading
 import time
 from collections import Counter
@@ -18,7 +17,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
-from fakes import FakeDevice, Gate
+from fakes import FakeDevice, FaultySim, Gate, inject_marked
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.batching import Batcher, BatchingConfig
@@ -27,15 +26,18 @@ from runtime.errors import PrismError, RequestTimeoutError
 from runtime.host import HostManager
 from runtime.requests import Request, RequestQueue
 from serving import (
+    FAULTS,
     MLP,
     TRANSFORMER,
     WAIT,
     Events,
     assert_same,
-    count_outcomes,
+    check_storm,
     expected,
     idle,
+    mlp_feeds,
     poll,
+    storm,
 )
 
 # -- helpers -------------------------------------------------------------------------------
@@ -118,11 +120,6 @@ def faked(spec: str = "cpu:1", **kw) -> HostManager:
 def run_rows(host: HostManager) -> list[int]:
     """The batch dimension of every run on cpu0 (a fake device), in order."""
     return [shape[0] for _, shape, _ in host.devices["cpu0"].runs]
-
-
-def mlp_feeds(rng, batch: int | None = None) -> dict:
-    n = batch if batch is not None else int(rng.integers(1, 3))
-    return {"x": rng.standard_normal((n, 256)).astype(np.float32)}
 
 
 def transformer_feeds(rng) -> dict:
@@ -530,52 +527,24 @@ def test_priority_order_without_batching_under_load():
 # -- every accepted request ends exactly once -------------------------------------------------
 
 
-def test_2000_batched_requests_with_cancellations_and_timeouts_end_once():
+@pytest.mark.parametrize("factory", [FakeDevice, FaultySim], ids=["fake", "sim"])
+def test_2000_batched_requests_with_faults_cancellations_and_timeouts_end_once(factory):
+    """Faults of every kind among cancels and timeouts: a faulted batch's members run again
+    alone, so only the marked ones fail, each once, with its own error."""
     devices = [DeviceConfig(name=f"sim{i}", backend="sim", peak_flops=2e9) for i in range(2)]
-    with HostManager(devices, max_queue=5000) as host:
-        host.add_network("m", MLP, batching={"max_batch_size": 8, "max_queue_delay_ms": 1,
-                                             "preferred_batch_sizes": [4]})
+    with HostManager(devices, max_queue=5000, device_factory=factory) as host:
+        plan = host.add_network("m", MLP, batching={"max_batch_size": 8,
+                                                    "max_queue_delay_ms": 1,
+                                                    "preferred_batch_sizes": [4]})
+        inject_marked(host.devices[plan.partitions[0].device])
         events = Events(host, kinds=("request.",))
-        lock = threading.Lock()
-        records: list[tuple[str, dict, cf.Future]] = []
-
-        def client(seed: int, count: int) -> None:
-            rng = np.random.default_rng(seed)
-            for _ in range(count):
-                feeds = mlp_feeds(rng)
-                r = rng.random()
-                if r < 0.3:
-                    how, fut = "timeout", host.run("m", feeds, timeout=rng.uniform(0.001, 0.03))
-                elif r < 0.5:
-                    how, fut = "cancel", host.run("m", feeds)
-                    if rng.random() < 0.5:
-                        time.sleep(rng.uniform(0, 0.002))
-                    fut.cancel()
-                else:
-                    how, fut = "plain", host.run("m", feeds)
-                with lock:
-                    records.append((how, feeds, fut))
-
-        with cf.ThreadPoolExecutor(4) as pool:
-            for f in [pool.submit(client, i, 500) for i in range(4)]:
-                f.result(timeout=WAIT)
-        assert len(records) == 2000
-        assert poll(lambda: all(f.done() for _, _, f in records), WAIT), \
-            f"{sum(not f.done() for _, _, f in records)} futures left pending"
-        outcomes = count_outcomes(records, MLP)
-        assert min(outcomes["cancelled"], outcomes["timeout"], outcomes["result"]) > 0, outcomes
-        assert poll(lambda: idle(host)), host.stats()
-        assert poll(lambda: len(events.of("request.finished"))
-                    + len(events.of("request.failed")) >= 2000)
-        ended = Counter(e["request"] for e in itertools.chain(
-            events.of("request.finished"), events.of("request.failed")))
-        assert len(ended) == 2000 and set(ended.values()) == {1}
-        assert len(events.of("request.finished")) == outcomes["result"]
+        records = storm(host, "m", mlp_feeds, faults=0.1)
+        outcomes = check_storm(host, "m", mlp_feeds, events, records, MLP)
+        assert min(outcomes[k] for k in ("cancelled", "timeout", "result", *FAULTS)
+                   if k != "hold") > 0, outcomes
         started = Counter(e["request"] for e in events.of("request.started"))
         assert set(started.values()) <= {1}
         assert any(e["batch_size"] > 1 for e in events.of("request.started"))
-        feeds = {"x": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
-        assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
 
 
 def test_a_request_that_ended_after_leaving_its_queue_does_not_start():

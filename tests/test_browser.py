@@ -143,6 +143,8 @@ def test_dashboard_in_chromium(server, page) -> None:
     alert.wait_for(timeout=20_000)
     assert "broken.onnx is not an ONNX model" in alert.inner_text()
 
+    page.wait_for_function(  # the page re-runs after the failed apply: its figures again
+        f"document.querySelectorAll('{METRIC}').length >= 5", timeout=10_000)
     requests = _figures(page)[4]
     after = _wait_for_change(lambda: _latency(page), _latency(page))
     assert int(_figures(page)[4].replace(",", "")) > int(requests.replace(",", ""))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import zipfile
@@ -24,9 +23,11 @@ from bundles import (
     cpus,
     devices,
     feeds,
+    file_is_open,
     graph,
     model_path,
     partition_arg,
+    rewrite,
 )
 from runtime.bundle.match import match_devices, needs, parse_remap
 from runtime.bundle.network import open_contents
@@ -175,24 +176,12 @@ def test_export_onnx_tags_every_node_and_runs_like_the_original(tmp_path):
 # -- damaged and foreign files -----------------------------------------------------------
 
 
-def _rewrite(src: Path, dst: Path, change: dict, compression=zipfile.ZIP_STORED) -> Path:
-    """A copy of a bundle with members replaced (bytes) or left out (None)."""
-    with zipfile.ZipFile(src) as old, zipfile.ZipFile(dst, "w", compression) as new:
-        for info in old.infolist():
-            data = change.get(info.filename, old.read(info.filename))
-            if data is not None:
-                new.writestr(info.filename, data)
-    return dst
-
-
 def _refused(path: Path, *words: str) -> str:
     with pytest.raises(BundleError) as err:
         open_bundle(path).close()
     text = str(err.value)
     assert "\n" not in text and all(w in text for w in words), text
-    if Path("/proc/self/fd").is_dir():  # nothing half-loaded: the file is closed again
-        assert not any(os.path.realpath(fd) == str(path.resolve())
-                       for fd in Path("/proc/self/fd").iterdir())
+    assert not file_is_open(path)  # nothing half-loaded: the file is closed again
     return text
 
 
@@ -248,20 +237,20 @@ def test_foreign_newer_and_incomplete_bundles_are_refused(tmp_path):
     c = case("mlp", 2, "balanced")
     manifest = dict(c.compiled.manifest)
     newer = json.dumps({**manifest, "format_version": FORMAT_VERSION + 1}).encode()
-    _refused(_rewrite(c.path, tmp_path / "newer.prism", {MANIFEST: newer}),
+    _refused(rewrite(c.path, tmp_path / "newer.prism", {MANIFEST: newer}),
              f"format {FORMAT_VERSION + 1}", "newer")
     other = json.dumps({**manifest, "format": "something-else"}).encode()
-    _refused(_rewrite(c.path, tmp_path / "other.prism", {MANIFEST: other}),
+    _refused(rewrite(c.path, tmp_path / "other.prism", {MANIFEST: other}),
              "not a Prism bundle")
-    _refused(_rewrite(c.path, tmp_path / "none.prism", {MANIFEST: None}), "no manifest.json")
-    _refused(_rewrite(c.path, tmp_path / "zipped.prism", {}, zipfile.ZIP_DEFLATED),
+    _refused(rewrite(c.path, tmp_path / "none.prism", {MANIFEST: None}), "no manifest.json")
+    _refused(rewrite(c.path, tmp_path / "zipped.prism", {}, zipfile.ZIP_DEFLATED),
              "compressed")
     row = manifest["schedule"][-1]
-    _refused(_rewrite(c.path, tmp_path / "gone.prism", {row["model"]: None}),
+    _refused(rewrite(c.path, tmp_path / "gone.prism", {row["model"]: None}),
              f"no {row['model']}")
-    _refused(_rewrite(c.path, tmp_path / "junk.prism", {row["model"]: b"not a model"}),
+    _refused(rewrite(c.path, tmp_path / "junk.prism", {row["model"]: b"not a model"}),
              f"partition {row['partition']} does not load")
-    _refused(_rewrite(c.path, tmp_path / "noweights.prism", {WEIGHTS: None}), "no weights.bin")
+    _refused(rewrite(c.path, tmp_path / "noweights.prism", {WEIGHTS: None}), "no weights.bin")
     _refused(model_path("mlp"), "not a Prism bundle")
     _refused(tmp_path / "missing.prism", "cannot open")
 

@@ -1,7 +1,7 @@
-"""A bundle run by the driver answers bit for bit what the just-in-time path answers
-(HostManager), under every policy, for every sample and real model, on 1 to 4 cpu
-devices, in every partition mode. Each bundle is compiled once and shared by the
-three policies' cases."""
+"""A bundle answers bit for bit what the just-in-time path answers (HostManager), run by
+the driver under every policy and loaded into a HostManager, for every sample and real
+model, on 1 to 4 cpu devices, in every partition mode. Each bundle is compiled once and
+shared by the driver's three policies and the host's case."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from bundles import MODELS, MODES, assert_identical, case, cpus, devices, feeds
 from runtime.driver import POLICIES, open_bundle
+from runtime.host import HostManager
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -29,6 +30,23 @@ def test_bundle_matches_jit(model, n, mode, policy):
             answers = [driver.run(f) for f in requests]
     for got, want in zip(answers, c.jit_outputs, strict=True):
         assert_identical(got, want, f"{model}/{n}/{mode}/{policy}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("model", MODELS)
+def test_bundle_in_the_host_matches_jit(model, n, mode):
+    """The host loads the bundle's plan as compiled (no partitioning) and answers requests
+    in flight at once exactly as the just-in-time path did."""
+    c = case(model, n, mode)
+    with HostManager(list(devices(model, n, mode))) as host:
+        plan = host.add_network(model, c.path)
+        assert plan.partitions == c.jit_plan.partitions
+        assert plan.transfers == c.jit_plan.transfers
+        futures = [host.run(model, f) for f in feeds(model)]
+        answers = [f.result(timeout=60) for f in futures]
+    for got, want in zip(answers, c.jit_outputs, strict=True):
+        assert_identical(got, want, f"{model}/{n}/{mode}/host")
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,13 @@ from app.live import LiveRuntime
 from app.replay import Recording
 from app.sources import ENV_PREFIX, SourceSettings
 from recordings import record_run
+from runtime.bundle.reader import read_bundle
+from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.events import Event
 from runtime.graph import load_graph
-from runtime.partition import Plan, partition, replay
+from runtime.partition import Plan, Step, partition, replay
 from runtime.partition.dot import Outline
 
 MODEL = SAMPLES / "cnn.onnx"
@@ -77,6 +81,9 @@ class Scripted:
 
     def partition_steps(self, mode: str) -> PartitionSteps:
         return PartitionSteps.run(self.graph, self.devices, mode, "cnn")
+
+    def bundle(self) -> None:
+        return None
 
 
 @pytest.fixture
@@ -329,6 +336,63 @@ def test_a_recording_replays_the_plan_it_ran(mode: str, tmp_path: Path) -> None:
     assert model.stepper().run.plan.mode == mode
 
 
+def test_a_network_from_a_bundle_shows_its_origin_schedule_and_recorded_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundle: `status.bundle`, `bundle` (file, versions, the schedule on the host's
+    devices in table order, each row in its device's colour); the stepper opens the steps
+    recorded when it was compiled (nothing partitioned again); a recording of it replays
+    its plan on the devices it ran on, with its schedule; a mode it was not compiled in is
+    refused."""
+    path = tmp_path / "cnn.prism"
+    compiled = compile_bundle(MODEL, parse_devices("cpu:3"), path, partition="memory",
+                              name="cnn")
+    schedule = compiled.manifest["schedule"]
+    model = DashboardModel(LiveRuntime(path, devices="cpu:4", start_load=False, seed=1))
+    try:
+        view = model.poll()
+        assert view.status.bundle and view.status.mode == "memory" == view.plan.mode
+        assert view.bundle is not None and view.bundle.name == "cnn.prism"
+        assert "onnxruntime" in view.bundle.made_with
+        rows = view.bundle.schedule
+        assert [(r.partition, r.reads, r.writes, r.after) for r in rows] == [
+            (r["partition"], tuple(r["reads"]), tuple(r["writes"]), tuple(r["after"]))
+            for r in schedule]
+        assert [r.device for r in rows] == [p.device for p in view.plan.partitions]
+        assert all(r.color == view.colors[r.device] for r in rows)
+        with monkeypatch.context() as m:  # the stepper must not partition again
+            m.setattr("app.dashboard.source.partition_steps", _no_partitioning)
+            steps = model.stepper().run
+        assert list(steps.steps) == _recorded_steps(path)
+        assert steps.plan.partitions == compiled.plan.partitions
+        with pytest.raises(PrismError, match="recompile"):
+            model.repartition(mode="balanced")
+        recording = tmp_path / "run.jsonl"
+        model.start_recording(recording)
+        model.toggle_pause()
+        deadline = time.monotonic() + 30
+        while model.poll().totals.finished < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        model.stop_recording()
+    finally:
+        model.close()
+    replay = DashboardModel(Recording(recording)).poll()
+    assert replay.totals.finished >= 3
+    assert replay.status.bundle and replay.bundle.schedule == tuple(
+        replace(r, color=replay.colors[r.device]) for r in rows)
+    assert [(p.name, p.device) for p in replay.plan.partitions] == [
+        (p.name, p.device) for p in view.plan.partitions]
+    assert DashboardModel(Scripted()).poll().bundle is None
+
+
+def _no_partitioning(*args, **kwargs):
+    raise AssertionError("partitioned again")
+
+
+def _recorded_steps(path: Path) -> list:
+    with read_bundle(path) as bundle:
+        return [Step(**{**s, "nodes": tuple(s["nodes"])}) for s in bundle.json("steps.json")]
+
+
 def test_a_recording_of_a_user_map_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "user.jsonl"
     path.write_text(Event("network.loaded", 1.0, {"network": "cnn", "mode": "user"}).to_json())
@@ -347,6 +411,30 @@ def test_source_settings_travel_through_the_environment(tmp_path: Path) -> None:
     assert SourceSettings.from_env({}) == SourceSettings()
     with pytest.raises(PrismError, match="--replay: no such file"):
         SourceSettings(replay=str(tmp_path / "missing.jsonl"))
+
+
+def test_a_bundle_remapped_through_the_environment_runs_where_it_was_sent(
+        tmp_path: Path) -> None:
+    """`prism tui|web NAME.prism --remap OLD=NEW`: the settings carry the remap through
+    `prism web`'s environment, and the schedule shows each partition on its new device."""
+    path = tmp_path / "transformer.prism"
+    compiled = compile_bundle(SAMPLES / "transformer.onnx", parse_devices("cpu:2"), path)
+    moved = {"cpu0": "cpu3", "cpu1": "cpu0"}
+    settings = SourceSettings(str(path), "cpu:4", seed=1,
+                              remap=",".join(f"{a}={b}" for a, b in moved.items()))
+    settings = SourceSettings.from_env(settings.to_env({}))
+    assert settings.remaps == moved
+    model = DashboardModel(settings.open())
+    try:
+        view = model.poll()
+        assert view.bundle is not None
+        assert [(r.partition, r.device) for r in view.bundle.schedule] == [
+            (r["partition"], moved[r["device"]]) for r in compiled.manifest["schedule"]]
+        assert [p.device for p in view.plan.partitions] == [r.device for r in view.bundle.schedule]
+    finally:
+        model.close()
+    with pytest.raises(PrismError, match="applies to bundles"):
+        SourceSettings(str(MODEL), "cpu:4", remap="cpu0=cpu3")
 
 
 def test_stepper_walks_within_its_steps(source: Scripted) -> None:

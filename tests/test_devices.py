@@ -240,6 +240,47 @@ def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
     assert nested == [None, {"y": 2}] and pb.calls[-1] == (2, "prism-b")
 
 
+def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers):
+    gate = threading.Event()
+    probe, busy = Probe(), Probe(gate=gate)
+    a = managers("a", functions={"k": probe, "busy": busy})
+    a.call("busy", x(0), None, lambda *_: None)  # the worker holds it at the gate
+    assert busy.entered.wait(5)
+    started = time.monotonic()
+    assert a.run_now("k", x(1), wait=0.05) is None  # still busy when the wait ran out
+    assert time.monotonic() - started >= 0.04 and probe.calls == []  # it did wait
+
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(a.run_now("k", x(2), wait=5)),
+                              name="waiter")
+    waiter.start()
+    time.sleep(0.05)
+    assert got == []  # waiting for the device, not declined
+    gate.set()
+    waiter.join(5)
+    assert got == [{"y": 2}] and probe.calls == [(2, "waiter")]
+    assert a.stats().runs == 2
+
+
+def test_close_lets_a_waiting_caller_go(managers):
+    gate = threading.Event()
+    busy = Probe(gate=gate)
+    a = managers("a", functions={"k": Probe(), "busy": busy})
+    a.call("busy", x(0), None, lambda *_: None)
+    assert busy.entered.wait(5)  # the worker holds the device at the gate
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(a.run_now("k", x(1), wait=30)))
+    waiter.start()
+    time.sleep(0.05)
+    closer = threading.Thread(target=a.close, args=(5.0,))
+    closer.start()
+    time.sleep(0.2)  # close has begun (its first step) and waits for the run in hand
+    gate.set()
+    waiter.join(5)
+    closer.join(5)
+    assert got == [None]  # declined: the device closed while it waited
+
+
 class Forward:
     """Runs on the caller, and from inside sends onward to another device."""
 
@@ -285,6 +326,39 @@ def test_a_failing_run_fails_only_that_call(managers):
     assert started == [{"network": "bert", "request": 7, "device": "cpu1"}]
     assert finished[0]["ok"] is False and finished[0]["device"] == "cpu1"
     assert finished[0]["queue_wait"] >= 0 and finished[0]["run_seconds"] >= 0
+
+
+class Interrupting(Bus):
+    """A bus on which publishing `kind` raises KeyboardInterrupt once: Ctrl-C landing while
+    a run publishes its events (a signal can land on any line of the thread it is for)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.fired = kind, False
+
+    def publish(self, kind, **fields):
+        super().publish(kind, **fields)
+        if kind == self.kind and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind", ["partition.run.started", "partition.run.finished"])
+def test_an_interrupt_while_a_run_publishes_leaves_the_device_free(managers, kind):
+    """Inline, the interrupt reaches the caller; on the worker, it fails that run and a new
+    worker takes over. Either way the device is free for the next run, which a run still
+    holding it would refuse (run_now) or never start (call)."""
+    m = managers("d0", bus=Interrupting(kind), functions={"k": Probe()})
+    with pytest.raises(KeyboardInterrupt):
+        m.run_now("k", x(1), tag={"request": 1})
+    assert m.run_now("k", x(2), tag={"request": 2}) == {"y": 2}
+    m.bus.fired = False
+    with pytest.raises(ExecutionError, match="KeyboardInterrupt"):
+        blocking(m, "k", x(3), tag={"request": 3})
+    assert blocking(m, "k", x(4), tag={"request": 4}) == {"y": 4}
+    assert m.run_now("k", x(5)) == {"y": 5}
+    assert [f["request"] for f in m.bus.of("partition.run.finished")] == [1, 2, 3, 4]
+    assert len(m.bus.of("device.worker.replaced")) == 1
 
 
 def test_a_broken_callback_does_not_stop_the_device(managers):

@@ -38,7 +38,8 @@ def test_catalogue_names():
     assert EVENT_KINDS["partition.run.finished"] == (
         "network", "request", "partition", "device", "queue_wait", "run_seconds")
     assert EVENT_KINDS["bus.lost"] == ("lost",)
-    assert len(EVENT_KINDS) == 17
+    assert EVENT_KINDS["device.worker.replaced"] == ("device", "error")
+    assert len(EVENT_KINDS) == 18
 
 
 def test_publish_order_across_threads():

@@ -15,7 +15,8 @@ from runtime.devices import parse_devices
 from runtime.errors import ExecutionError
 from runtime.events import EventBus
 from runtime.host import HostManager
-from runtime.network import Network, load_network
+from runtime.jit import load_network
+from runtime.network import Network
 from runtime.requests import Request
 from serving import MLP, TRANSFORMER, WAIT, assert_same, expected
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import itertools
 import json
 import threading
 import time
@@ -13,7 +12,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import onnx
 import pytest
-from fakes import FakeDevice, Gate, blocking
+from fakes import FakeDevice, FaultySim, Gate, blocking, inject_marked
 from onnx import TensorProto, helper
 
 from runtime.devices import DeviceConfig, parse_devices
@@ -38,10 +37,12 @@ from serving import (
     WAIT,
     Events,
     assert_same,
-    count_outcomes,
+    check_storm,
     expected,
     idle,
+    mlp_feeds,
     poll,
+    storm,
 )
 
 # -- helpers -------------------------------------------------------------------------------
@@ -730,49 +731,21 @@ def test_slow_subscriber_never_delays_requests():
 # -- every request ends exactly once -----------------------------------------------------------
 
 
-def test_2000_requests_with_cancellations_and_timeouts_end_once():
+@pytest.mark.parametrize("factory", [FakeDevice, FaultySim], ids=["fake", "sim"])
+def test_2000_requests_with_faults_cancellations_and_timeouts_end_once(factory):
+    """Faults of every kind (raised, interrupted inline and on a worker, an output missing,
+    mistyped or misshapen, a run held past its timeout) among cancels and timeouts."""
     devices = [DeviceConfig(name=f"sim{i}", backend="sim", peak_flops=2e9) for i in range(2)]
-    with HostManager(devices, max_queue=5000) as host:
+    with HostManager(devices, max_queue=5000, device_factory=factory) as host:
         plan = host.add_network("m", MLP, partition="balanced")
         assert len(plan.partitions) == 2
+        inject_marked(host.devices[plan.partitions[0].device])
         events = Events(host, kinds=("request.",))
-        lock = threading.Lock()
-        records: list[tuple[str, dict, cf.Future]] = []
-
-        def client(count: int) -> None:
-            rng = np.random.default_rng()
-            for _ in range(count):
-                feeds = {"x": rng.standard_normal((1, 256)).astype(np.float32)}
-                r = rng.random()
-                if r < 0.3:
-                    how, fut = "timeout", host.run("m", feeds, timeout=rng.uniform(0.001, 0.05))
-                elif r < 0.6:
-                    how, fut = "cancel", host.run("m", feeds)
-                    fut.cancel()
-                else:
-                    how, fut = "plain", host.run("m", feeds)
-                with lock:
-                    records.append((how, feeds, fut))
-
-        with cf.ThreadPoolExecutor(4) as pool:
-            for f in [pool.submit(client, 500) for _ in range(4)]:
-                f.result(timeout=WAIT)
-        assert len(records) == 2000
-        # (cf.wait() never counts a future cancelled before it ran as done)
-        assert poll(lambda: all(f.done() for _, _, f in records), WAIT), "futures left pending"
-        outcomes = count_outcomes(records, MLP)
-        assert outcomes["cancelled"] > 0 and outcomes["timeout"] > 0
-        assert outcomes["result"] > 0
-        assert poll(lambda: idle(host))
-        assert poll(lambda: len(events.of("request.finished"))
-                    + len(events.of("request.failed")) >= 2000)
-        ended = Counter(e["request"] for e in itertools.chain(
-            events.of("request.finished"), events.of("request.failed")))
-        assert len(ended) == 2000 and set(ended.values()) == {1}
-        assert len(events.of("request.finished")) == outcomes["result"]
-        # the host still serves
-        feeds = {"x": np.ones((3, 256), np.float32)}
-        assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
+        records = storm(host, "m", mlp_feeds, faults=0.1)
+        outcomes = check_storm(host, "m", mlp_feeds, events, records, MLP)
+        assert min(outcomes[k] for k in ("cancelled", "timeout", "result", "raise",
+                                         "missing", "dtype", "shape")) > 0, outcomes
+        assert outcomes["interrupt"] + outcomes["interrupted"] > 0, outcomes
 
 
 def test_devices_dict_and_stats():

@@ -17,11 +17,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from app.cli import main
 from benchmarks.digits import Digits, digits_classifier
 from runtime.cost import device_seconds, graph_costs
 from runtime.devices import DeviceConfig, parse_devices
+from runtime.devices.ort_options import session_options
 from runtime.errors import DeviceSpecError, PartitionError
 from runtime.graph import load_graph
 from runtime.host import HostManager
@@ -34,8 +36,10 @@ from runtime.quantize import (
     check_samples,
     float_nodes_by_device,
     load_metric,
+    prepare,
     search,
 )
+from runtime.quantize.narrow import MIN_CHANNELS, slow_in_int8
 from runtime.quantize.quantizer import quantizable_ops
 from runtime.quantize.search import run_outputs
 
@@ -118,8 +122,10 @@ def test_plan_lists_each_nodes_precision(capsys):
 def test_cost_counts_int8_work_at_the_int8_peak_and_bytes_as_stored():
     float_graph, qdq = load_graph(SAMPLES / "cnn.onnx"), load_graph(quantized("cnn"))
     fc, qc = graph_costs(float_graph), graph_costs(qdq)
-    convs = [n.name for n in float_graph.nodes if n.op_type == "Conv" and n.name in qdq.by_name]
-    assert convs
+    kept = set(slow_in_int8(float_graph))  # in float for speed
+    convs = [n.name for n in float_graph.nodes if n.op_type == "Conv" and n.name in qdq.by_name
+             and n.name not in kept]
+    assert convs and kept
     for name in convs:
         assert qc[name].precision == "int8" and fc[name].precision == "float"
         assert qc[name].bytes_read < fc[name].bytes_read  # int8 inputs, int8 weights
@@ -283,6 +289,81 @@ def test_per_device_precision_keeps_float_what_lands_on_float_devices():
     assert "int8" in precisions.values()
 
 
+# -- defaults chosen for speed -----------------------------------------------------------------
+
+def stem_model(channels: int) -> onnx.ModelProto:
+    """image -> stem Conv (channels -> 16) -> Relu -> MaxPool -> body Conv -> Relu -> Add
+    (the pool's output as skip) -> GlobalAveragePool: a residual network's first steps."""
+    r = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((r.standard_normal(shape) * 0.3).astype(np.float32), name)
+             for name, shape in (("w0", (16, channels, 3, 3)), ("b0", (16,)),
+                                 ("w1", (16, 16, 3, 3)), ("b1", (16,)))]
+    nodes = [helper.make_node("Conv", ["image", "w0", "b0"], ["c0"], name="stem", pads=[1] * 4),
+             helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
+             helper.make_node("MaxPool", ["r0"], ["p0"], name="stem_pool", kernel_shape=[2, 2],
+                              strides=[2, 2]),
+             helper.make_node("Conv", ["p0", "w1", "b1"], ["c1"], name="body", pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"], name="body_relu"),
+             helper.make_node("Add", ["r1", "p0"], ["a1"], name="skip"),
+             helper.make_node("GlobalAveragePool", ["a1"], ["out"], name="pool")]
+    graph = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info(
+        "image", TensorProto.FLOAT, ["batch", channels, 16, 16])], [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 16, 1, 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def quantize_stem(channels: int, narrow_float: bool = True) -> onnx.ModelProto:
+    model = stem_model(channels)
+    data = rng().standard_normal((16, channels, 16, 16)).astype(np.float32)
+    with calibrate(model, check_samples({"image": data}, load_graph(model), "random")) as c:
+        return c.quantize(QuantizeOptions(narrow_float=narrow_float))
+
+
+@pytest.mark.parametrize("narrow_float", [True, False])
+def test_narrow_convolutions_stay_float_with_the_relu_and_pool_after_them(narrow_float):
+    for channels in (MIN_CHANNELS - 1, MIN_CHANNELS):
+        model = quantize_stem(channels, narrow_float)
+        precisions = node_precisions(load_graph(model))
+        stays_float = narrow_float and channels < MIN_CHANNELS
+        assert precisions["stem"] == ("float" if stays_float else "int8"), channels
+        if stays_float:
+            assert precisions["stem_relu"] == precisions["stem_pool"] == "float"
+        assert precisions["body"] == precisions["skip"] == "int8"
+        x = {"image": rng().standard_normal((2, channels, 16, 16)).astype(np.float32)}
+        want = plain(stem_model(channels), x)["out"]
+        np.testing.assert_allclose(plain(model, x)["out"], want, atol=0.1 * np.abs(want).max())
+
+
+def test_prism_sessions_keep_a_float_stems_pool_in_float(tmp_path):
+    """With the stem in float, its MaxPool must not run on quantized values (onnxruntime's
+    QDQ propagation would copy the QuantizeLinear above it)."""
+    opts = session_options(1)
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(quantize_stem(MIN_CHANNELS - 1).SerializeToString(), opts,
+                         providers=["CPUExecutionProvider"])
+    graph = onnx.load(opts.optimized_model_filepath).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    pools = [n for n in graph.node if n.op_type == "MaxPool"]
+    assert pools and all(producer.get(n.input[0]) != "QuantizeLinear" for n in pools)
+
+
+def test_qdq_quantizes_what_onnxruntimes_own_default_list_does():
+    """Add, GlobalAveragePool, Mul... are only in onnxruntime's QOperator registry, and its
+    quantize_static quantizes both lists in either format; a network's last residual Add
+    and its pool must not stay in float."""
+    from onnxruntime.quantization import registry
+
+    ops = quantizable_ops("qdq")
+    assert set(registry.QLinearOpsRegistry) | set(registry.QDQRegistry) <= ops
+    kept = set(slow_in_int8(load_graph(prepare(SAMPLES / "cnn.onnx"))))
+    graph = load_graph(quantized("cnn"))
+    precisions = node_precisions(graph)
+    assert kept and all(precisions[n] == "float" for n in kept)
+    wrong = [n.name for n in graph.nodes
+             if n.op_type in ops and n.name not in kept and precisions[n.name] != "int8"]
+    assert not wrong
+
+
 # -- the command line -------------------------------------------------------------------------
 
 def test_profile_then_quantize_equals_one_step_and_prints_json(tmp_path, capsys):
@@ -310,6 +391,20 @@ def test_profile_then_quantize_equals_one_step_and_prints_json(tmp_path, capsys)
                  "--accuracy-budget", "2%"]) == 0
     found = json.loads(capsys.readouterr().out)["search"]
     assert found["metric"] == "top1" and found["loss"] <= 0.02
+
+
+def test_quantize_reports_what_it_kept_in_float_for_speed(tmp_path, capsys):
+    model, data = tmp_path / "stem.onnx", tmp_path / "calib.npz"
+    onnx.save(stem_model(3), str(model))
+    np.savez(data, image=rng().standard_normal((8, 3, 16, 16)).astype(np.float32))
+    for extra, kept in (([], ["stem", "stem_relu", "stem_pool"]), (["--quantize-narrow"], [])):
+        assert main(["quantize", str(model), "--calibrate", str(data), "-o",
+                     str(tmp_path / "out.onnx"), "--json", *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["float_for_speed"] == kept
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o",
+                 str(tmp_path / "out.onnx")]) == 0
+    assert "kept in float, where onnxruntime's int8 kernels are slower: stem, stem_relu" in (
+        capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("arrays, words", [

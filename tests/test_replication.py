@@ -4,6 +4,7 @@ routing, and the memory account when replicas come and go."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import threading
 from collections import Counter
 
@@ -246,7 +247,7 @@ def test_more_replicas_than_devices_is_refused():
         assert all(b == 0 for b in used(host).values())
 
 
-@pytest.mark.parametrize("replicas", [0, -1, 2.5, "lots", None])
+@pytest.mark.parametrize("replicas", [0, -1, 2.5, "lots", ""])  # None: the default
 def test_bad_replicas_value_is_refused(replicas):
     with HostManager(sims(2)) as host:
         with pytest.raises(PrismError) as info:
@@ -281,3 +282,36 @@ def test_a_replica_that_cannot_fit_leaves_nothing_loaded():
         host.add_network("c", CNN, replicas=2)  # the name is free; with room it loads
         assert host.replicas("c") == 2
         assert replicas_by_device(host, "c") == {"": {"sim0"}, "#1": {"sim1"}}
+
+
+def test_twins_are_devices_alike_in_every_compared_field_but_the_name():
+    """`figures()` is the key devices are grouped by; a field it left out would make twins
+    of devices that differ. The fields are read from DeviceConfig itself."""
+    base = DeviceConfig(name="a", backend="sim")
+    assert twins(base, base.with_name("b")) and base.figures() == base.with_name("b").figures()
+    changed = {"backend": "cpu", "memory_bytes": base.memory_bytes + 1, "threads": 2,
+               "supported_ops": frozenset({"Add"}), "precisions": frozenset({"float"})}
+    compared = [f.name for f in dataclasses.fields(DeviceConfig) if f.compare and f.name != "name"]
+    for name in compared:
+        value = changed[name] if name in changed else getattr(base, name) * 2
+        other = dataclasses.replace(base, name="b", **{name: value})
+        assert not twins(base, other), name
+    assert twins(base, dataclasses.replace(base, name="b", extra={"note": 1}))  # not compared
+
+
+def test_a_partition_whose_device_is_full_goes_to_a_twin_with_the_most_room():
+    """The plan names sim0; sim0 is full, so the partition goes to a twin (the one with
+    more room), never to a device of other figures, however roomy."""
+    graph = load_graph(MLP)
+    need = sum(p.memory_bytes for p in partition(graph, sims(1), "memory").partitions)
+    memory = int(need * 1.5)
+    devices = [*sims(3, memory_bytes=memory), DeviceConfig(name="big", backend="sim",
+                                                           memory_bytes=memory * 10)]
+    with HostManager(devices) as host:
+        host.devices["sim0"].load("filler", relu_program(weight_bytes=memory - need // 2))
+        host.devices["sim1"].load("filler", relu_program(weight_bytes=need // 4))
+        host.add_network("m", MLP, partition={"default": "sim0"})
+        assert replicas_by_device(host, "m") == {"": {"sim2"}}
+        rng = np.random.default_rng()
+        f = vector(rng, 2)
+        assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))

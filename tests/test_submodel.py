@@ -20,7 +20,7 @@ from runtime.devices.spec import parse_devices
 from runtime.errors import PartitionError, ProvisionError
 from runtime.graph import Graph, load_graph, subgraphs
 from runtime.partition import Partition, partition
-from runtime.partition.plan import build_plan
+from runtime.partition.build import build_plan
 from runtime.submodel import extract
 
 BATCH = 2

@@ -21,9 +21,12 @@ from textual.widgets import Input
 from app.cli import build_parser, main
 from app.dashboard import DashboardModel
 from app.dashboard.source import MODES
+from app.defaults import SAMPLES
 from app.live import LiveRuntime
 from app.loadgen import LoadGenerator
 from app.replay import Recording
+from runtime.bundle.writer import compile_bundle
+from runtime.devices import parse_devices
 from runtime.partition import replay
 from ui_tui import PrismApp
 from ui_tui.keys import KeyState, key_enabled
@@ -35,6 +38,7 @@ from ui_tui.widgets.errors import ErrorsPanel
 from ui_tui.widgets.latency import LatencyTable
 from ui_tui.widgets.node_graph import NodeGraph
 from ui_tui.widgets.queue import QueuePanel
+from ui_tui.widgets.schedule import ScheduleTable, schedule_cells
 from ui_tui.widgets.status import StatusBar
 
 SIZE = (80, 24)
@@ -266,6 +270,50 @@ def test_errors_panel_shows_request_failures(live_threads):
         text = shown(app.screen.query_one(ErrorsPanel))
         assert "request 7: boom: out of cheese (p1 on cpu1)" in text
         assert "1 failed" in shown(app.screen.query_one(QueuePanel).query_one("#rate"))
+        await quit_app(pilot)
+
+    drive(dashboard(live), script)
+
+
+def test_a_bundle_shows_its_schedule_and_origin(tmp_path: Path, live_threads):
+    """`prism tui NAME.prism`: the status bar says bundle, and the schedule panel (absent
+    for a model) lays out the view's schedule rows; the stepper opens its recorded steps."""
+    path = tmp_path / "branchy.prism"
+    compile_bundle(SAMPLES / "branchy.onnx", parse_devices("cpu:3"), path)
+    live = LiveRuntime(path, start_load=False)
+    seen: dict[str, object] = {}
+
+    async def script(pilot: Pilot) -> None:
+        app = pilot.app
+        panel = app.screen.query_one("#schedule-panel")
+        await wait_until(pilot, lambda: panel.display, what="the schedule panel")
+        seen["status"] = shown(app.screen.query_one(StatusBar))
+        seen["title"] = str(panel.border_title)
+        table = app.screen.query_one(ScheduleTable)
+        seen["cells"] = [tuple(str(c) for c in table.get_row(k)) for k in table.rows]
+        seen["view"] = app.view
+        await pilot.press("s")
+        await wait_until(pilot, lambda: isinstance(app.screen, StepperScreen),
+                         what="the stepper")
+        seen["stepper"] = shown(app.screen.query_one("#stepper-status"))
+        await quit_app(pilot)
+
+    drive(dashboard(live), script, size=(120, 40))
+    view = seen["view"]
+    assert " bundle" in seen["status"] and "branchy.prism" in seen["title"]
+    assert seen["cells"] == [tuple(str(c) for c in schedule_cells(r))
+                             for r in view.bundle.schedule]
+    assert [c[0] for c in seen["cells"]] == [p.name for p in view.plan.partitions]
+    assert "(compiled)" in seen["stepper"]
+
+
+def test_a_model_has_no_schedule_panel(live_threads):
+    live = LiveRuntime(start_load=False)
+
+    async def script(pilot: Pilot) -> None:
+        await pilot.pause(0.3)
+        assert not pilot.app.screen.query_one("#schedule-panel").display
+        assert " bundle" not in shown(pilot.app.screen.query_one(StatusBar))
         await quit_app(pilot)
 
     drive(dashboard(live), script)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
@@ -22,12 +23,15 @@ from streamlit.testing.v1 import AppTest
 from app.cli import main
 from app.dashboard.colors import UNASSIGNED
 from app.dashboard.source import MODES
-from app.defaults import DEFAULT_DEVICES, SAMPLES
+from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL, SAMPLES
 from app.sources import ENV_PREFIX
 from recordings import record_run
+from runtime.bundle.writer import compile_bundle
+from runtime.devices import parse_devices
 from ui_web.cached import shared_live
 from ui_web.shared import SharedLive
 
+SCHEDULE_COLUMNS = ["partition", "device", "reads", "writes", "after"]
 APP = Path(__file__).resolve().parent.parent / "ui_web" / "dashboard.py"
 TIMEOUT = 30
 
@@ -139,6 +143,28 @@ def test_bad_upload_shows_error_and_keeps_serving(at: AppTest, shared: SharedLiv
     assert _serving(shared)
 
 
+def test_an_uploaded_bundle_shows_its_origin_and_schedule(at: AppTest, shared: SharedLive,
+                                                          tmp_path: Path) -> None:
+    """A bundle uploaded and applied loads as compiled: the status line names it and the
+    page shows its schedule table on this host's devices; a model again drops both."""
+    path = tmp_path / "cnn.prism"
+    compile_bundle(SAMPLES / "cnn.onnx", parse_devices(DEFAULT_DEVICES), path, partition="memory")
+    at.file_uploader[0].set_value(("cnn.prism", path.read_bytes(), "application/octet-stream"))
+    _apply(at)
+    view = shared.view(max_age=0)
+    assert not at.error and view.status.bundle and view.bundle is not None
+    assert view.plan.mode == "memory"  # its own mode, whatever the form said
+    assert any("from bundle `cnn.prism`" in m.value for m in at.markdown)
+    [frame] = [d.value for d in at.dataframe if list(d.value.columns) == SCHEDULE_COLUMNS]
+    assert list(frame["partition"]) == [r.partition for r in view.bundle.schedule]
+    assert list(frame["device"]) == [p.device for p in view.plan.partitions]
+    assert list(frame["reads"]) == [", ".join(r.reads) for r in view.bundle.schedule]
+    assert _serving(shared)
+    _apply(at, model="cnn.onnx")
+    assert shared.view(max_age=0).bundle is None and shared.view().plan.mode == "balanced"
+    assert not [d for d in at.dataframe if list(d.value.columns) == SCHEDULE_COLUMNS]
+
+
 def test_model_too_big_for_devices_shows_error(at: AppTest, shared: SharedLive) -> None:
     before = shared.view().plan
     at.file_uploader[0].set_value(("mlp.onnx", (SAMPLES / "mlp.onnx").read_bytes(),
@@ -235,3 +261,31 @@ def test_replay_draws_the_recorded_plan(mode: str, tmp_path: Path, shared: Share
     assert not at.exception, at.exception
     assert at.segmented_control(key="stepper_mode").value == mode
     assert UNASSIGNED.fill not in _dots(at)[0]  # opens on the finished plan
+
+
+def test_the_web_dashboard_attaches_to_a_running_server(shared: SharedLive,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prism web --connect URL`: the page shows the server's plan and the requests its
+    clients sent, through the same view model."""
+    from servers import call, serving
+
+    with serving("cpu:2", files=(("cnn", DEFAULT_MODEL),)) as (url, state):
+        x = np.random.default_rng().standard_normal((1, 3, 32, 32), np.float32)
+        for _ in range(7):
+            status, _, body = call(f"{url}/v2/models/cnn/infer", "POST", {"inputs": [
+                {"name": "image", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                 "data": x.ravel().tolist()}]})
+            assert status == 200, body
+        monkeypatch.setenv(f"{ENV_PREFIX}CONNECT", url)
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        assert not at.exception, at.exception
+        attached = shared_live()
+        assert attached is not shared
+        plan = state.host.plan("cnn")
+        view = attached.view()
+        assert [(p.name, p.device) for p in view.plan.partitions] == [
+            (p.name, p.device) for p in plan.partitions]
+        deadline = time.monotonic() + TIMEOUT
+        while attached.view().totals.finished < 7 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert attached.view().totals.finished == 7

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from app.dashboard import DeviceRow, PartitionRow, Series
+from app.dashboard import DeviceRow, PartitionRow, ScheduleRow, Series
 from runtime.units import human_bytes
 
 MS = 1e3
@@ -36,6 +36,14 @@ def partitions_frame(rows: tuple[PartitionRow, ...]) -> pd.DataFrame:
           "wait ms": r.mean_wait * MS, "est ms": r.est_seconds * MS} for r in rows],
         columns=["partition", "nodes", "runs", "p50 ms", "p95 ms", "p99 ms", "wait ms",
                  "est ms"])
+
+
+def schedule_frame(rows: tuple[ScheduleRow, ...]) -> pd.DataFrame:
+    """A bundle's schedule table: one row per partition, tensor names comma-separated."""
+    return pd.DataFrame(
+        [{"partition": r.partition, "device": r.device, "reads": ", ".join(r.reads),
+          "writes": ", ".join(r.writes), "after": ", ".join(r.after)} for r in rows],
+        columns=["partition", "device", "reads", "writes", "after"])
 
 
 def latency_long(parts: pd.DataFrame) -> pd.DataFrame:

@@ -1,5 +1,5 @@
 """The live page: plan DAG, devices, queue, throughput and latency, per-partition latency,
-errors.
+errors; for a network from a bundle, its schedule table.
 
 Everything below the title is one fragment that reruns about once a second; it polls the
 shared view model (never a runtime thread) and lays out the DashboardView.
@@ -41,7 +41,8 @@ def status_line(view: DashboardView) -> str:
         load = f"replay of `{Path(s.replay).name}`"
     else:
         load = f"load {s.load.label} ({'paused' if s.load.paused else 'running'})"
-    return (f"**{s.model}** · {s.mode} · {n} partition{'s' * (n != 1)} on "
+    origin = f" · from bundle `{view.bundle.name}`" if view.bundle is not None else ""
+    return (f"**{s.model}**{origin} · {s.mode} · {n} partition{'s' * (n != 1)} on "
             f"`{s.devices}` · {load}")
 
 
@@ -109,6 +110,16 @@ def latency(view: DashboardView) -> None:
         for name in ("p50 ms", "p95 ms", "p99 ms", "wait ms", "est ms")})
 
 
+def schedule(view: DashboardView) -> None:
+    """A bundle's schedule: compiled ahead of time, not planned at load."""
+    if view.bundle is None:
+        return
+    st.subheader("Schedule", anchor=False)
+    st.caption(f"`{view.bundle.name}`, compiled ahead of time with {view.bundle.made_with}: "
+               f"one row per partition, in the order a serial run takes")
+    st.dataframe(frames.schedule_frame(view.bundle.schedule), hide_index=True, width="stretch")
+
+
 def errors(view: DashboardView) -> None:
     if not view.errors:
         st.caption("No errors.")
@@ -131,6 +142,7 @@ def live() -> None:
         over_time(view)
     st.subheader("Per-partition latency", anchor=False)
     latency(view)
+    schedule(view)
     st.subheader("Errors", anchor=False)
     errors(view)
 

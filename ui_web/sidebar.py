@@ -1,4 +1,5 @@
-"""Sidebar controls: model (sample or upload), devices, mode, load, pause, Apply.
+"""Sidebar controls: model (a sample, or an uploaded model or bundle), devices, mode,
+load, pause, Apply.
 
 The form's widgets change nothing until Apply, which re-partitions and re-provisions the
 running host in place; its outcome is kept in session state for the page to show.
@@ -36,7 +37,7 @@ def _defaults(status: Status, choices: dict[str, Path]) -> None:
     model = Path(status.model_path).resolve()
     current = next((k for k, p in choices.items() if p.resolve() == model), next(iter(choices)))
     for key, value in (("ctl_model", current), ("ctl_devices", status.devices),
-                       ("ctl_mode", status.mode),
+                       ("ctl_mode", status.mode if status.mode in MODES else MODES[0]),
                        ("ctl_load_kind", LOAD_KINDS[load.rate is None]),
                        ("ctl_rate", float(load.rate or 100.0)),
                        ("ctl_clients", int(load.clients or 4)), (UPLOAD_GEN, 0)):
@@ -81,7 +82,7 @@ def render(shared: SharedLive) -> None:
         with st.form("controls", border=False):
             st.selectbox("Model", list(choices), key="ctl_model")
             upload = st.file_uploader(
-                "…or upload an .onnx", type=["onnx"],
+                "…or upload an .onnx or a .prism bundle", type=["onnx", "prism"],
                 key=f"ctl_upload_{st.session_state[UPLOAD_GEN]}",
                 help="used instead of the model above when given")
             st.text_input("Devices", key="ctl_devices",

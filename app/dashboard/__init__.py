@@ -9,15 +9,17 @@ from app.dashboard.model import DashboardModel, DashboardView, Totals
 from app.dashboard.rows import DeviceRow, PartitionRow
 from app.dashboard.series import Series
 from app.dashboard.source import (
+    BundleInfo,
     DeviceCounters,
     LoadSetting,
     LoadState,
     PartitionSteps,
     RuntimeSource,
+    ScheduleRow,
     Status,
 )
 from app.dashboard.stepper import LegendEntry, Stepper, StepView
 
-__all__ = ["DashboardModel", "DashboardView", "DeviceCounters", "DeviceRow", "LegendEntry",
-           "LoadSetting", "LoadState", "PartitionRow", "PartitionSteps", "RuntimeSource",
-           "Series", "Status", "StepView", "Stepper", "Totals"]
+__all__ = ["BundleInfo", "DashboardModel", "DashboardView", "DeviceCounters", "DeviceRow",
+           "LegendEntry", "LoadSetting", "LoadState", "PartitionRow", "PartitionSteps",
+           "RuntimeSource", "ScheduleRow", "Series", "Status", "StepView", "Stepper", "Totals"]

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.dashboard.colors import device_colors
+from app.dashboard.colors import NO_COLOR, device_colors
 from app.dashboard.drawing import PlanDrawing
 from app.dashboard.rows import DeviceRow, PartitionRow, device_rows, partition_rows
 from app.dashboard.series import WINDOW, Series, binned, padded
-from app.dashboard.source import MODES, LoadSetting, RuntimeSource, Status
+from app.dashboard.source import MODES, BundleInfo, LoadSetting, RuntimeSource, Status
 from app.dashboard.stepper import Stepper
+from runtime.bundle.load import is_bundle
 from runtime.metrics import Metrics, Percentiles
 from runtime.partition import Plan
 
@@ -50,7 +51,8 @@ class DashboardView:
     throughput: Series  # requests finished per second
     latency: Series  # median end-to-end latency per second (seconds)
     totals: Totals
-    errors: tuple[str, ...]  # the most recent request failures, oldest first
+    errors: tuple[str, ...]  # the most recent failures (requests, workers), oldest first
+    bundle: BundleInfo | None = None  # the bundle it came from; its schedule, coloured
 
 
 class DashboardModel:
@@ -62,6 +64,7 @@ class DashboardModel:
         self._plan: Plan | None = None
         self._drawing: PlanDrawing | None = None
         self._colors: dict[str, str] = {}
+        self._bundle: BundleInfo | None = None
         self.status = source.state()
 
     # -- the view -----------------------------------------------------------------------
@@ -92,7 +95,7 @@ class DashboardModel:
             latency=binned(self._latencies, now, reduce=statistics.median),
             totals=Totals(snap.throughput, snap.requests_finished, snap.requests_failed,
                           snap.latency, snap.queue_depth[-1][1] if snap.queue_depth else 0),
-            errors=tuple(snap.errors))
+            errors=tuple(snap.errors), bundle=self._bundle)
 
     def _draw(self) -> PlanDrawing | None:
         """The running plan's drawing, made again only when the plan changes."""
@@ -103,7 +106,15 @@ class DashboardModel:
             outline = self.source.outline() if plan is not None else None
             self._drawing = PlanDrawing.of(plan, outline, self._colors) \
                 if plan is not None and outline is not None else None
+            self._bundle = self._coloured(self.source.bundle() if plan is not None else None)
         return self._drawing
+
+    def _coloured(self, info: BundleInfo | None) -> BundleInfo | None:
+        if info is None:
+            return None
+        return replace(info, schedule=tuple(replace(r, color=self._colors.get(r.device,
+                                                                                NO_COLOR))
+                                            for r in info.schedule))
 
     # -- controls -----------------------------------------------------------------------
 
@@ -134,9 +145,12 @@ class DashboardModel:
         says what it did. On an error the running plan keeps serving and it is raised."""
         now = self.source.state()
         message = "nothing to re-plan"
+        bundle = is_bundle(model)  # planned when compiled: its mode is its own
         if (Path(model).resolve() != Path(now.model_path).resolve()
-                or devices.strip() != now.devices or mode != now.mode):
-            plan = self.repartition(mode=mode, devices=devices.strip(), model=model)
+                or devices.strip() != now.devices or (mode != now.mode and not bundle)):
+            plan = self.repartition(mode=None if bundle else mode, devices=devices.strip(),
+                                    model=model)
+            mode = plan.mode
             n = len(plan.partitions)
             message = (f"re-planned {Path(model).name}: {n} partition{'s' * (n != 1)} "
                        f"({mode}) on {devices.strip()}")

@@ -8,10 +8,12 @@ source hands over is plain data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from runtime.bundle.network import Contents
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.events import Event
@@ -63,6 +65,7 @@ class Status:
     load: LoadState = LoadState()
     recording: str | None = None
     replay: str | None = None
+    bundle: bool = False  # loaded from a bundle (model_path is it): planned ahead of time
 
     @property
     def model(self) -> str:
@@ -89,6 +92,44 @@ class DeviceCounters:
 
 
 @dataclass(frozen=True)
+class ScheduleRow:
+    """One row of a bundle's schedule table: a partition, the device it runs on here, the
+    tensors it reads and writes and the rows it waits for (`after`)."""
+
+    partition: str
+    device: str
+    backend: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    after: tuple[str, ...]
+    color: str = ""  # the device's colour (the view model sets it)
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """Where a network compiled ahead of time came from: the bundle, what made it, and its
+    schedule on this host's devices."""
+
+    path: str
+    made_with: str  # "prism 0.1.0, onnx 1.19.0, onnxruntime 1.23.2"
+    schedule: tuple[ScheduleRow, ...]
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    @classmethod
+    def of(cls, path: str, manifest: Mapping, placed: Mapping[str, str]) -> BundleInfo:
+        """From a bundle's manifest; `placed` maps its devices to the host's."""
+        made = manifest.get("created_with", {})
+        rows = tuple(ScheduleRow(r["partition"], placed.get(r["device"], r["device"]),
+                                 r["backend"], tuple(r["reads"]), tuple(r["writes"]),
+                                 tuple(r["after"])) for r in manifest["schedule"])
+        return cls(str(path), ", ".join(f"{k} {made[k]}" for k in ("prism", "onnx", "onnxruntime")
+                                        if k in made), rows)
+
+
+@dataclass(frozen=True)
 class PartitionSteps:
     """The partitioner's steps for one model, mode and devices, and the plan they end in."""
 
@@ -105,6 +146,14 @@ class PartitionSteps:
         steps: list[Step] = []
         plan = finish(tap(partition_steps(graph, parse_devices(devices), mode), steps.append))
         return cls(model, mode, devices, tuple(steps), plan, Outline.of(graph))
+
+    @classmethod
+    def recorded(cls, contents: Contents, model: str) -> PartitionSteps:
+        """The steps a bundle recorded when it was compiled (`open_contents`), and the
+        plan they made on the devices it was compiled for: nothing is partitioned again."""
+        devices = ", ".join(d.name for d in contents.plan.devices)
+        return cls(model, contents.plan.mode, f"{devices} (compiled)", tuple(contents.steps),
+                   contents.plan, Outline.of(contents.graph))
 
 
 class RuntimeSource(Protocol):
@@ -124,6 +173,10 @@ class RuntimeSource(Protocol):
 
     def outline(self) -> Outline | None:
         """The running plan's graph."""
+        ...
+
+    def bundle(self) -> BundleInfo | None:
+        """The bundle the running network was loaded from, or None (loaded from ONNX)."""
         ...
 
     def device_stats(self) -> dict[str, DeviceCounters]:
@@ -150,3 +203,30 @@ class RuntimeSource(Protocol):
     def stop_recording(self) -> str | None: ...
 
     def close(self) -> None: ...
+
+
+class ReadOnly:
+    """The controls of a source nothing can change (a recording, a server): each raises
+    the source's own one-line refusal, `_refuse(what)`."""
+
+    def _refuse(self, what: str) -> PrismError:
+        raise NotImplementedError
+
+    def toggle_pause(self) -> None:
+        raise self._refuse("pause the load")
+
+    def scale_load(self, factor: float) -> None:
+        raise self._refuse("change the load")
+
+    def set_load(self, setting: LoadSetting) -> None:
+        raise self._refuse("change the load")
+
+    def repartition(self, mode: str | None = None, devices: str | None = None,
+                    model: str | Path | None = None) -> Plan:
+        raise self._refuse("re-partition")
+
+    def start_recording(self, path: str | Path) -> str:
+        raise self._refuse("record")
+
+    def stop_recording(self) -> str | None:
+        return None

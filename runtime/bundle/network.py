@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from runtime.bundle.plan_io import plan_from_dict
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
+from runtime.devices.external import inline_external
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, load_graph
 from runtime.partition.plan import Plan
@@ -22,21 +22,6 @@ from runtime.partition.steps import Step
 
 NETWORK = "network.onnx"
 SINGLE_FILE_LIMIT = 1 << 30  # more weights go beside the model (protobuf stops at 2 GB)
-
-
-def inline_weights(model: onnx.ModelProto, weights: np.ndarray) -> onnx.ModelProto:
-    """Every initializer that names the bundle's weights.bin gets its bytes back."""
-    for init in model.graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        where = {e.key: e.value for e in init.external_data}
-        if where.get("location") != EXTERNAL_LOCATION:
-            continue
-        start = int(where["offset"])
-        init.raw_data = weights[start:start + int(where["length"])].tobytes()
-        del init.external_data[:]
-        init.data_location = onnx.TensorProto.DEFAULT
-    return model
 
 
 def network_model(bundle: Bundle) -> onnx.ModelProto:
@@ -47,7 +32,7 @@ def network_model(bundle: Bundle) -> onnx.ModelProto:
     except Exception as exc:
         raise BundleError(f"{bundle.path}: {NETWORK} is not a model: {first_line(exc)}"
                           ) from None
-    return inline_weights(model, bundle.weights())
+    return inline_external(model, {EXTERNAL_LOCATION: bundle.weights()})
 
 
 def export_onnx(path: str | Path, out: str | Path) -> onnx.ModelProto:

@@ -75,6 +75,12 @@ class Bundle:
             self._weights = np.frombuffer(self._map, np.uint8, size, start)
         return self._weights
 
+    def constants(self) -> dict[str, np.ndarray]:
+        """The graph outputs that are constants (manifest `constants`), as arrays."""
+        weights = self.weights()
+        return {name: weights[c["offset"]:c["offset"] + c["length"]].view(c["dtype"]).reshape(
+            c["shape"]).copy() for name, c in self.manifest["constants"].items()}
+
     def _span(self, name: str) -> tuple[int, int]:
         if self._map.closed:
             raise BundleError(f"{self.path} is closed")

@@ -124,14 +124,6 @@ def annotated_network(graph: Graph, plan: Plan) -> onnx.ModelProto:
     return model
 
 
-def _input_table(graph: Graph) -> list[dict]:
-    return [{"name": s.name,
-             "kind": "tensor" if s.type is None else s.type.WhichOneof("value").removesuffix(
-                 "_type"),
-             "dtype": s.dtype.name if s.dtype is not None else None,
-             "dims": None if s.dims is None else list(s.dims)} for s in input_specs(graph)]
-
-
 def _constants(graph: Graph, store: WeightStore) -> dict[str, dict]:
     """Graph outputs that are initializers: the driver returns them as they are."""
     out = {}
@@ -232,7 +224,9 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
         "format": FORMAT, "format_version": FORMAT_VERSION, "network": graph.name,
         "created_with": versions(("onnx", "onnxruntime", "numpy")), "source": source,
         "mode": plan.mode, "bindings": graph.bindings, **dict(options or {}),
-        "inputs": _input_table(graph), "outputs": list(graph.outputs),
+        "inputs": [s.to_dict() for s in input_specs(graph)], "outputs": list(graph.outputs),
+        "output_dims": {n: None if d is None else list(d)
+                        for n, d in graph.declared_dims(graph.outputs).items()},
         "constants": _constants(graph, store), "schedule": schedule,
         "requirements": requirements, "devices": devices,
         "weights": {"bytes": len(store.blob), "tensors": len(store.at),
@@ -269,7 +263,8 @@ def compile_bundle(model: str | Path | onnx.ModelProto | Graph,
     graph = load_graph(model, bindings=bindings, name=label)
     config = BatchingConfig.of(batching)
     if config is not None:
-        check_batchable(graph)
+        check_batchable(graph.name, graph.declared_dims(graph.inputs),
+                        graph.declared_dims(graph.outputs))
 
     def seen(step: Step) -> None:
         if step.index % 64 == 0:

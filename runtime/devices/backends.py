@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import onnx
-
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.devices.device import Device
 from runtime.errors import ProvisionError
 
 if TYPE_CHECKING:
+    import onnx
+
     from runtime.graph import Graph, Node
 
 
@@ -103,6 +103,8 @@ def schema_function_ops(max_opset: int | None = None) -> frozenset[str]:
     Runtimes that lack a kernel for such an op inline its body instead, so both
     onnxruntime and the reference evaluator run them.
     """
+    import onnx  # here, not above: opening a device (a bundle's host) needs no onnx
+
     out = set()
     for schema in onnx.defs.get_all_schemas_with_history():
         if schema.domain not in ("", "ai.onnx") or not defines_function(schema):

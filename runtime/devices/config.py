@@ -137,6 +137,11 @@ class DeviceConfig:
     def with_name(self, name: str) -> DeviceConfig:
         return replace(self, name=name)
 
+    def figures(self) -> tuple:
+        """Everything compared but the name: devices with equal figures are twins (a
+        dictionary key, so a thousand devices group in one pass)."""
+        return tuple(getattr(self, f) for f in _FIGURES)
+
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         if self.supported_ops is not None:
@@ -145,3 +150,6 @@ class DeviceConfig:
             out["precisions"] = sorted(self.precisions)
         out["resources"] = dict(self.resources)
         return out
+
+
+_FIGURES = tuple(f.name for f in fields(DeviceConfig) if f.compare and f.name != "name")

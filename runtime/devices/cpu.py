@@ -11,15 +11,17 @@ from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.manager import DeviceManager
-from runtime.devices.ort import cpu_session
-from runtime.errors import ProvisionError
+from runtime.devices.ort_options import new_session
+from runtime.errors import ProvisionError, first_line
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 class OrtFunction:
-    def __init__(self, session: ort.InferenceSession):
+    def __init__(self, session: ort.InferenceSession, program: Program | None = None):
         self.session = session
+        # what onnxruntime may read from memory while the session lives (a bundle's weights)
+        self.external = program.external if program is not None else {}
         self.output_names = tuple(o.name for o in session.get_outputs())
         self._names = list(self.output_names)
         # The binding under InferenceSession.run: its Python wrapper re-checks feeds we
@@ -36,9 +38,11 @@ class OrtFunction:
 
 def ort_function(program: Program, config: DeviceConfig, threads: int) -> OrtFunction:
     try:
-        return OrtFunction(cpu_session(program.model, threads))
-    except ProvisionError as exc:
-        raise ProvisionError(f"{config.name}: {exc}") from exc.__cause__
+        session = new_session(program.model, threads, program.external)
+    except Exception as exc:
+        raise ProvisionError(f"{config.name}: onnxruntime cannot load {program.name or 'model'}"
+                             f" on CPU: {first_line(exc)}") from None
+    return OrtFunction(session, program)
 
 
 def compile_cpu(program: Program, config: DeviceConfig) -> OrtFunction:

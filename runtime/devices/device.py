@@ -22,16 +22,18 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 
 from runtime.devices.config import DeviceConfig
 from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
 from runtime.units import human_bytes
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,13 @@ Tag = dict[str, Any]  # the fields a run's events carry (network, request, parti
 class Program:
     """What a device loads for one partition: its model as serialized ONNX (what crosses a
     process boundary, and what an ahead-of-time bundle stores), the ops it uses (checked
-    against the device's op list before anything is compiled), and what it costs."""
+    against the device's op list before anything is compiled), and what it costs.
+
+    `external` holds the files the model names as external data, in memory: a bundle's
+    partitions name their weights by offset in its one `weights.bin` (a read-only uint8
+    array over the mapped file, shared by every partition). A program from a bundle keeps
+    the op types its partition had before optimization (onnxruntime's fused contrib ops
+    are not what a device's op list names)."""
 
     model: bytes
     ops: frozenset[str]
@@ -52,6 +60,7 @@ class Program:
     activation_bytes: int
     est_seconds: float = 0.0  # one run's modelled time (a `sim` device is held for it)
     name: str = ""  # the model's graph name, for messages
+    external: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
@@ -179,16 +188,21 @@ class Device(ABC):
     def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
              ) -> None:
         """Queue one run. `done(outputs, error)` is called exactly once, on any thread
-        (possibly this one, at once, when the device cannot take it): outputs by name, or
-        an ExecutionError naming the device. Runs on one device go in arrival order. With
-        a `tag`, the run publishes partition.run.started and partition.run.finished."""
+        (possibly this one, at once, when the device cannot take it), whatever happens to
+        the run (a worker that dies answers first): outputs by name, or an ExecutionError
+        naming the device. Runs on one device go in arrival order. With a `tag`, the run
+        publishes partition.run.started and partition.run.finished. The executor checks
+        the outputs against the partition's declared ones, so a device need not."""
 
-    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None
-                ) -> Outputs | None:
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
+                wait: float = 0.0) -> Outputs | None:
         """Run on the caller's thread if the device is idle and this thread may (the
         executor's fast path: a thread hand-off costs tens of microseconds), else None;
-        raises ExecutionError if the run fails. A device that cannot (another process)
-        keeps this default and always declines."""
+        raises ExecutionError if the run fails. With `wait`, a busy device lets the caller
+        wait for it up to that many seconds, then run. A BaseException that is not an
+        Exception (KeyboardInterrupt landing meanwhile) passes through, the device idle
+        again. A device that cannot (another process) keeps this default and always
+        declines."""
         return None
 
     @abstractmethod

@@ -2,9 +2,21 @@
 compiler) and runs them one at a time, in arrival order, on a worker thread of its own.
 
 `run_now` on an idle device runs right on the caller's thread (a thread hand-off costs
-tens of microseconds). A thread running a job, worker or inline caller, counts as a device
-thread meanwhile, so work chained onward from inside a run queues on the next device
-instead of running the whole chain on one thread.
+tens of microseconds). Asked to `wait`, a caller finding the device busy waits for it as
+for a lock, then runs on its own thread: one lock and one wake-up per run, as for a session
+behind a lock, where a run on the worker costs two wake-ups and a Future. Like a lock it
+is not fair: a caller back at once may take the device before a woken one, which keeps
+the device busy instead of idle through a wake-up.
+
+A thread running a job, worker or inline caller, counts as a device thread meanwhile, so
+work chained onward from inside a run queues on the next device instead of running the
+whole chain on one thread.
+
+Guarded: whatever a run raises, the device is idle again afterwards. An Exception fails
+that run (an ExecutionError naming device and program). A BaseException that is not one
+(KeyboardInterrupt landing during an inline run, SystemExit) passes through to the caller
+of `run_now`, whose thread it was meant for; on the worker it fails the run in hand and
+ends the thread, and a fresh worker takes over the queue (`device.worker.replaced`).
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ import numpy as np
 
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device, DeviceStats, Done, Outputs, Program, Tag
-from runtime.errors import ExecutionError, ProvisionError, first_line
+from runtime.errors import ExecutionError, ProvisionError, described, first_line
 
 __all__ = ["Compiler", "DeviceManager", "DeviceStats", "Function", "on_device_thread"]
 
@@ -63,7 +75,7 @@ class DeviceManager(Device):
         self._functions: dict[str, Function] = {}
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Job] = deque()
-        self._busy = False
+        self._running = threading.Lock()  # held through each run: the device is busy
         self._closed = False
         self._worker: threading.Thread | None = None
         self._runs = 0
@@ -82,17 +94,23 @@ class DeviceManager(Device):
 
     # -- runs ----------------------------------------------------------------------------
 
-    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None
-                ) -> Outputs | None:
-        with self._cond:
-            if self._closed or self._busy or self._queue or on_device_thread():
+    def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
+                wait: float = 0.0) -> Outputs | None:
+        if self._closed or on_device_thread():
+            return None
+        if wait > 0:
+            if not self._running.acquire(timeout=wait):
                 return None
-            self._busy = True
-        _local.device = True
-        try:
+        elif self._queue or not self._running.acquire(blocking=False):
+            return None
+        try:  # from the moment the device is held: Ctrl-C may land on any line
+            if self._closed:
+                return None
+            _local.device = True
             outputs, error = self._run(key, feeds, tag, time.perf_counter())
         finally:
             _local.device = False
+            self._running.release()
         if error is not None:
             raise error
         return outputs
@@ -112,8 +130,7 @@ class DeviceManager(Device):
             done(None, ExecutionError(f"device {self.name} closed"))
 
     def stats(self) -> DeviceStats:
-        with self._cond:
-            return self._stats(self._runs, self._busy_seconds, len(self._queue))
+        return self._stats(self._runs, self._busy_seconds, len(self._queue))
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -127,9 +144,9 @@ class DeviceManager(Device):
             _settle(job, None, ExecutionError(f"device {self.name} closed"))
         if worker is not None and worker is not threading.current_thread():
             worker.join(max(0.0, deadline - time.monotonic()))
-        with self._cond:  # an inline run on some caller's thread
-            while self._busy and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
+        # The run in hand, on the worker or some caller's thread:
+        if self._running.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._running.release()
 
     def _ensure_worker(self) -> None:
         if self._worker is None:
@@ -139,27 +156,53 @@ class DeviceManager(Device):
 
     def _work(self) -> None:
         _local.device = True
-        while True:
-            with self._cond:
-                while not self._closed and (self._busy or not self._queue):
-                    self._cond.wait(_IDLE_POLL)
-                if not self._queue:
-                    return  # closed and drained
-                job = self._queue.popleft()
-                self._busy = True
-            _settle(job, *self._run(job.key, job.feeds, job.tag, job.arrived))
-            del job  # an idle worker must not pin the last request's tensors
+        job: _Job | None = None
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._queue:
+                        self._cond.wait(_IDLE_POLL)
+                    if not self._queue:
+                        return  # closed and drained
+                    job = self._queue.popleft()
+                self._running.acquire()  # held by a run on a caller's thread, at most
+                try:
+                    outputs, error = self._run(job.key, job.feeds, job.tag, job.arrived)
+                finally:
+                    self._running.release()
+                answer, job = job, None  # answered from here on: never twice
+                _settle(answer, outputs, error)
+                del answer, outputs  # an idle worker must not pin the last request's tensors
+        except BaseException as exc:  # the thread dies: fail the run in hand, replace it
+            self._replace(job, exc)
+
+    def _replace(self, job: _Job | None, exc: BaseException) -> None:
+        """The worker is dying of `exc`: its run (if not yet answered) fails, and unless the
+        device is closed a fresh worker takes the queue over."""
+        what = described(exc)
+        log.warning("the worker of %s died (%s); replacing it", self.name, what)
+        with self._cond:
+            self._worker = None
+            if not self._closed:
+                self._ensure_worker()
+        if self.publishing:
+            self.publish("device.worker.replaced", device=self.name, error=what)
+        if job is not None:
+            _settle(job, None, ExecutionError(f"{self.name} failed running {job.key}: {what} "
+                                              f"(its worker thread died and was replaced)"))
 
     def _run(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float
              ) -> tuple[Outputs | None, ExecutionError | None]:
-        """Run with `_busy` held; clears it and publishes the run's events."""
+        """Run with `_running` held (its caller releases it) and publish the run's events.
+        Whatever passes through here (an interrupt while an event is published, say), the
+        run's figures and its finished event are kept."""
         tagged = tag if tag is not None and self.publishing else None
         start = time.perf_counter()
-        if tagged is not None:
-            self.publish("partition.run.started", **tagged, device=self.name)
         error: ExecutionError | None = None
         outputs: Outputs | None = None
         try:
+            if tagged is not None:
+                self.publish("partition.run.started", **tagged, device=self.name)
             function = self._functions.get(key)
             if function is None:
                 raise LookupError(f"{key} is not loaded")
@@ -167,17 +210,14 @@ class DeviceManager(Device):
         except Exception as exc:
             error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")
             error.__cause__ = exc
-        end = time.perf_counter()
-        with self._cond:
-            self._busy = False
-            self._runs += 1
+        finally:  # also when a BaseException passes: the device must not stay busy
+            end = time.perf_counter()
+            self._runs += 1  # under `_running`, as every run
             self._busy_seconds += end - start
-            if self._queue or self._closed:  # the worker or close() waits for this
-                self._cond.notify_all()
-        if tagged is not None:
-            self.publish("partition.run.finished", **tagged, device=self.name,
-                         queue_wait=start - arrived, run_seconds=end - start,
-                         ok=error is None)
+            if tagged is not None:
+                self.publish("partition.run.finished", **tagged, device=self.name,
+                             queue_wait=start - arrived, run_seconds=end - start,
+                             ok=outputs is not None)
         return outputs, error
 
     def _invoke(self, key: str, function: Function, feeds: dict[str, np.ndarray],

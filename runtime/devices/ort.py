@@ -11,26 +11,28 @@ nothing of partitions.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort_options import new_session, session_options
 from runtime.errors import ProvisionError, first_line
 from runtime.graph import DEFAULT_DOMAINS, subgraphs
 
 OLDEST_IR = 7
 
 
-def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1) -> ort.InferenceSession:
-    """An onnxruntime CPU session of a model (or its serialized bytes); any failure becomes
-    a one-line ProvisionError."""
+def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1,
+                external: Mapping[str, np.ndarray] | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session of a model (or its serialized bytes; `external`: the
+    files it names as external data, in memory); any failure becomes a one-line
+    ProvisionError."""
     data = model if isinstance(model, bytes) else model.SerializeToString()
     try:
-        return ort.InferenceSession(data, session_options(threads),
-                                    providers=["CPUExecutionProvider"])
+        return new_session(data, threads, external)
     except Exception as exc:
         raise ProvisionError(f"onnxruntime cannot load {model_name(model)} on CPU: "
                              f"{first_line(exc)}") from None

@@ -1,19 +1,44 @@
-"""The onnxruntime session options every cpu partition runs under, just-in-time or from a
-bundle: the two paths must agree for their answers to stay bit-identical. Imports only
-onnxruntime, so the standalone bundle driver can use it."""
+"""The onnxruntime sessions every cpu partition runs in, just-in-time or from a bundle: the
+two paths must agree for their answers to stay bit-identical. Imports only onnxruntime
+and numpy, so the standalone bundle driver (and a host loading a bundle) can use it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
 import onnxruntime as ort
 
+# A quantized model's float region ends in a QuantizeLinear. onnxruntime's QDQ
+# propagation copies that one above a MaxPool, which then runs on uint8 in NCHW, a
+# generic kernel 30x slower than the float one; off, a float stem keeps its float pool
+# (outputs equal either way: max commutes with quantizing). docs/architecture.md.
+SESSION_CONFIG = {"optimization.disable_specified_optimizers": "QDQPropagationTransformer"}
 
-def session_options(threads: int) -> ort.SessionOptions:
+
+def session_options(threads: int, external: Mapping[str, np.ndarray] | None = None
+                    ) -> ort.SessionOptions:
     """`threads` intra-op threads, one inter-op, sequential, quiet; full graph optimization
     (onnxruntime's default), which on a bundle's already optimized model adds only the
-    machine-specific layout passes."""
+    machine-specific layout passes. `external`: the files the model names as external
+    data, held in memory (a bundle's weights.bin); the caller keeps them alive as long as
+    the session."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 4
+    for key, value in SESSION_CONFIG.items():
+        opts.add_session_config_entry(key, value)
+    files = {name: data for name, data in (external or {}).items() if data.size}
+    if files:
+        opts.add_external_initializers_from_files_in_memory(
+            list(files), list(files.values()), [data.size for data in files.values()])
     return opts
+
+
+def new_session(model: bytes, threads: int,
+                external: Mapping[str, np.ndarray] | None = None) -> ort.InferenceSession:
+    """A CPU session of a serialized model under `session_options`."""
+    return ort.InferenceSession(model, session_options(threads, external),
+                                providers=["CPUExecutionProvider"])

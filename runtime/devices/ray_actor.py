@@ -22,7 +22,8 @@ from runtime.devices.ort_options import session_options
 from runtime.devices.timeline import Timeline
 from runtime.errors import first_line
 
-Status = tuple[str | None, float]  # (error message or None, the run's seconds)
+# (error message or None, the run's seconds, each output's dtype and shape or None)
+Status = tuple[str | None, float, list[tuple[str, tuple[int, ...]] | None]]
 
 
 class PartitionWorker:
@@ -70,14 +71,15 @@ class PartitionWorker:
         arrived = time.perf_counter() - max(0.0, time.time() - sent_at)
         entry = self.sessions.get(key)
         if entry is None:
-            return (f"{self.device}: {key} is not loaded", 0.0), *([None] * width)
+            return (f"{self.device}: {key} is not loaded", 0.0, []), *([None] * width)
         session, outputs, seconds = entry
         start = time.perf_counter()
         try:
             values = session.run(outputs, {**feeds, **dict(zip(names, fetched, strict=True))})
         except Exception as exc:
-            return ((f"{self.device} failed running {key}: {first_line(exc)}", 0.0),
+            return ((f"{self.device} failed running {key}: {first_line(exc)}", 0.0, []),
                     *([None] * width))
         if self.timed:
             self.timeline.hold(arrived, seconds)
-        return (None, time.perf_counter() - start), *values
+        kinds = [(v.dtype.str, v.shape) if isinstance(v, np.ndarray) else None for v in values]
+        return (None, time.perf_counter() - start, kinds), *values

@@ -57,7 +57,9 @@ class RayTensor(RemoteValue):
 
     __slots__ = ("_ray", "_value", "device", "ref")
 
-    def __init__(self, ray: Any, ref: Any, device: str):
+    def __init__(self, ray: Any, ref: Any, device: str,
+                 kind: tuple[str, tuple[int, ...]] | None):
+        super().__init__(*((np.dtype(kind[0]), tuple(kind[1])) if kind else (None, None)))
         self._ray, self.ref, self.device = ray, ref, device
         self._value: np.ndarray | None = None
 
@@ -261,7 +263,7 @@ class RayDevice(Device):
                 self._answer(job, status)
 
     def _answer(self, job: _Call, status: Status) -> None:
-        error, seconds = status
+        error, seconds, kinds = status
         waited = time.perf_counter() - job.arrived - seconds
         with self._cond:
             self._runs += 1
@@ -277,9 +279,9 @@ class RayDevice(Device):
             job.done(None, ExecutionError(error))
         else:
             # RayTensors stand in for arrays until the executor's `local`
-            job.done(cast(Outputs, {n: RayTensor(self._ray, r, self.name)
-                                    for n, r in zip(job.names, job.refs[1:], strict=True)}),
-                     None)
+            job.done(cast(Outputs, {
+                n: RayTensor(self._ray, r, self.name, kind)
+                for n, r, kind in zip(job.names, job.refs[1:], kinds, strict=True)}), None)
 
     # -- loss and recovery -------------------------------------------------------------
 

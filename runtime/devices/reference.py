@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
+from runtime.devices.external import inline_external
 from runtime.devices.manager import DeviceManager
 from runtime.errors import ProvisionError, first_line
 
@@ -40,7 +41,8 @@ def _value(value: object) -> Any:
 
 def compile_reference(program: Program, config: DeviceConfig) -> ReferenceFunction:
     try:
-        return ReferenceFunction(ReferenceEvaluator(onnx.load_from_string(program.model)))
+        model = inline_external(onnx.load_from_string(program.model), program.external)
+        return ReferenceFunction(ReferenceEvaluator(model))
     except Exception as exc:
         raise ProvisionError(f"{config.name}: the reference evaluator cannot load "
                              f"{program.name or 'model'}: {first_line(exc)}") from exc

@@ -14,7 +14,13 @@ from typing import Any
 
 
 class RemoteValue(ABC):
-    __slots__ = ()
+    """A tensor in another process, with the dtype and shape its device reported (None
+    for a value that is not a tensor), so the executor checks it without fetching it."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: Any, shape: tuple[int, ...] | None):
+        self.dtype, self.shape = dtype, shape
 
     @abstractmethod
     def fetch(self) -> Any:

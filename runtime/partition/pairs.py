@@ -17,7 +17,8 @@ from runtime.cost import NodeCost
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
-from runtime.partition.plan import Plan, build_plan
+from runtime.partition.build import build_plan
+from runtime.partition.plan import Plan
 from runtime.partition.record import Recorder, Steps
 from runtime.partition.validate import validate_plan
 from runtime.precision import DEQUANTIZE_OPS, split_pairs

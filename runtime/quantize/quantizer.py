@@ -9,8 +9,9 @@ a BatchNormalization is folded into its Conv first), so the names in a profile a
 those of the prepared model.
 
 Defaults, chosen by measurement on this kind of machine (AVX-512 VNNI, one thread,
-see docs/architecture.md): QDQ format, uint8 activations, int8 weights per channel.
-int8 activations ran at about half the float speed here, uint8 ones 1.3-2x faster;
+see docs/architecture.md): QDQ format, uint8 activations, int8 weights per channel, and
+convolutions on fewer than 8 input channels left in float (`narrow.py`). int8
+activations ran at about half the float speed here, uint8 ones 1.6-1.8x faster;
 QOperator and QDQ ran alike, and QDQ keeps the float ops visible to the partitioner.
 """
 
@@ -23,13 +24,14 @@ import json
 import logging
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
 
 from runtime.graph import Graph, load_graph
 from runtime.quantize.data import QuantizeError, Samples
+from runtime.quantize.narrow import slow_in_int8
 
 FORMATS = ("qdq", "qoperator")
 TYPES = ("uint8", "int8")
@@ -45,6 +47,7 @@ class QuantizeOptions:
     per_channel: bool = True
     exclude_nodes: tuple[str, ...] = ()  # kept in float
     exclude_ops: tuple[str, ...] = ()  # op types kept in float
+    narrow_float: bool = True  # keep narrow convolutions (and what follows) in float
 
     def __post_init__(self) -> None:
         for key, value, allowed in (("format", self.format, FORMATS),
@@ -54,9 +57,12 @@ class QuantizeOptions:
                 raise QuantizeError(f"{key} must be one of {', '.join(allowed)}, got {value!r}")
 
     def excluding(self, nodes: Sequence[str]) -> QuantizeOptions:
-        return QuantizeOptions(self.format, self.activations, self.weights, self.per_channel,
-                               tuple(dict.fromkeys((*self.exclude_nodes, *nodes))),
-                               self.exclude_ops)
+        return replace(self, exclude_nodes=tuple(dict.fromkeys((*self.exclude_nodes, *nodes))))
+
+    def float_nodes(self, graph: Graph) -> list[str]:
+        """The nodes kept in float by name: those asked for, then the narrow ones."""
+        narrow = slow_in_int8(graph) if self.narrow_float else []
+        return list(dict.fromkeys((*self.exclude_nodes, *narrow)))
 
 
 DEFAULTS = QuantizeOptions()
@@ -81,10 +87,14 @@ def _ort():
 
 
 def quantizable_ops(fmt: str = "qdq") -> frozenset[str]:
-    """Op types onnxruntime's static quantizer quantizes in this format (its registries)."""
+    """Op types onnxruntime's static quantizer quantizes in this format. QDQ wraps any op
+    it is given in Q/DQ pairs, so it takes onnxruntime's own default list (both its
+    registries: Add, Mul, GlobalAveragePool... are only in the QOperator one); QOperator
+    quantizes only the ops that have a QLinear form."""
     from onnxruntime.quantization import registry
 
-    return frozenset(registry.QDQRegistry if fmt == "qdq" else registry.QLinearOpsRegistry)
+    qlinear = frozenset(registry.QLinearOpsRegistry)
+    return qlinear if fmt == "qoperator" else qlinear | frozenset(registry.QDQRegistry)
 
 
 def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
@@ -132,7 +142,7 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     (onnxruntime's calibration cache); returns how many tensors it holds."""
     q = _ort()
     kind = _method(method)
-    ops = sorted(quantizable_ops("qdq") | quantizable_ops("qoperator"))
+    ops = sorted(quantizable_ops())
     with tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
         onnx.save(prepared, str(model_path))
@@ -185,7 +195,7 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
                 quant_format=q.QuantFormat.QDQ if options.format == "qdq"
                 else q.QuantFormat.QOperator, per_channel=options.per_channel,
                 activation_type=types[options.activations], weight_type=types[options.weights],
-                nodes_to_exclude=list(options.exclude_nodes))
+                nodes_to_exclude=options.float_nodes(graph))
         except Exception as exc:
             raise QuantizeError(f"onnxruntime could not quantize {graph.name}: "
                                 f"{' '.join(str(exc).split())[:300]}") from None

@@ -112,9 +112,9 @@ def quantized_nodes(model: onnx.ModelProto, float_graph: Graph,
                     options: QuantizeOptions) -> list[str]:
     """Nodes of the float graph that compute in int8 in `model`, in model order."""
     if options.format == "qoperator":  # QOperator renames what it quantizes
-        ops = quantizable_ops("qoperator")
+        ops, kept = quantizable_ops("qoperator"), set(options.float_nodes(float_graph))
         return [n.name for n in float_graph.nodes if n.op_type in ops
-                and n.name not in options.exclude_nodes and n.op_type not in options.exclude_ops]
+                and n.name not in kept and n.op_type not in options.exclude_ops]
     done = node_precisions(load_graph(model))
     return [n.name for n in float_graph.nodes if done.get(n.name) == "int8"
             and n.op_type not in QUANTIZE_OPS | DEQUANTIZE_OPS]

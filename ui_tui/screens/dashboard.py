@@ -1,4 +1,5 @@
-"""The dashboard: partition DAG, devices, per-partition latency, queue depth and errors."""
+"""The dashboard: partition DAG, devices, per-partition latency, queue depth and errors;
+for a network from a bundle, its schedule table."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ui_tui.widgets.devices import DevicesPanel
 from ui_tui.widgets.errors import ErrorsPanel
 from ui_tui.widgets.latency import LatencyTable
 from ui_tui.widgets.queue import QueuePanel
+from ui_tui.widgets.schedule import ScheduleTable
 from ui_tui.widgets.status import StatusBar
 
 
@@ -39,6 +41,8 @@ class DashboardScreen(Screen):
                 yield DevicesPanel(id="devices")
         with _panel(Vertical(id="latency-panel"), "Latency per partition (run time)"):
             yield LatencyTable(id="latency")
+        with _panel(VerticalScroll(id="schedule-panel"), "Schedule"):
+            yield ScheduleTable(id="schedule")
         with Horizontal(id="bottom"):
             with _panel(Vertical(id="queue-panel"), "Queue depth · requests/s"):
                 yield QueuePanel(id="queue")
@@ -60,10 +64,20 @@ class DashboardScreen(Screen):
                                               {r.name: r for r in view.partitions})
         self.query_one(DevicesPanel).show(view.devices)
         self.query_one(LatencyTable).show(view.partitions)
+        self._show_schedule(view)
         self.query_one(QueuePanel).show(view)
         self._show_detail()
         self.query_one("#errors-panel").set_class(bool(view.errors), "has-errors")
         self.query_one(ErrorsPanel).show(view.errors)
+
+    def _show_schedule(self, view: DashboardView) -> None:
+        """Only for a network from a bundle: its schedule table, titled with the file."""
+        panel = self.query_one("#schedule-panel")
+        panel.set_class(view.bundle is not None, "from-bundle")
+        if view.bundle is not None:
+            panel.border_title = (f"Schedule · {view.bundle.name} (compiled ahead of time "
+                                  f"with {view.bundle.made_with})")
+            self.query_one(ScheduleTable).show(view.bundle.schedule)
 
     def show_busy(self, busy: str | None) -> None:
         if self.view is not None:

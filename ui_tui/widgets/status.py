@@ -15,6 +15,8 @@ def status_text(status: Status, busy: str | None = None) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" Prism ", style="bold reverse")
     text.append(f" {status.model}", style="bold")
+    if status.bundle:
+        text.append(" bundle", style="bold cyan")
     text.append(f" · {status.mode} · {status.devices}")
     if status.replay is not None:
         text.append(" · ")

@@ -1,0 +1,234 @@
+"""`prism bench --url URL`: a closed-loop load generator speaking the Open Inference Protocol,
+as Triton's perf_analyzer: at each concurrency level C clients each send a request and wait
+for its answer until N requests are answered. Reports throughput and latency percentiles per
+level, and the server's own split of a request's time into queueing and compute, read from
+its `/metrics` (Triton's counters) before and after each level.
+
+Requests use Triton's binary tensor data extension both ways, random inputs drawn once per
+level from the model's metadata (a small pool, as perf_analyzer reuses its data); the
+client is aiohttp, one connection per client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import aiohttp
+import numpy as np
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from app.console import plain_console
+from app.server.tensors import DTYPES
+from runtime.errors import PrismError
+from runtime.units import human_seconds
+
+REQUEST_TIMEOUT = 60.0  # seconds one request may take before it counts as failed
+POOL = 8  # distinct random requests per level
+SPLIT = {"queue_us": "nv_inference_queue_duration_us",
+         "compute_us": "nv_inference_compute_infer_duration_us",
+         "request_us": "nv_inference_request_duration_us",
+         "requests": "nv_inference_request_success"}
+
+
+@dataclass(frozen=True)
+class Level:
+    concurrency: int
+    requests: int  # answered with 200
+    errors: int
+    seconds: float
+    requests_per_second: float
+    p50_seconds: float
+    p90_seconds: float
+    p95_seconds: float
+    p99_seconds: float
+    server: dict[str, float] | None  # per request: queue_us, compute_us, request_us
+    first_error: str | None = None
+
+
+def run(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get("PRISM_TOKEN")
+    levels = asyncio.run(bench(args.url.rstrip("/"), args.served_model, args.concurrency,
+                               args.requests, token, quiet=args.json))
+    if args.json:
+        print(json.dumps([asdict(level) for level in levels], indent=2))
+    else:
+        plain_console().print(_table(args.url, levels))
+    return 0 if all(level.requests for level in levels) else 1
+
+
+async def bench(url: str, model: str | None, levels: list[int], requests: int,
+                token: str | None = None, quiet: bool = True) -> list[Level]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    connector = aiohttp.TCPConnector(limit=max(levels))
+    async with aiohttp.ClientSession(headers=headers, connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+                                     ) as session:
+        model = model or await _only_model(session, url)
+        metadata = await _get_json(session, "GET", f"{url}/v2/models/{model}")
+        out = []
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=plain_console(stderr=True),
+                      disable=quiet, transient=True) as progress:
+            for clients in levels:
+                task = progress.add_task(f"{model}, {clients} clients", total=requests)
+                bodies = [_request(metadata, np.random.default_rng()) for _ in range(POOL)]
+                out.append(await _level(session, f"{url}/v2/models/{model}", bodies, clients,
+                                        requests, partial(progress.advance, task)))
+        return out
+
+
+async def _level(session: aiohttp.ClientSession, model_url: str,
+                 bodies: list[tuple[bytes, dict]], clients: int, requests: int,
+                 advance) -> Level:
+    infer = f"{model_url}/infer"
+    latencies: list[float] = []
+    errors: list[str] = []
+    remaining = clients  # a warm-up round first: connections opened, caches warm
+
+    async def client() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            body, headers = bodies[remaining % len(bodies)]
+            start = time.perf_counter()
+            try:
+                async with session.post(infer, data=body, headers=headers) as response:
+                    payload = await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, payload = 0, str(exc).encode()
+            if status == 200:
+                latencies.append(time.perf_counter() - start)
+            else:
+                errors.append(_error_text(status, payload))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    latencies.clear()
+    errors.clear()
+    before = await _split(session, model_url)
+    remaining = requests
+    counted = 0
+
+    async def counting() -> None:
+        nonlocal counted
+        while counted < requests:
+            await asyncio.sleep(0.1)
+            done = len(latencies) + len(errors)
+            for _ in range(done - counted):
+                advance()
+            counted = done
+
+    start = time.perf_counter()
+    ticker = asyncio.create_task(counting())
+    await asyncio.gather(*(client() for _ in range(clients)))
+    seconds = time.perf_counter() - start
+    ticker.cancel()
+    after = await _split(session, model_url)
+    server = None
+    if before is not None and after is not None and after["requests"] > before["requests"]:
+        n = after["requests"] - before["requests"]
+        server = {k: (after[k] - before[k]) / n for k in SPLIT if k != "requests"}
+    p50, p90, p95, p99 = (np.percentile(latencies, [50, 90, 95, 99]) if latencies
+                          else (0.0,) * 4)
+    return Level(clients, len(latencies), len(errors), seconds, len(latencies) / seconds,
+                 float(p50), float(p90), float(p95), float(p99), server,
+                 errors[0] if errors else None)
+
+
+def _request(metadata: dict, rng: np.random.Generator) -> tuple[bytes, dict]:
+    """One binary request of random inputs (variable dimensions as 1), all outputs binary."""
+    described, blobs = [], []
+    for spec in metadata["inputs"]:
+        shape = [d if d >= 0 else 1 for d in spec["shape"]]
+        dtype = DTYPES.get(spec["datatype"])
+        if dtype is None or dtype.kind == "O":
+            raise PrismError(f"input {spec['name']!r} is {spec['datatype']}: the load "
+                             f"generator draws numeric inputs only")
+        if dtype.kind == "f":
+            array = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            array = rng.random(shape) < 0.5
+        else:
+            array = rng.integers(0, 16, shape).astype(dtype)
+        blob = array.astype(dtype.newbyteorder("<"), copy=False).tobytes()
+        described.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
+                          "parameters": {"binary_data_size": len(blob)}})
+        blobs.append(blob)
+    header = orjson.dumps({"inputs": described, "parameters": {"binary_data_output": True}})
+    return b"".join((header, *blobs)), {"Inference-Header-Content-Length": str(len(header)),
+                                        "Content-Type": "application/octet-stream"}
+
+
+async def _only_model(session: aiohttp.ClientSession, url: str) -> str:
+    index = await _get_json(session, "POST", f"{url}/v2/repository/index", {"ready": True})
+    names = [row["name"] for row in index if row.get("state", "READY") == "READY"]
+    if len(names) != 1:
+        raise PrismError(f"{url} serves {len(names)} models ({', '.join(names) or 'none'}): "
+                         f"pick one with --model")
+    return names[0]
+
+
+async def _get_json(session: aiohttp.ClientSession, method: str, url: str,
+                    body: dict | None = None):
+    try:
+        async with session.request(method, url, json=body) as response:
+            payload = await response.read()
+            if response.status != 200:
+                raise PrismError(f"{method} {url}: {_error_text(response.status, payload)}")
+            return orjson.loads(payload)
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+        raise PrismError(f"cannot use {url}: {exc}") from None
+
+
+async def _split(session: aiohttp.ClientSession, model_url: str) -> dict[str, float] | None:
+    """The server's cumulative Triton counters for the model, or None without /metrics."""
+    base, _, rest = model_url.partition("/v2/models/")
+    model = rest.split("/")[0]
+    try:
+        async with session.get(f"{base}/metrics") as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    wanted = {v: k for k, v in SPLIT.items()}
+    found = dict.fromkeys(SPLIT, 0.0)
+    for family in text_string_to_metric_families(text):
+        key = wanted.get(family.name)
+        if key is not None:
+            found[key] = sum(s.value for s in family.samples if s.labels.get("model") == model)
+    return found
+
+
+def _error_text(status: int, payload: bytes) -> str:
+    try:
+        message = orjson.loads(payload).get("error", "")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = payload[:200].decode("utf-8", "replace")
+    return f"HTTP {status}: {message}" if status else message
+
+
+def _table(url: str, levels: list[Level]) -> Table:
+    table = Table(title=f"{url}: closed loop, binary tensors", box=box.SIMPLE_HEAD)
+    for col in ("clients", "req/s", "p50", "p90", "p95", "p99", "server queue",
+                "server compute", "errors"):
+        table.add_column(col, justify="right")
+    for lv in levels:
+        server = lv.server or {}
+        table.add_row(str(lv.concurrency), f"{lv.requests_per_second:.0f}",
+                      *(human_seconds(s) for s in (lv.p50_seconds, lv.p90_seconds,
+                                                   lv.p95_seconds, lv.p99_seconds)),
+                      *(human_seconds(server[k] / 1e6) if k in server else "-"
+                        for k in ("queue_us", "compute_us")),
+                      f"{lv.errors}" + (f" ({lv.first_error})" if lv.first_error else ""))
+    return table

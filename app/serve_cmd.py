@@ -1,0 +1,122 @@
+"""`prism serve`: one HostManager behind the Open Inference Protocol over HTTP, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from app.console import plain_console
+from app.loading import output_file, writing
+from app.server.app import create_app
+from app.server.load_options import load_options
+from app.server.repository import SUFFIXES, ModelRepository
+from app.server.runner import bind, check_exposure, server, url
+from app.server.state import ServerSettings, ServerState
+from runtime.devices import parse_devices
+from runtime.errors import PrismError
+from runtime.host import HostManager
+from runtime.trace import ChromeTrace
+from runtime.units import human_bytes
+
+TOKEN_VARIABLE = "PRISM_TOKEN"  # the token, kept off the command line (and out of `ps`)
+
+
+def run(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get(TOKEN_VARIABLE) or None
+    check_exposure(args.host, token, args.insecure)
+    devices = parse_devices(args.devices)
+    repository = ModelRepository(args.model_repository) if args.model_repository else None
+    wanted = _wanted(args.models, repository)
+    params = _parameters(args)
+    sock = bind(args.host, args.port)  # before loading: a taken port fails at once
+    console = plain_console()
+    with HostManager(devices, max_queue=args.max_queue) as host:
+        state = ServerState.open(host, repository,
+                                 ServerSettings(token, int(args.max_body_mb * (1 << 20)),
+                                                args.devices))
+        trace_path = output_file(args.trace, "--trace") if args.trace else None
+        if trace_path is not None:
+            state.trace = ChromeTrace(host.bus)  # before the loads: their memory too
+        try:
+            with Progress(TextColumn("loading {task.description}"), BarColumn(),
+                          MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=plain_console(stderr=True), transient=True) as progress:
+                task = progress.add_task("models", total=len(wanted))
+                for name, path in wanted:
+                    progress.update(task, description=name)
+                    if path is None:
+                        state.catalog.load(name, params)
+                    else:
+                        state.catalog.add(name, path, load_options({}, params))
+                    progress.advance(task)
+            state.ready = True
+            console.print(_table(state))
+            console.print(Text.assemble("Serving the Open Inference Protocol on ",
+                                        (url(sock), "bold"), " (/v2, /metrics)",
+                                        "" if token else ", no token", "; Ctrl-C stops."))
+            server(create_app(state)).run(sockets=[sock])
+        finally:
+            if trace_path is not None and state.trace is not None:
+                taken, plans = state.trace, state.plans()
+                writing(trace_path, "--trace", lambda: taken.write(trace_path, plans))
+            state.close()
+            sock.close()
+    return 0
+
+
+def _wanted(models: list[str], repository: ModelRepository | None
+            ) -> list[tuple[str, Path | None]]:
+    """(name, file) per MODEL: a model file, or (name, None) for a repository model; with
+    no MODEL, every model in the repository."""
+    if not models:
+        if repository is None:
+            raise PrismError("nothing to serve: give MODEL files, or --model-repository DIR")
+        return [(name, None) for name in repository.names()]
+    out: dict[str, Path | None] = {}
+    for model in models:
+        path = Path(model)
+        if path.suffix in SUFFIXES and path.is_file():
+            name, found = path.stem, path.resolve()
+        elif repository is not None and model in repository.names():
+            name, found = model, None
+        else:
+            where = f" nor a model in {repository.root}" if repository else ""
+            raise PrismError(f"MODEL {model!r} is not an .onnx or .prism file{where}")
+        if name in out:
+            raise PrismError(f"two models are named {name!r}; serve one of them")
+        out[name] = found
+    return list(out.items())
+
+
+def _parameters(args: argparse.Namespace) -> dict:
+    """The command line's load parameters, applied to every model loaded at start."""
+    params: dict = {}
+    if args.partition:
+        params["partition"] = args.partition
+    if args.max_batch:
+        params.update(max_batch_size=args.max_batch, max_queue_delay_ms=args.max_delay_ms)
+    if args.replicas not in (None, 1):
+        params["replicas"] = args.replicas
+    return params
+
+
+def _table(state: ServerState) -> Table:
+    table = Table(title="Models", box=box.SIMPLE_HEAD)
+    for col in ("model", "version", "partitions", "devices", "weights", "batching",
+                "replicas", "file"):
+        table.add_column(col)
+    for served in state.catalog.served():
+        plan = state.host.plan(served.network)
+        batch = served.options.max_batch_size
+        table.add_row(served.name, served.version, str(len(plan.partitions)),
+                      ", ".join(dict.fromkeys(p.device for p in plan.partitions)),
+                      human_bytes(sum(p.weight_bytes for p in plan.partitions)),
+                      f"max {batch}" if batch else "off", str(state.host.replicas(served.network)),
+                      str(served.source))
+    return table

@@ -1,0 +1,30 @@
+"""The ASGI app: routes gathered from one module per job, every one behind the guard
+(token, body limit) and the protocol's error responses.
+
+A route module has `routes(state) -> list[BaseRoute]`; adding an endpoint is adding a
+module to `ROUTE_MODULES` (or passing `modules`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+
+from app.server.errors import HANDLERS
+from app.server.guard import Guard
+from app.server.routes import health, infer, metrics, models, repository, watch
+from app.server.state import ServerState
+
+ROUTE_MODULES: tuple[ModuleType, ...] = (infer, health, models, repository, metrics, watch)
+
+
+def create_app(state: ServerState, modules: Sequence[ModuleType] = ROUTE_MODULES) -> Starlette:
+    app = Starlette(routes=[route for module in modules for route in module.routes(state)],
+                    middleware=[Middleware(Guard, token=state.settings.token,
+                                           max_body_bytes=state.settings.max_body_bytes)],
+                    exception_handlers=HANDLERS)
+    app.state.prism = state
+    return app

@@ -1,0 +1,39 @@
+"""The one place the server waits for the host, and the rule for what runs off the loop.
+
+`run` awaits a request without blocking the event loop: the host's future resolves on a
+device thread, and `asyncio.wrap_future` hands the answer back to the loop. When the host
+gains `await host.run_async(...)`, `run`'s body becomes that one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import numpy as np
+from starlette.concurrency import run_in_threadpool
+
+from runtime.host import HostManager
+
+T = TypeVar("T")
+OFFLOAD_BYTES = 256 << 10  # decoding, checking or encoding more than this leaves the loop
+
+
+async def run(host: HostManager, network: str, feeds: Mapping[str, np.ndarray], priority: int,
+              timeout: float | None, *, large: bool = False) -> dict[str, np.ndarray]:
+    """One request's outputs. `large`: its feeds are checked (in `host.run`) off the loop."""
+    if large:
+        future = await run_in_threadpool(host.run, network, feeds, priority, timeout,
+                                         inline=False)
+    else:
+        future = host.run(network, feeds, priority, timeout, inline=False)
+    return await asyncio.wrap_future(future)
+
+
+async def maybe_offload(size: int, call: Callable[..., T], *args: object) -> T:
+    """`call(*args)` on a worker thread when it handles over OFFLOAD_BYTES, else right here
+    (a thread hand-off costs more than decoding a small tensor)."""
+    if size > OFFLOAD_BYTES:
+        return await run_in_threadpool(call, *args)
+    return call(*args)

@@ -1,0 +1,162 @@
+"""The models a server serves: each public name -> the host network behind it, its version,
+file, load options and tensor metadata. Loads and unloads are blocking (run them off the
+event loop) and one at a time; lookups take no lock.
+
+A reload loads the new network beside the old one (`mlp#2`), switches the name over, then
+removes the old network once its requests have ended, so a model keeps serving through a
+reload, and a failed reload leaves the old one in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from app.server.load_options import LoadOptions, load_options
+from app.server.repository import ModelRepository
+from app.server.tensors import datatype
+from runtime.errors import NetworkBusyError, NetworkNotFoundError, first_line
+from runtime.host import HostManager
+from runtime.inputs import InputSpec, input_specs
+
+UNLOAD_WAIT = 30.0  # seconds an unload waits for the model's requests to end
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    datatype: str
+    shape: list[int]  # -1 for a dimension that varies
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": self.shape}
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    version: str
+    network: str  # the host's name for it
+    source: Path
+    options: LoadOptions
+    inputs: list[InputSpec]
+    outputs: list[TensorInfo]
+    transfers: tuple[tuple[str, str, int], ...]  # per request: (src, dst, bytes), planned
+
+    @property
+    def platform(self) -> str:
+        return "prism_bundle" if self.source.suffix == ".prism" else "onnxruntime_onnx"
+
+    def metadata(self) -> dict:
+        return {"name": self.name, "versions": [self.version], "platform": self.platform,
+                "inputs": [_info(s.name, s.dtype, s.dims).to_dict() for s in self.inputs],
+                "outputs": [o.to_dict() for o in self.outputs]}
+
+
+def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> TensorInfo:
+    shape = [d if isinstance(d, int) else -1 for d in dims or ()]
+    return TensorInfo(name, datatype(np.dtype(dtype) if dtype else None), shape)
+
+
+class Catalog:
+    def __init__(self, host: HostManager, repository: ModelRepository | None = None):
+        self.host = host
+        self.repository = repository
+        self._served: dict[str, Served] = {}  # replaced whole, never changed in place
+        self._by_network: dict[str, Served] = {}  # every network ever served: for metrics
+        self._failed: dict[str, str] = {}  # name -> why its last load failed
+        self._loading: set[str] = set()
+        self._lock = threading.Lock()
+        self._suffix = itertools.count(2)
+
+    def get(self, name: str, version: str | None = None) -> Served:
+        served = self._served.get(name)
+        if served is None:
+            loaded = ", ".join(sorted(self._served)) or "none"
+            raise NetworkNotFoundError(f"unknown model {name!r} (loaded: {loaded})")
+        if version is not None and version != served.version:
+            raise NetworkNotFoundError(f"model {name!r} has no version {version!r} loaded "
+                                       f"(it serves version {served.version})")
+        return served
+
+    def served(self) -> list[Served]:
+        return list(self._served.values())
+
+    def of_network(self, network: str) -> Served | None:
+        """The model a host network serves or served (events name networks)."""
+        return self._by_network.get(network)
+
+    def load(self, name: str, params: dict | None = None) -> Served:
+        """Load (or reload) a model from the repository, with the load request's
+        parameters over its config.pbtxt."""
+        if self.repository is None:
+            raise NetworkNotFoundError(f"cannot load {name!r}: the server has no model "
+                                       f"repository (start it with --model-repository DIR)")
+        entry = self.repository.get(name)
+        options = load_options(entry.config, params)
+        version, path = entry.file(options.version)
+        return self.add(name, path, options, version)
+
+    def add(self, name: str, path: Path, options: LoadOptions, version: str = "1") -> Served:
+        """Serve the model file at `path` under `name` (a reload if the name is served)."""
+        with self._lock:
+            old = self._served.get(name)
+            if old is not None and (old.source, old.options, old.version) == (path, options,
+                                                                              version):
+                return old
+            network = name if name not in self.host.networks() else f"{name}#{next(self._suffix)}"
+            self._loading.add(name)
+            try:
+                plan = self.host.add_network(network, str(path), **options.add_network())
+            except Exception as exc:
+                self._failed[name] = first_line(exc)
+                raise
+            finally:
+                self._loading.discard(name)
+            graph = self.host.graph(network)
+            served = Served(name, version, network, path, options, input_specs(graph),
+                            [_info(o, graph.tensors[o].dtype if o in graph.tensors else None,
+                                   graph.tensors[o].dims if o in graph.tensors else None)
+                             for o in graph.outputs],
+                            tuple((t.src, t.dst, t.bytes) for t in plan.transfers))
+            self._by_network[network] = served
+            self._served = {**self._served, name: served}
+            self._failed.pop(name, None)
+            if old is not None:
+                self.host.remove_network(old.network, wait=True, timeout=UNLOAD_WAIT)
+            return served
+
+    def unload(self, name: str) -> None:
+        """Stop serving `name` once its requests have ended (a name in the repository but
+        not loaded is already unloaded)."""
+        with self._lock:
+            served = self._served.get(name)
+            if served is None:
+                if self.repository is None or name not in self.repository.names():
+                    self.get(name)  # raises: unknown model
+                return
+            self._served = {n: s for n, s in self._served.items() if n != name}
+            try:
+                self.host.remove_network(served.network, wait=True, timeout=UNLOAD_WAIT)
+            except NetworkBusyError:
+                self._served = {**self._served, name: served}
+                raise
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        """Triton's repository index: every model in the repository or served, its state."""
+        names = set(self._served) | set(self.repository.names() if self.repository else ())
+        rows = []
+        for name in sorted(names):
+            served = self._served.get(name)
+            if served is not None:
+                rows.append({"name": name, "version": served.version, "state": "READY",
+                             "reason": ""})
+            elif not ready_only:
+                state = "LOADING" if name in self._loading else "UNAVAILABLE"
+                rows.append({"name": name, "state": state,
+                             "reason": self._failed.get(name, "unloaded")})
+        return rows

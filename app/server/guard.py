@@ -1,0 +1,69 @@
+"""What every request passes before any route: the bearer token and the body limit.
+
+A pure ASGI middleware (no per-request objects). The token is compared in constant time
+(`hmac.compare_digest`); a body is refused on its declared Content-Length, or, sent in
+chunks, as soon as it grows past the limit. WebSocket connections (the event stream) are
+held to the token too.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int):
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        authorization, length = b"", b""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value
+            elif key == b"content-length":
+                length = value
+        if self.expected is not None and not hmac.compare_digest(authorization, self.expected):
+            if kind == "websocket":
+                return await send({"type": "websocket.close", "code": 1008})
+            return await _refuse(send, 401, "missing or wrong bearer token (send "
+                                            "Authorization: Bearer TOKEN)",
+                                 ((b"www-authenticate", b"Bearer"),))
+        if kind == "websocket":
+            return await self.app(scope, receive, send)
+        if length:
+            if not length.isdigit() or int(length) > self.max_body:
+                return await _refuse(send, 413, f"request body of {length.decode('latin-1')} "
+                                                f"bytes is over the {self.max_body}-byte limit")
+            return await self.app(scope, receive, send)
+        await self.app(scope, self._counted(receive), send)
+
+    def _counted(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise HTTPException(413, f"request body is over the {self.max_body}-byte limit")
+            return message
+
+        return counted
+
+
+async def _refuse(send: Send, status: int, message: str,
+                  headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    body = orjson.dumps({"error": message})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})

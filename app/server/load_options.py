@@ -1,0 +1,155 @@
+"""What a model loads with: Triton's model configuration (the repository's config.pbtxt,
+or a load request's "config" JSON, which replaces it) and the load request's own
+parameters, which win -> `HostManager.add_network` keywords.
+
+From the configuration: `max_batch_size` with `dynamic_batching`
+(`max_queue_delay_microseconds`, `preferred_batch_size`) turns on Prism's batching, the
+`instance_group` counts are replicas, and `parameters` (`partition`, `devices`,
+`replicas`) are Prism's own. Load parameters: partition, devices, replicas,
+max_batch_size, max_queue_delay_ms, preferred_batch_sizes, version, config. Values may be
+strings, as Triton's clients send them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.errors import PrismError
+
+PARAMETERS = ("partition", "devices", "replicas", "max_batch_size", "max_queue_delay_ms",
+              "preferred_batch_sizes", "version", "config")
+MODES = ("balanced", "memory")  # a user map would name a file: not over the network
+
+
+class LoadOptionError(PrismError):
+    """A load parameter or configuration field Prism cannot use."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    version: str | None = None
+    partition: str = "balanced"
+    devices: tuple[str, ...] | None = None
+    replicas: int | str = 1
+    max_batch_size: int = 0  # 0: no dynamic batching
+    max_queue_delay_ms: float = 1.0
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+    def add_network(self) -> dict[str, Any]:
+        """Keywords for `HostManager.add_network`."""
+        batching = None if not self.max_batch_size else {
+            "max_batch_size": self.max_batch_size, "max_queue_delay_ms": self.max_queue_delay_ms,
+            "preferred_batch_sizes": list(self.preferred_batch_sizes)}
+        return {"partition": self.partition, "devices": self.devices,
+                "replicas": self.replicas, "batching": batching}
+
+
+def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) -> LoadOptions:
+    params = dict(params or {})
+    for key in params:
+        if key.startswith("file:"):
+            raise LoadOptionError(f"load parameter {key!r}: uploading model files is not "
+                                  f"supported; models load only from the model repository")
+        if key not in PARAMETERS:
+            raise LoadOptionError(f"unknown load parameter {key!r}; known: "
+                                  f"{', '.join(PARAMETERS)}")
+    if "config" in params:
+        config = _json_config(params.pop("config"))
+    found: dict[str, Any] = {}
+    if _whole(config.get("max_batch_size", 0), "max_batch_size", 0) and \
+            "dynamic_batching" in config:
+        dynamic = config["dynamic_batching"] or {}
+        if not isinstance(dynamic, Mapping):
+            raise LoadOptionError("config: dynamic_batching must be a message")
+        found["max_batch_size"] = config["max_batch_size"]
+        found["max_queue_delay_ms"] = dynamic.get("max_queue_delay_microseconds", 1000) / 1000
+        found["preferred_batch_sizes"] = dynamic.get("preferred_batch_size", [])
+    groups = config.get("instance_group")
+    if groups:
+        groups = groups if isinstance(groups, list) else [groups]
+        found["replicas"] = sum(_whole(g.get("count", 1), "instance_group count", 1)
+                                for g in groups if isinstance(g, Mapping))
+    found.update(_config_parameters(config.get("parameters")))
+    found.update(params)
+    return _checked(found)
+
+
+def _json_config(text: Any) -> dict[str, Any]:
+    try:
+        config = json.loads(text) if isinstance(text, str) else text
+    except ValueError as exc:
+        raise LoadOptionError(f"load parameter 'config' is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise LoadOptionError("load parameter 'config' must be a JSON object")
+    return config
+
+
+def _config_parameters(value: Any) -> dict[str, Any]:
+    """A configuration's `parameters`: pbtxt gives [{key, value: {string_value}}], JSON
+    gives {key: {string_value}}."""
+    if not value:
+        return {}
+    if isinstance(value, Mapping) and set(value) == {"key", "value"}:
+        value = [value]  # pbtxt: one entry
+    pairs = value.items() if isinstance(value, Mapping) else (
+        (p.get("key"), p.get("value")) for p in (value if isinstance(value, list) else [value])
+        if isinstance(p, Mapping))
+    out = {}
+    for key, wrapped in pairs:
+        if key in ("partition", "devices", "replicas"):
+            out[key] = wrapped.get("string_value") if isinstance(wrapped, Mapping) else wrapped
+    return out
+
+
+def _checked(found: dict[str, Any]) -> LoadOptions:
+    options: dict[str, Any] = {}
+    if "partition" in found:
+        if found["partition"] not in MODES:
+            raise LoadOptionError(f"partition {found['partition']!r}: use one of "
+                                  f"{', '.join(MODES)}")
+        options["partition"] = found["partition"]
+    if "devices" in found:
+        devices = found["devices"]
+        names = devices.split(",") if isinstance(devices, str) else devices
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip()
+                                                  for n in names):
+            raise LoadOptionError(f"devices {devices!r}: give device names, comma-separated")
+        options["devices"] = tuple(n.strip() for n in names)
+    if "replicas" in found:
+        replicas = found["replicas"]
+        options["replicas"] = replicas if replicas == "saturate" else \
+            _whole(replicas, "replicas", 1)
+    if "max_batch_size" in found:
+        options["max_batch_size"] = _whole(found["max_batch_size"], "max_batch_size", 0)
+    if "max_queue_delay_ms" in found:
+        try:
+            delay = float(found["max_queue_delay_ms"])
+        except (TypeError, ValueError):
+            delay = -1.0
+        if not 0 <= delay <= 60_000:
+            raise LoadOptionError(f"max_queue_delay_ms {found['max_queue_delay_ms']!r}: give "
+                                  f"milliseconds from 0 to 60000")
+        options["max_queue_delay_ms"] = delay
+    if "preferred_batch_sizes" in found:
+        sizes = found["preferred_batch_sizes"]
+        sizes = sizes.split(",") if isinstance(sizes, str) else sizes
+        sizes = sizes if isinstance(sizes, list) else [sizes]
+        options["preferred_batch_sizes"] = tuple(_whole(s, "preferred_batch_sizes", 1)
+                                                 for s in sizes if s != "")
+    if "version" in found:
+        options["version"] = str(_whole(found["version"], "version", 1))
+    return LoadOptions(**options)
+
+
+def _whole(value: Any, what: str, low: int) -> int:
+    try:
+        number = int(value) if isinstance(value, int | str) and not isinstance(value, bool) \
+            else None
+    except ValueError:
+        number = None
+    if number is None or number < low:
+        raise LoadOptionError(f"{what} {value!r}: give a whole number of at least {low}")
+    return number

@@ -1,0 +1,99 @@
+"""A model repository on disk, laid out as Triton's or flat:
+
+    DIR/NAME/VERSION/model.onnx | model.prism   (plus an optional DIR/NAME/config.pbtxt)
+    DIR/NAME.onnx | DIR/NAME.prism              (version "1")
+
+Models load only from inside DIR: a name is one plain path segment, and every file is
+resolved (symbolic links followed) and refused unless it lies inside DIR's own resolved
+path, so neither `..`, an absolute path nor a link out of the repository reaches a file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.server import pbtxt
+from runtime.errors import NetworkNotFoundError, PrismError
+
+FILES = ("model.onnx", "model.prism")
+SUFFIXES = (".onnx", ".prism")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+class RepositoryError(PrismError):
+    """A model name or file the repository refuses."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model the repository holds: its versions (version -> file) and its config."""
+
+    name: str
+    versions: dict[str, Path]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def file(self, version: str | None = None) -> tuple[str, Path]:
+        """The newest version (Triton's default policy), or the one asked for."""
+        if version is None:
+            version = max(self.versions, key=int)
+        if version not in self.versions:
+            raise NetworkNotFoundError(f"model {self.name!r} has no version {version!r} in "
+                                       f"the repository (it has {', '.join(self.versions)})")
+        return version, self.versions[version]
+
+
+class ModelRepository:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise RepositoryError(f"model repository {root} is not a directory")
+
+    def names(self) -> list[str]:
+        """Every model name the repository holds, sorted."""
+        found = {p.name if p.is_dir() else p.stem for p in self.root.iterdir()}
+        return sorted(n for n in found if _NAME.fullmatch(n) and self._versions(n))
+
+    def get(self, name: str) -> Entry:
+        if not _NAME.fullmatch(name) or not name.strip("."):
+            raise RepositoryError(f"model name {name!r} is not a plain name (letters, digits, "
+                                  f"'_', '-', '.'; no path)")
+        versions = self._versions(name)
+        if not versions:
+            raise NetworkNotFoundError(f"model {name!r} is not in the repository "
+                                       f"{self.root} (it holds {', '.join(self.names())})")
+        config = self.root / name / "config.pbtxt"
+        return Entry(name, versions, self._config(config) if config.is_file() else {})
+
+    def _versions(self, name: str) -> dict[str, Path]:
+        folder = self.root / name
+        if folder.is_dir() and self._inside(folder):
+            versions = {v.name: f for v in folder.iterdir() if v.is_dir() and v.name.isdigit()
+                        for f in [self._model_file(v)] if f is not None}
+            if versions:
+                return versions
+        for suffix in SUFFIXES:
+            path = self.root / f"{name}{suffix}"
+            if path.is_file() and self._inside(path):
+                return {"1": path.resolve()}
+        return {}
+
+    def _model_file(self, version: Path) -> Path | None:
+        for file in FILES:
+            path = version / file
+            if path.is_file() and self._inside(path):
+                return path.resolve()
+        return None
+
+    def _inside(self, path: Path) -> bool:
+        return path.resolve().is_relative_to(self.root)
+
+    def _config(self, path: Path) -> dict[str, Any]:
+        if not self._inside(path):
+            raise RepositoryError(f"{path} leads out of the model repository")
+        try:
+            return pbtxt.parse(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RepositoryError(f"cannot read {path}: {exc}") from None

@@ -1,0 +1,1 @@
+"""One module per job, each with `routes(state) -> list[BaseRoute]` (see app.server.app)."""

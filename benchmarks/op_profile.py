@@ -1,0 +1,141 @@
+"""Where the time goes: onnxruntime's profiler, float against `prism quantize`'s int8.
+
+    .venv/bin/python -m benchmarks.op_profile resnet [--batch 1] [--runs 300] [--nodes]
+
+Quantizes a benchmark model as benchmarks/quantized.py does, runs both versions in a
+1-thread onnxruntime session with Prism's session options and profiling on, and prints
+the kernel time per op type as onnxruntime ran them (after its fusions and layout
+passes: QLinearConv, NCHWc Conv, Transpose, ...), the median over the runs of each node
+(the first third dropped as warm-up), and the median run time. The profiler adds about
+3 us to every kernel it times (a chain of tiny Relu kernels, measured first, is timed
+with and without it); the `net` columns take that off. Absolute latency comes from
+benchmarks/quantized.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.common import median_seconds
+from benchmarks.quantized import MODELS
+from runtime.devices.ort_options import session_options
+from runtime.graph import load_graph
+from runtime.quantize import calibrate, check_samples
+
+Kernels = dict[str, tuple[str, float]]  # node -> (op type, median us)
+
+
+def profile(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int
+            ) -> tuple[Kernels, float]:
+    """Each kernel's median time and the median run time, in microseconds."""
+    opts = session_options(1)
+    opts.enable_profiling = True
+    with tempfile.TemporaryDirectory(prefix="prism-prof-") as tmp:
+        opts.profile_file_prefix = str(Path(tmp) / "run")
+        session = ort.InferenceSession(model.SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+        for _ in range(runs):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    times: dict[str, list[float]] = defaultdict(list)
+    ops: dict[str, str] = {}
+    runs_us: list[float] = []
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            node = e["name"].removesuffix("_kernel_time")
+            times[node].append(e["dur"])
+            ops[node] = e["args"].get("op_name", "?")
+        elif e.get("cat") == "Session" and e["name"] == "model_run":
+            runs_us.append(e["dur"])
+    keep = runs // 3
+    return ({n: (ops[n], float(np.median(v[keep:]))) for n, v in times.items()},
+            float(np.median(runs_us[keep:])))
+
+
+def profiler_cost(kernels: int = 40) -> float:
+    """Microseconds the profiler adds to each kernel: a chain of 1-element Relus, its
+    profiled kernel times against its unprofiled run time per kernel."""
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(kernels)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info(
+        "t0", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info(
+        f"t{kernels}", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    feeds = {"t0": np.ones(1, np.float32)}
+    short = helper.make_model(helper.make_graph(nodes[:1], "one", graph.input, [
+        helper.make_tensor_value_info("t1", TensorProto.FLOAT, [1])]), opset_imports=[
+        helper.make_opsetid("", 17)], ir_version=9)
+    plain = {k: ort.InferenceSession(m.SerializeToString(), session_options(1),
+                                     providers=["CPUExecutionProvider"])
+             for k, m in (("chain", model), ("one", short))}
+    each = (median_seconds(lambda: plain["chain"].run(None, feeds), 2000) -
+            median_seconds(lambda: plain["one"].run(None, feeds), 2000)) / (kernels - 1)
+    profiled, _ = profile(model, feeds, 600)
+    return float(np.median([us for _, us in profiled.values()])) - each * 1e6
+
+
+def _by_op(kernels: Kernels) -> dict[str, tuple[int, float]]:
+    out: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for op, us in kernels.values():
+        out[op][0] += 1
+        out[op][1] += us
+    return {op: (n, us) for op, (n, us) in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--nodes", action="store_true", help="also list every int8 kernel")
+    args = parser.parse_args()
+    path = MODELS[args.model]
+    graph = load_graph(path)
+    name = graph.inputs[0]
+    rng = np.random.default_rng()
+    shape = graph.tensors[name].shape[1:]
+    with calibrate(path, check_samples({name: rng.standard_normal((32, *shape)).astype(
+            np.float32)}, graph, "random")) as c:
+        models = {"float": c.prepared, "int8": c.quantize()}
+    feeds = {name: rng.standard_normal((args.batch, *shape)).astype(np.float32)}
+    found = {k: profile(m, feeds, args.runs) for k, m in models.items()}
+    cost = profiler_cost()
+    table = Table(title=f"{args.model}, batch {args.batch}, 1 thread: kernel time per op "
+                        f"type (us, median of {args.runs} runs; net: less {cost:.1f} us of "
+                        f"profiler per kernel)")
+    table.add_column("op type")
+    for k in found:
+        for what in (f"{k} n", "us", "net"):
+            table.add_column(what, justify="right")
+    ops = {k: _by_op(kernels) for k, (kernels, _) in found.items()}
+    order = sorted({op for o in ops.values() for op in o},
+                   key=lambda op: -max(o.get(op, (0, 0.0))[1] for o in ops.values()))
+
+    def cells(count: int, us: float) -> tuple[str, str, str]:
+        return (str(count), f"{us:.0f}", f"{max(us - count * cost, 0):.0f}") if count else (
+            "", "", "")
+
+    for op in order:
+        table.add_row(op, *(c for k in found for c in cells(*ops[k].get(op, (0, 0.0)))))
+    table.add_row("all", *(c for k in found for c in cells(
+        len(found[k][0]), sum(us for _, us in found[k][0].values()))))
+    table.add_row("run", *(c for k in found for c in ("", f"{found[k][1]:.0f}", "")))
+    console = Console()
+    console.print(table)
+    if args.nodes:
+        for node, (op, us) in found["int8"][0].items():
+            console.print(f"{us:8.1f}  {op:26} {node}", highlight=False)
+
+
+if __name__ == "__main__":
+    main()

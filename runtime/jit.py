@@ -1,0 +1,55 @@
+"""Loading a network just in time: an ONNX model loaded, planned (every step published),
+each partition extracted into a program, and provisioned onto the devices."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from runtime.batching import BatchingConfig, check_batchable
+from runtime.devices.device import Device, Program
+from runtime.graph import Graph, load_graph
+from runtime.inputs import signature
+from runtime.network import Network, place, publish_plan
+from runtime.partition.plan import Plan
+from runtime.planning import PartitionSpec, plan_network
+from runtime.provision import one_line_errors
+from runtime.replicas import twin_maps
+from runtime.submodel import extract
+
+ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded already
+
+
+def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
+    """partition name -> its program: the sub-model, its weights, the device's arena (the
+    peak of its memory plan) and the stage time a modelled device is held for."""
+    with one_line_errors(plan.network):
+        return {p.name: Program.of(extract(graph, p), p.weight_bytes, plan.arenas[p.device],
+                                   p.stage_seconds) for p in plan.partitions}
+
+
+def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
+                 partition: PartitionSpec = "balanced",
+                 annotations: str | Path | Mapping | None = None, fallback: str | None = None,
+                 replicas: int | str = 1, batching: BatchingConfig | None = None,
+                 bindings: Mapping[str, int] | None = None) -> Network:
+    """Load, plan (publishing every step), provision each replica. Raises with nothing
+    left loaded."""
+    graph = load_graph(model, bindings=bindings, name=name)
+    if batching is not None:
+        check_batchable(graph.name, graph.declared_dims(graph.inputs),
+                        graph.declared_dims(graph.outputs))
+    configs = [d.config for d in devices.values()]
+    steps, plan = plan_network(graph, configs, partition, annotations=annotations,
+                               fallback=fallback, replicas=replicas)
+    publish_plan(bus, name, steps, plan)
+    twin_sets: list[Mapping[str, str] | None] = [None]  # per replica: plan device -> twin
+    if replicas != 1:
+        twin_sets += twin_maps(plan, configs, None if replicas == "saturate" else int(replicas) - 1)
+    face = signature(graph)
+    loaded, executors = place(name, plan, programs(graph, plan), devices, bus, twin_sets, face,
+                              graph)
+    return Network(name, plan, face, loaded, executors, batching, graph_source=graph)

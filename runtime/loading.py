@@ -1,0 +1,44 @@
+"""One way in for a network: an ONNX model is planned and extracted now (`jit`), a bundle
+compiled ahead of time is read as it was placed (`bundle.load`). The graph IR, onnx and the
+partitioner load only for a model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runtime.batching import BatchingConfig
+from runtime.bundle.load import is_bundle, load_bundle
+from runtime.devices.device import Device
+from runtime.errors import PrismError
+from runtime.network import Network
+
+if TYPE_CHECKING:
+    from runtime.jit import ModelSource
+    from runtime.planning import PartitionSpec
+
+
+def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
+         partition: PartitionSpec | None, annotations: str | Path | Mapping | None,
+         fallback: str | None, replicas: int | str | None, batching: BatchingConfig | None,
+         bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None) -> Network:
+    """The network, loaded onto `devices`; raises with nothing left loaded."""
+    if is_bundle(model):
+        assert isinstance(model, str | Path)
+        fixed = {"annotations": annotations, "fallback": fallback, "bindings": bindings}
+        given = [k for k, v in fixed.items() if v is not None]
+        if given:
+            raise PrismError(f"{model} is a bundle, placed when it was compiled: "
+                             f"{', '.join(given)} cannot change it (recompile it)")
+        return load_bundle(name, model, devices, bus, remap=remap, replicas=replicas,
+                           batching=batching, partition=partition)
+    if remap:
+        raise PrismError("remap applies to bundles (NAME.prism); a model is planned onto "
+                         "the host's devices as they are named")
+    from runtime.jit import load_network
+
+    return load_network(name, model, devices, bus, partition=partition or "balanced",
+                        annotations=annotations, fallback=fallback,
+                        replicas=1 if replicas is None else replicas, batching=batching,
+                        bindings=bindings)

@@ -1,0 +1,169 @@
+"""The partitioner: graph + devices -> Plan, as a generator of steps a UI can replay.
+
+    steps = partition_steps(graph, devices, "balanced")
+    for step in steps: ...           # each decision, with its reason
+    plan = partition(graph, devices, "balanced")   # or run it to the end
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from runtime.cost import graph_costs
+from runtime.devices.config import DeviceConfig
+from runtime.errors import PartitionError
+from runtime.graph import Graph
+from runtime.partition.balanced import balanced_mode
+from runtime.partition.build import build_plan
+from runtime.partition.canonical import canonical_devices
+from runtime.partition.greedy import Split, memory_mode
+from runtime.partition.order import choose_order, model_order
+from runtime.partition.pairs import keep_pairs
+from runtime.partition.placement import Annotations, Placement, place, read_annotations
+from runtime.partition.plan import MODES, Plan
+from runtime.partition.record import Recorder, Steps, finish, tap
+from runtime.partition.regions import placement_order, region_split
+from runtime.partition.segments import Segments
+from runtime.partition.steps import Step
+from runtime.partition.user import read_user_map, user_mode
+from runtime.partition.validate import validate_plan
+from runtime.units import human_bytes, human_seconds
+
+
+def _check_devices(devices: Sequence[DeviceConfig]) -> None:
+    if not devices:
+        raise PartitionError("no devices given; a plan needs at least one")
+    names = [d.name for d in devices]
+    if len(set(names)) != len(names):
+        raise PartitionError(f"device names repeat: {names}")
+
+
+def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> None:
+    for i, node in enumerate(seg.nodes):
+        if any(seg.fits(i, i + 1, d) for d in devices):
+            continue
+        able = [d for d in devices if seg.runnable(i, i + 1, d)]
+        if not able:
+            raise PartitionError(f"node {node.name} ({node.op_type}) cannot run on any device "
+                                 f"({', '.join(sorted(d.name for d in devices))})")
+        largest = max(able, key=lambda d: d.memory_bytes)
+        need = human_bytes(seg.memory(i, i + 1))
+        raise PartitionError(f"node {node.name} needs {need}; the largest device has "
+                             f"{human_bytes(largest.memory_bytes)}")
+
+
+Attempt = tuple[list[Step], Split] | PartitionError
+
+
+def _attempt(run: Callable[[Recorder], Steps[Split]]) -> Attempt:
+    """Run a mode to the end on a recorder of its own: (steps, result), or the error."""
+    steps: list[Step] = []
+    try:
+        return steps, finish(tap(run(Recorder()), steps.append))
+    except PartitionError as exc:
+        return exc
+
+
+def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
+                    user_map: str | Path | Mapping | None = None,
+                    annotations: str | Path | Mapping | Annotations | None = None,
+                    fallback: str | None = None) -> Steps[Plan]:
+    """Yield each decision as a Step (placement first); return the validated Plan."""
+    if mode not in MODES:
+        raise PartitionError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
+    _check_devices(devices)
+    costs = graph_costs(graph)
+    placement = place(graph, devices, read_annotations(annotations, fallback))
+    rec = Recorder()
+    for node in graph.nodes:
+        yield rec.step("place", f"{node.name} ({node.op_type}): {placement.reasons[node.name]}"
+                       f" -> {', '.join(sorted(placement.allowed[node.name]))}",
+                       nodes=(node.name,))
+    if mode == "user":
+        if user_map is None:
+            raise PartitionError("partition mode 'user' needs a map: a TOML or JSON file")
+        order = model_order(graph)
+        yield rec.step("order", "split along the model order (user map)", nodes=tuple(order))
+        groups = yield from user_mode(graph, devices, read_user_map(user_map), order, rec)
+        plan = build_plan(graph, costs, devices, groups, mode=mode, order=order)
+        validate_plan(plan, graph, placement.allowed)
+    else:
+        pins: dict[str, list[int]] = {}
+        for i, node in enumerate(graph.nodes):
+            if len(placement.allowed[node.name]) == 1:
+                pins.setdefault(next(iter(placement.allowed[node.name])), []).append(i)
+        ordered = canonical_devices(devices, {d: tuple(v) for d, v in pins.items()})
+        options: list[tuple[list[str], str, Segments, Attempt]] = []
+        order, why = choose_order(graph)
+        yield rec.step("order", why, nodes=tuple(order))
+        seg = Segments(graph, costs, order, placement.allowed)
+        _check_each_node_fits(seg, ordered)
+        run_mode = memory_mode if mode == "memory" else balanced_mode
+        options.append((order, why, seg, _attempt(lambda r: run_mode(seg, ordered, r))))
+        if not placement.unconstrained:
+            alike = placement_order(graph, placement.allowed)
+            regional = Segments(graph, costs, alike, placement.allowed)
+            why = "split along an order that keeps nodes placed alike together"
+            options.append((alike, why, regional, _attempt(
+                lambda r: run_mode(regional, ordered, r))))
+            # balanced also weighs memory's choices, so it is never the worse of the two
+            for style in ("memory", "stay") if mode == "memory" else ("balanced", "memory",
+                                                                      "stay"):
+                options.append((alike, why, regional, _attempt(
+                    partial(region_split, regional, ordered, style))))
+        first = options[0][3]
+        done = [(o, w, sg, r) for o, w, sg, r in options if not isinstance(r, PartitionError)]
+        if isinstance(first, PartitionError) and not done:
+            raise first
+        scored, rejected = [], []
+        for along, why, sg, (steps, split) in done:
+            groups = [(f"p{i}", d.name, sg.order[a:b]) for i, (a, b, d) in enumerate(split)]
+            try:
+                trial = build_plan(graph, costs, devices, groups, mode=mode, order=along)
+                validate_plan(trial, graph, placement.allowed)
+            except PartitionError as exc:
+                rejected.append(exc)
+                continue
+            moved = sum(t.bytes for t in trial.transfers)
+            key = (len(trial.partitions), moved, trial.bottleneck_seconds) if mode == "memory" \
+                else (trial.bottleneck_seconds, len(trial.partitions), moved)
+            scored.append((key, along, why, steps, trial))
+        if not scored:
+            raise first if isinstance(first, PartitionError) else rejected[-1]
+        _, chosen, why, steps, plan = min(scored, key=lambda s: s[0])
+        if chosen != order:
+            order = chosen
+            yield rec.step("order", why, nodes=tuple(order))
+        for step in steps:
+            yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
+    plan, notes = yield from keep_pairs(graph, costs, devices, plan, placement.allowed, rec,
+                                        move=mode != "user")
+    reasons = _explained(placement, plan, mode)
+    for name, note in notes.items():
+        reasons[name] += f"; {note}"
+    plan = replace(plan, reasons=reasons)
+    yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
+                   f"{human_seconds(plan.bottleneck_seconds)}")
+    return plan
+
+
+def _explained(placement: Placement, plan: Plan, mode: str) -> dict[str, str]:
+    """Placement's reason per node, with where the mode put the ones it was free to."""
+    where = {n: (p.name, p.device) for p in plan.partitions for n in p.nodes}
+    out = {}
+    for node, why in placement.reasons.items():
+        part, dev = where[node]
+        out[node] = (f"cheapest: the {mode} split put it in {part} on {dev}" if why == "cheapest"
+                     else f"{why}; in {part} on {dev}")
+    return out
+
+
+def partition(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
+              user_map: str | Path | Mapping | None = None,
+              annotations: str | Path | Mapping | Annotations | None = None,
+              fallback: str | None = None) -> Plan:
+    return finish(partition_steps(graph, devices, mode, user_map=user_map,
+                                  annotations=annotations, fallback=fallback))

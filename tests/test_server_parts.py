@@ -1,0 +1,104 @@
+"""The server's pure parts: protocol tensors both ways for every datatype (against
+tritonclient's own encoder), config.pbtxt, and load options."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from app.server.load_options import LoadOptionError, load_options
+from app.server.pbtxt import ConfigError, parse
+from app.server.tensors import DTYPES, InferRequest, TensorError, encode_response, parse_infer
+
+
+def _random(datatype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    dtype = DTYPES[datatype]
+    if dtype.kind == "O":
+        return np.array([bytes(rng.integers(0, 256, rng.integers(0, 9)).astype(np.uint8))
+                         for _ in range(int(np.prod(shape)))], dtype=object).reshape(shape)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+@pytest.mark.parametrize("datatype", list(DTYPES))
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_tritonclients_requests_decode_to_its_arrays(datatype, binary):
+    rng = np.random.default_rng()
+    array = _random(datatype, (2, 3), rng)
+    tensor = triton.InferInput("t", [2, 3], datatype)
+    if datatype == "BYTES" and not binary:  # JSON carries text
+        array = np.array([b.hex().encode() for b in array.ravel()], dtype=object).reshape(2, 3)
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    body, header_length = triton.InferenceServerClient.generate_request_body([tensor])
+    got = parse_infer(body if isinstance(body, bytes) else body.encode(),
+                      None if header_length is None else str(header_length), []).feeds["t"]
+    assert got.shape == (2, 3) and got.dtype == DTYPES[datatype]
+    if datatype == "BYTES":
+        want = [b if binary else b.decode() for b in array.ravel()]
+        assert list(got.ravel()) == want
+    else:
+        np.testing.assert_array_equal(got, array)
+
+
+@pytest.mark.parametrize("datatype", list(DTYPES))
+def test_responses_read_back_with_tritonclient(datatype):
+    rng = np.random.default_rng()
+    array = _random(datatype, (3, 2), rng)
+    for binary in (False, True):
+        request = InferRequest({}, None, binary, 1, None, "id-1")
+        body, header_length = encode_response("m", "1", request, {"out": array})
+        result = triton.InferResult.from_response_body(body, header_length=header_length)
+        got = result.as_numpy("out")
+        assert result.get_response()["id"] == "id-1"
+        if datatype == "BYTES" and not binary:
+            assert [g.decode() if isinstance(g, bytes) else g for g in got.ravel()] == [
+                b.decode("utf-8", "replace") for b in array.ravel()]
+        else:
+            np.testing.assert_array_equal(got, array)
+
+
+def test_the_header_length_must_fit_the_body():
+    for bad in ("-1", "x", "99"):
+        with pytest.raises(TensorError, match="Inference-Header-Content-Length"):
+            parse_infer(b"{}", bad, [])
+
+
+def test_a_triton_config_becomes_load_options():
+    config = parse("""
+        name: "cnn"  # comments and both list forms
+        max_batch_size: 16
+        input [ { name: "image" data_type: TYPE_FP32 dims: [ 3, 32, 32 ] } ]
+        dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 2500 }
+        instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 kind: KIND_CPU } ]
+        parameters { key: "partition" value: { string_value: "memory" } }
+        parameters { key: "devices" value: { string_value: "cpu0, cpu1" } }
+    """)
+    options = load_options(config, None)
+    assert (options.max_batch_size, options.max_queue_delay_ms) == (16, 2.5)
+    assert options.preferred_batch_sizes == (4, 8) and options.replicas == 3
+    assert options.partition == "memory" and options.devices == ("cpu0", "cpu1")
+    # a load request's own parameters win, its config replaces the file's
+    assert load_options(config, {"partition": "balanced"}).partition == "balanced"
+    replaced = load_options(config, {"config": json.dumps({"max_batch_size": 4})})
+    assert replaced.max_batch_size == 0 and replaced.partition == "balanced"
+
+
+@pytest.mark.parametrize("text", ['name: "x', "a { b: 1", "a: [1, 2", "{", "a:"])
+def test_a_broken_config_is_one_error(text):
+    with pytest.raises(ConfigError, match=r"config\.pbtxt"):
+        parse(text)
+
+
+@pytest.mark.parametrize("params", [{"max_batch_size": -1}, {"max_queue_delay_ms": "soon"},
+                                    {"preferred_batch_sizes": "4,x"}, {"devices": ""},
+                                    {"config": "{"}, {"file:1/model.onnx": ""}])
+def test_bad_load_parameters_are_refused(params):
+    with pytest.raises(LoadOptionError):
+        load_options({}, params)
