@@ -136,7 +136,7 @@ class LiveRuntime:
         if self.host is None:
             return {}
         return {name: DeviceCounters(name, s.backend, s.used_bytes, s.total_bytes,
-                                     s.queue_length, s.runs)
+                                     s.queue_length, s.runs, s.node, s.health)
                 for name, s in ((n, m.stats()) for n, m in self.host.devices.items())}
 
     def partition_steps(self, mode: str) -> PartitionSteps:
