@@ -91,6 +91,13 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> N
                              "fallback = device")
     parser.add_argument("--fallback", metavar="DEVICE",
                         help="device for nodes their preferred device cannot run")
+    _add_ray_arg(parser)
+
+
+def _add_ray_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ray-address", metavar="ADDR|auto",
+                        help="ray devices join the Ray cluster at ADDR (auto: this machine's); "
+                             "by default Prism starts a local one and stops it on exit")
 
 
 def _add_serving_args(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(default: a bundled sample CNN)")
     tui.add_argument("--devices", help="device spec (default cpu:2,sim:2:mem=256MB; for a "
                                        "bundle, the kinds it was compiled for)")
+    _add_ray_arg(tui)
     tui.add_argument("--partition", default="balanced", choices=("balanced", "memory"),
                      metavar="MODE", help="balanced (default) or memory (a bundle keeps "
                                           "the mode it was compiled in)")
@@ -294,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
+    _add_remap_arg(tui)
     _add_connect_args(tui)
     tui.set_defaults(handler="app.tui_cmd:run")
 
@@ -302,8 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(default: a bundled sample)")
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
+    _add_ray_arg(web)
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
+    _add_remap_arg(web)
     _add_connect_args(web)
     web.set_defaults(handler="app.web_cmd:run")
 
@@ -393,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _CtrlC() as ctrl_c:
         try:
             args = build_parser().parse_args(argv)  # imports the runtime (for MODES)
+            if getattr(args, "ray_address", None):
+                from runtime.devices.ray_cluster import use_address
+
+                use_address(args.ray_address)
             command = _handler(args.handler)
             ctrl_c.resume()
             return command(args) or 0

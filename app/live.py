@@ -10,6 +10,7 @@ leaves the old network serving and raises.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from app.dashboard.source import (
@@ -46,8 +47,9 @@ class LiveRuntime:
     def __init__(self, model: str | Path | None = None, devices: str | None = None,
                  mode: str = "balanced", *, rate: float | None = None,
                  concurrency: int | None = None, start_load: bool = True,
-                 seed: int | None = None):
+                 seed: int | None = None, remap: Mapping[str, str] | None = None):
         self.model = Path(model) if model else DEFAULT_MODEL
+        self._remap = (self.model.resolve(), dict(remap or {}))  # for that bundle only
         self.devices_spec = devices or default_devices(self.model)
         self.mode = mode if is_bundle(self.model) else dashboard_mode(mode)  # a bundle: its own
         self.network = self.model.stem
@@ -72,10 +74,16 @@ class LiveRuntime:
 
     def _load_network(self) -> None:
         host = self._running()
-        self._plan = host.add_network(  # a bundle loads in the mode it was compiled in
-            self.network, self.model, partition=None if is_bundle(self.model) else self.mode)
+        self._plan = self._add(host, self.network, self.model,  # a bundle: its own mode
+                               None if is_bundle(self.model) else self.mode)
         self.mode = self._plan.mode
         self._outline = Outline.of(host.graph(self.network))
+
+    def _add(self, host: HostManager, name: str, model: Path, mode: str | None) -> Plan:
+        """`add_network`, with `--remap` for the bundle it was given for."""
+        path, remap = self._remap
+        return host.add_network(name, model, partition=mode,
+                                remap=remap if remap and model.resolve() == path else None)
 
     def _start_load(self, paused: bool = False) -> None:
         self.load = LoadGenerator(self._running(), self.network, rate=self.rate,
@@ -128,7 +136,7 @@ class LiveRuntime:
         if self.host is None:
             return {}
         return {name: DeviceCounters(name, s.backend, s.used_bytes, s.total_bytes,
-                                     s.queue_length, s.runs)
+                                     s.queue_length, s.runs, s.node, s.health)
                 for name, s in ((n, m.stats()) for n, m in self.host.devices.items())}
 
     def partition_steps(self, mode: str) -> PartitionSteps:
@@ -204,15 +212,15 @@ class LiveRuntime:
         name, old = f"{model.stem}#{self._generation}", self.network
         paused = self.paused
         try:
-            host.add_network(name, model, partition=mode)
+            self._add(host, name, model, mode)
             self._stop_load()
         except DeviceMemoryError:
             self._stop_load()
             host.remove_network(old, timeout=10.0)
             try:
-                host.add_network(name, model, partition=mode)
+                self._add(host, name, model, mode)
             except PrismError:
-                host.add_network(old, self.model, partition=self.mode)
+                self._add(host, old, self.model, self.mode)
                 self._start_load(paused)
                 raise
         else:
@@ -225,7 +233,7 @@ class LiveRuntime:
     def _replace_host(self, devices: str, model: Path, mode: str | None) -> None:
         probe = HostManager(parse_devices(devices))
         try:
-            probe.add_network("probe", model, partition=mode)  # old stays
+            self._add(probe, "probe", model, mode)  # old stays
         finally:
             probe.close(timeout=5.0)
         paused = self.paused

@@ -17,7 +17,7 @@ from app.defaults import default_devices
 from app.live import LiveRuntime
 from app.replay import Recording
 from runtime.bundle.load import is_bundle
-from runtime.bundle.match import match_devices
+from runtime.bundle.match import match_devices, parse_remap
 from runtime.bundle.reader import read_bundle
 from runtime.devices import parse_devices
 from runtime.errors import BundleError, PrismError
@@ -36,15 +36,24 @@ class SourceSettings:
     replay: str | None = None  # a recording (JSON lines) to replay instead of running
     connect: str | None = None  # a running server's URL to attach to instead of running
     token: str | None = None  # its token, if it asks for one
+    remap: str | None = None  # a bundle's renamed devices: "OLD=NEW,OLD=NEW"
 
     def __post_init__(self) -> None:
-        if self.connect is not None and (self.model or self.devices or self.replay):
-            raise PrismError("--connect attaches to a running server: MODEL, --devices and "
-                             "--replay are the server's business")
+        if self.connect is not None and (self.model or self.devices or self.replay or
+                                         self.remap):
+            raise PrismError("--connect attaches to a running server: MODEL, --devices, "
+                             "--remap and --replay are the server's business")
+        if self.remap is not None and not (self.model and is_bundle(self.model)):
+            raise PrismError("--remap applies to bundles (NAME.prism); a model is planned "
+                             "onto the devices as they are named")
         if self.replay is not None and not Path(self.replay).is_file():
             raise PrismError(f"--replay: no such file: {self.replay}")
         if self.replay is None and self.model is not None and is_bundle(self.model):
-            _check_bundle(Path(self.model), self.devices)
+            _check_bundle(Path(self.model), self.devices, self.remaps)
+
+    @property
+    def remaps(self) -> dict[str, str]:
+        return parse_remap(self.remap.split(",")) if self.remap else {}
 
     def open(self) -> RuntimeSource:
         if self.connect is not None:
@@ -54,7 +63,7 @@ class SourceSettings:
         if self.replay is not None:
             return Recording(self.replay, self.model, self.devices, self.mode)
         return LiveRuntime(self.model, self.devices, self.mode, rate=self.rate,
-                           concurrency=self.concurrency, seed=self.seed)
+                           concurrency=self.concurrency, seed=self.seed, remap=self.remaps)
 
     def to_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """`env` with these settings in place of any it held."""
@@ -74,14 +83,15 @@ class SourceSettings:
 
         return cls(get("model"), get("devices"), get("mode") or "balanced",
                    number("rate", float), number("concurrency", int), number("seed", int),
-                   get("replay"), get("connect"), get("token"))
+                   get("replay"), get("connect"), get("token"), get("remap"))
 
 
-def _check_bundle(path: Path, devices: str | None) -> None:
+def _check_bundle(path: Path, devices: str | None, remap: Mapping[str, str]) -> None:
     """Refuse, in one line and before any dashboard starts, a bundle that is damaged or
     whose devices these cannot hold."""
     with read_bundle(path) as bundle:
         try:
-            match_devices(bundle.manifest, parse_devices(devices or default_devices(path)))
+            match_devices(bundle.manifest, parse_devices(devices or default_devices(path)),
+                          remap)
         except BundleError as exc:
             raise BundleError(f"{path}: {exc}") from None

@@ -15,7 +15,8 @@ def run(args: argparse.Namespace) -> int:
 
     model = DashboardModel(SourceSettings(
         args.model, args.devices, args.partition, rate=args.rate, concurrency=args.concurrency,
-        seed=args.seed, replay=args.replay, connect=args.connect, token=args.token).open())
+        seed=args.seed, replay=args.replay, connect=args.connect, token=args.token,
+        remap=",".join(args.remap) or None).open())
     if sys.stdin.isatty():
         exit_on_hangup(sys.stdin.fileno())
     try:

@@ -90,7 +90,8 @@ def _settings(args: argparse.Namespace) -> SourceSettings:
     replay = getattr(args, "replay", None)  # `prism web --replay` once the CLI takes it
     settings = SourceSettings(model, args.devices,
                               replay=str(Path(replay).resolve()) if replay else None,
-                              connect=args.connect, token=args.token)
+                              connect=args.connect, token=args.token,
+                              remap=",".join(args.remap) or None)
     if settings.connect is not None:
         settings.open().close()  # an unreachable server fails here, as one line
     return settings

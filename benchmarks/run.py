@@ -18,12 +18,13 @@ from benchmarks import (
     partition_speed,
     pipeline,
     quantized,
+    ray_devices,
     serving,
 )
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
           "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
-          "cold": cold_start.run, "http": http_serving.run}
+          "cold": cold_start.run, "http": http_serving.run, "ray": ray_devices.run}
 HERE = Path(__file__).parent
 
 

@@ -22,6 +22,7 @@ from runtime.batching import Batcher, Finish, split
 from runtime.deadlines import Deadlines
 from runtime.devices.device import Outputs
 from runtime.errors import (
+    DeviceLostError,
     ExecutionError,
     HostClosedError,
     NetworkBusyError,
@@ -220,13 +221,40 @@ class Dispatcher:
         if self.bus.active:
             self.bus.publish("request.started", network=request.network, request=request.id,
                              queue_wait=request.started_at - request.queued_at, batch_size=1)
+        self._start(request)
+
+    def _start(self, request: Request) -> None:
         try:
-            request.replica.start(request, self.finish)
+            request.replica.start(request, self._landed)
         except BaseException as exc:  # a device that raised from `call`, or an interrupt
             self.finish(request, None, exc if isinstance(exc, Exception) else ExecutionError(
                 f"request {request.id} to {request.network} interrupted: {described(exc)}"))
             if not isinstance(exc, Exception):
                 raise
+
+    def _landed(self, request: Request, outputs: Outputs | None,
+                error: BaseException | None) -> None:
+        """A started request's end, except that one whose device was lost under it runs
+        once more on another replica, if its network has one: retried or failed, never
+        both."""
+        if isinstance(error, DeviceLostError) and not request.retried and not request.ended:
+            with self.cv:
+                net = self.networks.get(request.network)
+                others = [r for r in net.replicas if r is not request.replica] if net else []
+                if others:
+                    request.retried = True
+                    request.replica.outstanding -= 1
+                    request.replica = min(others, key=lambda r: (r.outstanding, r.last_used))
+                    request.replica.outstanding += 1
+            if request.retried:
+                if self.bus.active:
+                    self.bus.publish("request.retried", network=request.network,
+                                     request=request.id, error=str(error),
+                                     partition=getattr(error, "partition", None),
+                                     device=getattr(error, "device", None))
+                self._start(request)
+                return
+        self.finish(request, outputs, error)
 
     def begin_batch(self, net: Network, batch: Request, done: Finish) -> None:
         """Run a batch (its members started by its batcher) on the least busy replica. Its

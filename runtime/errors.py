@@ -37,6 +37,11 @@ class ExecutionError(PrismError):
     device: str | None = None
 
 
+class DeviceLostError(ExecutionError):
+    """A run failed because its device's worker died under it (a `ray` actor lost): the
+    request may be retried once on another replica."""
+
+
 class InvalidInputError(PrismError):
     """Feeds do not match the network's inputs: wrong name, dtype or shape."""
 

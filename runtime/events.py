@@ -28,6 +28,10 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
                          "seconds"),
     "provision.evicted": ("network", "partition", "device", "bytes"),
     "device.memory": ("device", "used_bytes", "total_bytes"),
+    # a device in another process: its worker died (runs in flight on it failed), and
+    # its replacement holds every program again
+    "device.lost": ("device", "node", "error", "in_flight", "partitions"),
+    "device.restored": ("device", "node", "seconds", "partitions"),
     "request.queued": ("network", "request", "priority", "queue_depth"),
     "request.started": ("network", "request", "queue_wait", "batch_size"),
     "partition.run.started": ("network", "request", "partition", "device"),
@@ -36,6 +40,8 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "request.finished": ("network", "request", "latency", "queue_wait", "run_seconds",
                          "batch_size"),
     "request.failed": ("network", "request", "error", "partition", "device"),
+    # its device was lost under it: it runs once more on another replica
+    "request.retried": ("network", "request", "error", "partition", "device"),
     "queue.depth": ("depth", "active"),
     "device.worker.replaced": ("device", "error"),
     "bus.lost": ("lost",),

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from runtime.devices.device import Outputs, Tag
+from runtime.devices.remote import local
 from runtime.errors import ExecutionError, described
 from runtime.inputs import Signature
 from runtime.outputs import OutputCheck
@@ -69,6 +70,8 @@ class Executor:
             for t in inputs:
                 self.readers.setdefault(t, []).append(i)
             self.missing.append(sum(t not in fed for t in inputs))
+        # a device that leaves tensors in another process: fetch them where they must be here
+        self.remote = any(lp.device.takes_remote for lp in self.parts)
         self.outstanding = 0  # requests in flight on this replica; the host balances on it
         self.last_used = 0
         # The lean path hands over the feeds as given and returns the outputs: only when
@@ -113,6 +116,12 @@ class Executor:
             return
         lp = self.parts[i]
         feeds = {t: run.values[t] for t in lp.partition.inputs}
+        if self.remote and not lp.device.takes_remote:
+            try:
+                feeds = local(feeds)
+            except ExecutionError as exc:
+                self._fail(run, request, done, _named(exc, lp))
+                return
         tag = self._tag(request, lp)
         if request.inline:  # only the first stage: later ones pipeline on device threads
             request.inline = False
@@ -164,7 +173,8 @@ class Executor:
             for r in ready:
                 self._launch(run, request, r, done)
             if finished:
-                done(request, {t: run.values[t] for t in self.outputs}, None)
+                outputs = {t: run.values[t] for t in self.outputs}
+                done(request, local(outputs) if self.remote else outputs, None)
         except Exception as exc:  # a bug here must still end the request
             self._fail(run, request, done, exc)
 

@@ -11,7 +11,6 @@ batching `batching.py`'s, running a request over a plan `executor.py`'s.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -258,6 +257,8 @@ class HostManager:
         """`run` for asyncio: no thread per request, nothing run on the event loop's thread.
         The request's end wakes the loop once; cancelling the awaiting task cancels the
         request if it has not started."""
+        import asyncio  # here: a host that never awaits skips its import (cold start)
+
         return await asyncio.wrap_future(self.run(name, feeds, priority, timeout, inline=False))
 
     def _admit_locked(self, net: Network, waiting: int | None) -> None:

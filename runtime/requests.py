@@ -83,6 +83,7 @@ class Request:
     inline: bool = False  # may run on the caller's thread
     alone: bool = False  # runs in a batch of its own: its batch failed, it is tried alone
     replica: Any = None  # the Executor (one replica of the plan) running it
+    retried: bool = False  # run again on another replica after its device was lost
     members: list[Request] | None = None  # a batch: the requests it runs as one
     id: int = field(default_factory=_ids.__next__)
     future: RequestFuture = field(default_factory=RequestFuture)

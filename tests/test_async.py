@@ -48,14 +48,16 @@ def test_thousands_of_coroutines_each_get_their_own_answer(batching):
 
 def test_errors_and_cancellation_reach_the_awaiting_coroutine():
     rng = np.random.default_rng()
-    with HostManager(parse_devices("sim:1:flops=1G"), max_queue=4, max_active=1) as host:
+    # A slow device (8 rows: ~0.2 s), so the running request is still running while the
+    # loop sends the others, however loaded the machine.
+    with HostManager(parse_devices("sim:1:flops=50M"), max_queue=4, max_active=1) as host:
         host.add_network("mlp", MLP)
 
         async def main() -> None:
             with pytest.raises(InvalidInputError):
                 await host.run_async("mlp", {"x": np.zeros((1, 3), np.float32)})
             with pytest.raises(RequestTimeoutError):
-                await host.run_async("mlp", _feeds(rng, 64), timeout=1e-4)
+                await host.run_async("mlp", _feeds(rng), timeout=1e-4)
             # One runs, four wait, the sixth is refused; a cancelled waiter gives its
             # place back and the others still finish.
             tasks = [asyncio.ensure_future(host.run_async("mlp", _feeds(rng, 8)))

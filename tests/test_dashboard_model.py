@@ -369,11 +369,14 @@ def test_a_network_from_a_bundle_shows_its_origin_schedule_and_recorded_steps(
         recording = tmp_path / "run.jsonl"
         model.start_recording(recording)
         model.toggle_pause()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while model.poll().totals.finished < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         model.stop_recording()
     finally:
         model.close()
     replay = DashboardModel(Recording(recording)).poll()
+    assert replay.totals.finished >= 3
     assert replay.status.bundle and replay.bundle.schedule == tuple(
         replace(r, color=replay.colors[r.device]) for r in rows)
     assert [(p.name, p.device) for p in replay.plan.partitions] == [
@@ -408,6 +411,30 @@ def test_source_settings_travel_through_the_environment(tmp_path: Path) -> None:
     assert SourceSettings.from_env({}) == SourceSettings()
     with pytest.raises(PrismError, match="--replay: no such file"):
         SourceSettings(replay=str(tmp_path / "missing.jsonl"))
+
+
+def test_a_bundle_remapped_through_the_environment_runs_where_it_was_sent(
+        tmp_path: Path) -> None:
+    """`prism tui|web NAME.prism --remap OLD=NEW`: the settings carry the remap through
+    `prism web`'s environment, and the schedule shows each partition on its new device."""
+    path = tmp_path / "transformer.prism"
+    compiled = compile_bundle(SAMPLES / "transformer.onnx", parse_devices("cpu:2"), path)
+    moved = {"cpu0": "cpu3", "cpu1": "cpu0"}
+    settings = SourceSettings(str(path), "cpu:4", seed=1,
+                              remap=",".join(f"{a}={b}" for a, b in moved.items()))
+    settings = SourceSettings.from_env(settings.to_env({}))
+    assert settings.remaps == moved
+    model = DashboardModel(settings.open())
+    try:
+        view = model.poll()
+        assert view.bundle is not None
+        assert [(r.partition, r.device) for r in view.bundle.schedule] == [
+            (r["partition"], moved[r["device"]]) for r in compiled.manifest["schedule"]]
+        assert [p.device for p in view.plan.partitions] == [r.device for r in view.bundle.schedule]
+    finally:
+        model.close()
+    with pytest.raises(PrismError, match="applies to bundles"):
+        SourceSettings(str(MODEL), "cpu:4", remap="cpu0=cpu3")
 
 
 def test_stepper_walks_within_its_steps(source: Scripted) -> None:

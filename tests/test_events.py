@@ -39,7 +39,7 @@ def test_catalogue_names():
         "network", "request", "partition", "device", "queue_wait", "run_seconds")
     assert EVENT_KINDS["bus.lost"] == ("lost",)
     assert EVENT_KINDS["device.worker.replaced"] == ("device", "error")
-    assert len(EVENT_KINDS) == 15
+    assert len(EVENT_KINDS) == 18
 
 
 def test_publish_order_across_threads():

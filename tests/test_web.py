@@ -26,9 +26,12 @@ from app.dashboard.source import MODES
 from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL, SAMPLES
 from app.sources import ENV_PREFIX
 from recordings import record_run
+from runtime.bundle.writer import compile_bundle
+from runtime.devices import parse_devices
 from ui_web.cached import shared_live
 from ui_web.shared import SharedLive
 
+SCHEDULE_COLUMNS = ["partition", "device", "reads", "writes", "after"]
 APP = Path(__file__).resolve().parent.parent / "ui_web" / "dashboard.py"
 TIMEOUT = 30
 
@@ -138,6 +141,28 @@ def test_bad_upload_shows_error_and_keeps_serving(at: AppTest, shared: SharedLiv
     assert at.error and "Apply failed" in at.error[0].value
     assert shared.view().plan is before
     assert _serving(shared)
+
+
+def test_an_uploaded_bundle_shows_its_origin_and_schedule(at: AppTest, shared: SharedLive,
+                                                          tmp_path: Path) -> None:
+    """A bundle uploaded and applied loads as compiled: the status line names it and the
+    page shows its schedule table on this host's devices; a model again drops both."""
+    path = tmp_path / "cnn.prism"
+    compile_bundle(SAMPLES / "cnn.onnx", parse_devices(DEFAULT_DEVICES), path, partition="memory")
+    at.file_uploader[0].set_value(("cnn.prism", path.read_bytes(), "application/octet-stream"))
+    _apply(at)
+    view = shared.view(max_age=0)
+    assert not at.error and view.status.bundle and view.bundle is not None
+    assert view.plan.mode == "memory"  # its own mode, whatever the form said
+    assert any("from bundle `cnn.prism`" in m.value for m in at.markdown)
+    [frame] = [d.value for d in at.dataframe if list(d.value.columns) == SCHEDULE_COLUMNS]
+    assert list(frame["partition"]) == [r.partition for r in view.bundle.schedule]
+    assert list(frame["device"]) == [p.device for p in view.plan.partitions]
+    assert list(frame["reads"]) == [", ".join(r.reads) for r in view.bundle.schedule]
+    assert _serving(shared)
+    _apply(at, model="cnn.onnx")
+    assert shared.view(max_age=0).bundle is None and shared.view().plan.mode == "balanced"
+    assert not [d for d in at.dataframe if list(d.value.columns) == SCHEDULE_COLUMNS]
 
 
 def test_model_too_big_for_devices_shows_error(at: AppTest, shared: SharedLive) -> None:

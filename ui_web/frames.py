@@ -18,12 +18,14 @@ def compact_bytes(n: float) -> str:
 
 
 def devices_frame(rows: tuple[DeviceRow, ...]) -> pd.DataFrame:
-    """One row per device: memory used (bar and text) and utilisation (bar), in percent."""
+    """One row per device: where it runs (backend, and node for a ray device), memory used
+    (bar and text) and utilisation (bar), in percent."""
     return pd.DataFrame(
-        [{"device": r.name, "memory": round(100 * r.memory_share, 1),
+        [{"device": r.name if r.health == "ok" else f"{r.name} ({r.health})",
+          "where": r.where, "memory": round(100 * r.memory_share, 1),
           "used": f"{compact_bytes(r.used_bytes)}/{compact_bytes(r.total_bytes)}",
           "utilisation": round(100 * r.utilisation, 1)} for r in rows],
-        columns=["device", "memory", "used", "utilisation"])
+        columns=["device", "where", "memory", "used", "utilisation"])
 
 
 def partitions_frame(rows: tuple[PartitionRow, ...]) -> pd.DataFrame:

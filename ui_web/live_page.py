@@ -74,6 +74,8 @@ def devices(view: DashboardView) -> None:
         frames.devices_frame(view.devices), hide_index=True, width="stretch",
         column_config={
             "device": st.column_config.TextColumn("Device", width=58),
+            "where": st.column_config.TextColumn("Runs on", width=110,
+                                                 help="backend, and the Ray node of a ray device"),
             "memory": st.column_config.ProgressColumn(
                 "Memory", min_value=0, max_value=100, format="%.1f%%", width=76),
             "used": st.column_config.TextColumn("Used / total", width=108),

@@ -32,7 +32,7 @@ class Applied:
 
 def _safe_name(name: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).stem).strip("._") or "upload"
-    return f"{stem[:40]}.onnx"
+    return f"{stem[:40]}{'.prism' if Path(name).suffix == '.prism' else '.onnx'}"
 
 
 class SharedLive:

@@ -1,4 +1,5 @@
-"""Sidebar controls: model (sample or upload), devices, mode, load, pause, Apply.
+"""Sidebar controls: model (a sample, or an uploaded model or bundle), devices, mode,
+load, pause, Apply.
 
 The form's widgets change nothing until Apply, which re-partitions and re-provisions the
 running host in place; its outcome is kept in session state for the page to show.
@@ -81,7 +82,7 @@ def render(shared: SharedLive) -> None:
         with st.form("controls", border=False):
             st.selectbox("Model", list(choices), key="ctl_model")
             upload = st.file_uploader(
-                "…or upload an .onnx", type=["onnx"],
+                "…or upload an .onnx or a .prism bundle", type=["onnx", "prism"],
                 key=f"ctl_upload_{st.session_state[UPLOAD_GEN]}",
                 help="used instead of the model above when given")
             st.text_input("Devices", key="ctl_devices",

@@ -21,10 +21,17 @@ class DeviceRow:
     utilisation: float  # share of the window the device was running a partition
     queue_length: int
     runs: int
+    node: str = ""  # the Ray node a `ray` device runs on
+    health: str = "ok"  # "recovering", "lost"
 
     @property
     def memory_share(self) -> float:
         return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def where(self) -> str:
+        """The backend, and the node for a device in another process: `ray @ 10.0.0.5`."""
+        return f"{self.backend} @ {self.node}" if self.node else self.backend
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,7 @@ def device_rows(plan: Plan | None, counters: Mapping[str, DeviceCounters],
         own = counters.get(name)
         if own is not None:
             rows.append(DeviceRow(name, own.backend, color, own.used_bytes, own.total_bytes,
-                                  util, own.queue_length, own.runs))
+                                  util, own.queue_length, own.runs, own.node, own.health))
             continue
         config = configs.get(name)
         rows.append(DeviceRow(

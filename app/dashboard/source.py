@@ -87,6 +87,8 @@ class DeviceCounters:
     total_bytes: int
     queue_length: int
     runs: int
+    node: str = ""  # where a device in another process runs (a Ray node's address)
+    health: str = "ok"  # "recovering" while a lost worker is replaced, "lost" for good
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
+_MODULES = {"ray": "ray_device"}  # backend -> its module, where the names differ
 
 
 def register(name: str, device: DeviceFactory, ops: OpsLister,
@@ -48,7 +49,7 @@ def register(name: str, device: DeviceFactory, ops: OpsLister,
 
 def _backend(name: str) -> Backend:
     if name not in _REGISTRY and name in BACKENDS:
-        importlib.import_module(f"runtime.devices.{name}")
+        importlib.import_module(f"runtime.devices.{_MODULES.get(name, name)}")
     if name not in _REGISTRY:
         raise ProvisionError(f"no backend named {name!r}; known: {', '.join(BACKENDS)}")
     return _REGISTRY[name]
@@ -67,7 +68,7 @@ def supported_ops(name: str) -> frozenset[str] | None:
 
 # A backend that computes its values with another backend's kernels (`sim` runs a
 # one-thread onnxruntime session) can run a node only where that one can.
-COMPUTED_BY = {"sim": "cpu"}
+COMPUTED_BY = {"sim": "cpu", "ray": "cpu"}
 
 
 def _acceptor(name: str) -> Acceptor | None:

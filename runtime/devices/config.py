@@ -6,7 +6,8 @@ from dataclasses import dataclass, field, fields, replace
 
 from runtime.errors import DeviceSpecError
 
-BACKENDS = ("cpu", "reference", "sim")
+BACKENDS = ("cpu", "reference", "sim", "ray")
+RAY_TIMINGS = ("cpu", "sim")  # what a `ray` device's actor is: onnxruntime at speed, or a sim
 # onnxruntime starts every intra-op thread when a session is made: 1,024 took 46 s on
 # the 2-core CI machine kind. 256 is more than any one host's cores today.
 MAX_THREADS = 256
@@ -23,7 +24,12 @@ HOST_LINK_BANDWIDTH = 20e9
 HOST_LINK_LATENCY = 20e-6
 # int8 on the same machine (AVX-512 VNNI): a 512x512 MatMulInteger ran at 660-700 GOP/s,
 # 3.6-3.8x the float MatMul beside it; narrow layers gain less, so we take 3x float.
-INT8_SPEEDUP = {"cpu": 3.0, "reference": 1.0, "sim": 4.0}
+INT8_SPEEDUP = {"cpu": 3.0, "reference": 1.0, "sim": 4.0, "ray": 3.0}
+# A `ray` device is an actor process: a copy to or from it is a Ray call, measured at
+# about 1 ms per hop and some 1 GB/s for 1 MB tensors on the 2-core machine kind
+# (benchmarks/ray_hops.py).
+RAY_LINK_BANDWIDTH = 1e9
+RAY_LINK_LATENCY = 1e-3
 PRECISIONS = ("float", "int8")
 
 # Defaults per backend: (peak_flops, mem_bandwidth, link_bandwidth, launch, link latency, memory)
@@ -35,6 +41,9 @@ _DEFAULTS: dict[str, tuple[float, float, float, float, float, int]] = {
                   200e-6, HOST_LINK_LATENCY, 2 << 30),
     # A modest accelerator on a PCIe-like link.
     "sim": (2e12, 100e9, 12e9, 10e-6, 10e-6, 512 << 20),
+    # An onnxruntime CPU session in an actor process, behind a Ray call.
+    "ray": (CPU_FLOPS_PER_THREAD, CPU_MEM_BANDWIDTH, RAY_LINK_BANDWIDTH,
+            CPU_LAUNCH_SECONDS, RAY_LINK_LATENCY, 2 << 30),
 }
 
 
@@ -55,6 +64,11 @@ class DeviceConfig:
     link_latency: float = None  # type: ignore[assignment]
     int8_ops: float = None  # type: ignore[assignment]  # peak int8 ops/s; default: see below
     precisions: frozenset[str] | None = None  # what it computes in (None: float and int8)
+    # `ray` only: "sim" makes the actor keep a sim device's modelled time (and figures);
+    # the Ray node to place the actor on (IP or node id); Ray resources it asks for.
+    timing: str = "cpu"
+    node: str | None = None
+    resources: tuple[tuple[str, float], ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -67,15 +81,19 @@ class DeviceConfig:
         if not 1 <= self.threads <= MAX_THREADS:
             raise DeviceSpecError(f"device {self.name}: threads must be >= 1 and <= "
                                   f"{MAX_THREADS}, got {self.threads}")
-        flops, bw, link, launch, latency, memory = _DEFAULTS[self.backend]
-        scale = self.threads if self.backend == "cpu" else 1
+        self._check_ray()
+        figures = "sim" if self.backend == "ray" and self.timing == "sim" else self.backend
+        flops, bw, link, launch, latency, memory = _DEFAULTS[figures]
+        if figures != self.backend:  # a sim behind a Ray call: sim compute, Ray's link
+            link, latency = RAY_LINK_BANDWIDTH, RAY_LINK_LATENCY
+        scale = self.threads if figures in ("cpu", "ray") else 1
         defaults = {"peak_flops": flops * scale, "mem_bandwidth": bw, "link_bandwidth": link,
                     "launch_seconds": launch, "link_latency": latency, "memory_bytes": memory}
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
         if self.int8_ops is None:
-            object.__setattr__(self, "int8_ops", self.peak_flops * INT8_SPEEDUP[self.backend])
+            object.__setattr__(self, "int8_ops", self.peak_flops * INT8_SPEEDUP[figures])
         for key in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth", "int8_ops"):
             value = getattr(self, key)
             if not 0 < value < float("inf") or (key == "memory_bytes" and value < 1):
@@ -94,6 +112,25 @@ class DeviceConfig:
                 raise DeviceSpecError(f"device {self.name}: precisions must be some of "
                                       f"{', '.join(PRECISIONS)}, got {sorted(self.precisions)}")
 
+    def _check_ray(self) -> None:
+        ray_fields = self.timing != "cpu" or self.node is not None or self.resources
+        if ray_fields and self.backend != "ray":
+            raise DeviceSpecError(f"device {self.name}: timing, node and resources are for "
+                                  f"ray devices, not {self.backend}")
+        if self.timing not in RAY_TIMINGS:
+            raise DeviceSpecError(f"device {self.name}: timing must be one of "
+                                  f"{', '.join(RAY_TIMINGS)}, got {self.timing!r}")
+        pairs = self.resources.items() if isinstance(self.resources, dict) else self.resources
+        try:
+            resources = tuple(sorted((str(k), float(v)) for k, v in pairs))
+        except (TypeError, ValueError):
+            raise DeviceSpecError(f"device {self.name}: resources must map names to "
+                                  f"amounts, got {self.resources!r}") from None
+        if any(not 0 <= v < float("inf") for _, v in resources):
+            raise DeviceSpecError(f"device {self.name}: resource amounts must be >= 0 and "
+                                  f"finite, got {dict(resources)}")
+        object.__setattr__(self, "resources", resources)
+
     def can_run(self, op_type: str) -> bool:
         return self.supported_ops is None or op_type in self.supported_ops
 
@@ -111,6 +148,7 @@ class DeviceConfig:
             out["supported_ops"] = sorted(self.supported_ops)
         if self.precisions is not None:
             out["precisions"] = sorted(self.precisions)
+        out["resources"] = dict(self.resources)
         return out
 
 

@@ -81,10 +81,16 @@ class DeviceStats:
     queue_length: int
     used_bytes: int
     total_bytes: int
+    node: str = ""  # where a device in another process runs (a Ray node's address)
+    health: str = "ok"  # "recovering" while a lost worker is replaced, "lost" for good
 
 
 class Device(ABC):
     """One device. Thread-safe: runs, loads and stats may come from any thread."""
+
+    # True if `call` takes and returns `remote.RemoteValue`s (tensors left in another
+    # process); the executor fetches them for devices that do not.
+    takes_remote = False
 
     def __init__(self, config: DeviceConfig, bus: Any = None):
         self.config, self.name, self.bus = config, config.name, bus

@@ -9,7 +9,6 @@ time, and the host's Python bookkeeping between runs does not count as device ti
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -19,14 +18,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import ort_function
 from runtime.devices.device import Outputs, Program
 from runtime.devices.manager import DeviceManager, Function
-
-SPIN_SECONDS = 2e-4  # time.sleep overshoots by ~50-100 us; spin the tail on perf_counter
-
-
-def hold_until(deadline: float) -> None:
-    while (left := deadline - time.perf_counter()) > 0:
-        # sleep(0) in the spin releases the GIL, so spinning devices do not starve others
-        time.sleep(left - SPIN_SECONDS if left > SPIN_SECONDS else 0)
+from runtime.devices.timeline import Timeline
 
 
 class SimDevice(DeviceManager):
@@ -34,7 +26,7 @@ class SimDevice(DeviceManager):
         super().__init__(config, lambda program, cfg: ort_function(program, cfg, threads=1),
                          bus)
         self._seconds: dict[str, float] = {}  # key -> modelled seconds of one run
-        self._free_at = 0.0  # when the last run ends on the device's timeline
+        self._timeline = Timeline()
 
     def _install(self, key: str, program: Program) -> None:
         super()._install(key, program)
@@ -47,11 +39,7 @@ class SimDevice(DeviceManager):
     def _invoke(self, key: str, function: Function, feeds: dict[str, np.ndarray],
                 arrived: float) -> Outputs:
         outputs = function.run(feeds)
-        end_at = max(arrived, self._free_at) + self._seconds.get(key, 0.0)
-        # Waking late is the host's lag, not device time: the next run may start at
-        # end_at. Only real compute past end_at moves the device on.
-        self._free_at = max(end_at, time.perf_counter())
-        hold_until(end_at)
+        self._timeline.hold(arrived, self._seconds.get(key, 0.0))
         return outputs
 
 

@@ -17,7 +17,8 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e
           "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12}
 _KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
          "flops": "peak_flops", "bw": "mem_bandwidth", "link": "link_bandwidth",
-         "ops": "supported_ops", "int8": "int8_ops", "precision": "precisions"}
+         "ops": "supported_ops", "int8": "int8_ops", "precision": "precisions",
+         "timing": "timing", "node": "node", "resources": "resources"}
 
 
 def parse_size(text: str | int | float) -> float:
@@ -59,6 +60,14 @@ def _device_fields(name: str, options: dict) -> dict:
             out[target] = parse_size(value)
         elif target in ("launch_seconds", "link_latency"):
             out[target] = _number(name, key, value, float)
+        elif target in ("timing", "node"):  # ray: `timing=sim`, `node=10.0.0.5`
+            out[target] = str(value)
+        elif target == "resources":  # ray, in TOML: resources = {GPU = 1, fast = 0.5}
+            if not isinstance(value, dict):
+                raise DeviceSpecError(f"device {name}: resources must be a table of Ray "
+                                      f"resource amounts, got {value!r}")
+            out[target] = {k: _number(name, f"resources.{k}", v, float)
+                           for k, v in value.items()}
         elif target != "backend":
             raise DeviceSpecError(f"device {name}: unknown option {key!r}")
     return out

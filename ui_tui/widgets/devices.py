@@ -23,7 +23,9 @@ def device_lines(rows: tuple[DeviceRow, ...], width: int) -> Text:
         out.append_text(bar(r.memory_share, max(4, width - name_w - 3 - len(mem)), r.color))
         out.append(mem)
         out.append("\n")
-        out.append(f" {r.backend:<{name_w}}  ", style="dim")
+        out.append(f" {r.where:<{name_w}}  ", style="dim")
+        if r.health != "ok":
+            out.append(f"{r.health.upper()}  ", style="bold red")
         out.append("util ")
         out.append(f"{r.utilisation:4.0%}", style="bold")
         out.append("  queue ")
