@@ -3,9 +3,9 @@ this one. Round trips use Python's http.client on one keep-alive connection (the
 real HTTP/1.1 client, binary tensors both ways); load uses `prism bench --url`'s
 generator (aiohttp, one connection per client). Each ratio's two sides run in this run.
 
-`python -m benchmarks.http_serving plain MODEL` serves one plain onnxruntime session
+`python -m benchmarks.http_serving plain MODEL [THREADS]` serves one onnxruntime session
 behind the same HTTP stack (the same uvicorn, guard, tensor decoding and encoding), the
-baseline of the last figure.
+baseline of the last figure and the round trip's reference (what the stack alone adds).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import http.client
 import json
 import sys
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 from starlette.applications import Starlette
@@ -54,31 +55,44 @@ def _binary(feeds: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
                                       "Content-Type": "application/octet-stream"}
 
 
+def _poster(url: str, body: bytes, headers: dict[str, str]
+            ) -> tuple[http.client.HTTPConnection, Callable[[], None]]:
+    """One keep-alive connection to `url` and a call that posts one mlp request on it."""
+    where = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+
+    def post() -> None:
+        conn.request("POST", "/v2/models/mlp/infer", body, headers)
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+
+    return conn, post
+
+
 def round_trip(repeats: int) -> dict:
-    """p50 of in-process `host.run` and of the same request over HTTP, mlp on one cpu
-    device; interleaved in two halves, so drift on a shared machine hits both."""
+    """p50 of in-process `host.run`, of the same request to `prism serve`, and to one plain
+    onnxruntime session behind the same HTTP stack (what the stack alone adds), mlp on one
+    cpu device; interleaved in two halves, so drift on a shared machine hits all three."""
     with HostManager([DeviceConfig(name="cpu0", backend="cpu", threads=1)]) as host, \
-            ServeProcess([MLP, "--devices", "cpu:1"]) as serve:
+            ServeProcess([MLP, "--devices", "cpu:1"]) as serve, \
+            ServeProcess.python(["-m", "benchmarks.http_serving", "plain", MLP, "1"]) as plain:
         host.add_network("mlp", MLP)
         feeds = random_feeds(input_specs(host.graph("mlp")), np.random.default_rng())
         body, headers = _binary(feeds)
-        where = urllib.parse.urlsplit(serve.url)
-        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
-
-        def over_http() -> None:
-            conn.request("POST", "/v2/models/mlp/infer", body, headers)
-            response = conn.getresponse()
-            response.read()
-            if response.status != 200:
-                raise RuntimeError(f"HTTP {response.status}")
-
-        local, remote = [], []
+        calls = {"in_process": lambda: host.run("mlp", feeds).result(30)}
+        conns = []
+        for key, url in (("http", serve.url), ("plain_http", plain.url)):
+            conn, calls[key] = _poster(url, body, headers)
+            conns.append(conn)
+        times: dict[str, list[float]] = {key: [] for key in calls}
         for _ in range(2):
-            local.append(median_seconds(lambda: host.run("mlp", feeds).result(30),
-                                        repeats // 2, warmup=200))
-            remote.append(median_seconds(over_http, repeats // 2, warmup=200))
-        conn.close()
-    return {"in_process": min(local), "http": min(remote)}
+            for key, call in calls.items():
+                times[key].append(median_seconds(call, repeats // 2, warmup=200))
+        for conn in conns:
+            conn.close()
+    return {key: min(found) for key, found in times.items()}
 
 
 def _throughput(url: str, model: str, clients: int, requests: int) -> float:
@@ -108,14 +122,14 @@ def pipelined_vs_plain(requests: int, clients: int = 16) -> tuple[float, float]:
     return prism, plain
 
 
-def plain_app(model: str) -> Starlette:
-    """One onnxruntime session (2 threads) behind the server's own guard, tensor decoding
-    and encoding, runs on worker threads: `prism serve` without Prism."""
+def plain_app(model: str, threads: int = 2) -> Starlette:
+    """One onnxruntime session behind the server's own guard, tensor decoding and
+    encoding, runs on worker threads: `prism serve` without Prism."""
     graph = load_graph(model)
-    session = cpu_session(loadable(graph.model), threads=2)
+    session = cpu_session(loadable(graph.model), threads=threads)
     specs = input_specs(graph)
     names = [o.name for o in session.get_outputs()]
-    metadata = {"name": "cnn", "versions": ["1"], "platform": "onnxruntime_onnx",
+    metadata = {"name": Path(model).stem, "versions": ["1"], "platform": "onnxruntime_onnx",
                 "inputs": [{"name": s.name, "datatype": "FP32",
                             "shape": [d if isinstance(d, int) else -1 for d in s.dims or ()]}
                            for s in specs], "outputs": []}
@@ -146,7 +160,9 @@ def run(quick: bool = False) -> list[dict]:
     out = [result("mlp over HTTP (prism serve, http.client, binary tensors): p50 added to "
                   "in-process host.run", added, "us", "<= 300 us", added <= 300,
                   f"in-process {trip['in_process'] * 1e6:.0f} us, HTTP "
-                  f"{trip['http'] * 1e6:.0f} us; Triton's C++ server adds ~41 us")]
+                  f"{trip['http'] * 1e6:.0f} us, one onnxruntime session behind the same "
+                  f"HTTP stack {trip['plain_http'] * 1e6:.0f} us; Triton's C++ server adds "
+                  f"~41 us")]
     for model, (plain, batched) in batching(1000 * scale).items():
         ratio = batched / plain
         out.append(result(f"{model} over HTTP, 64 clients: batched (max 32) / unbatched "
@@ -160,10 +176,11 @@ def run(quick: bool = False) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # python -m benchmarks.http_serving plain MODEL
-    if sys.argv[1:2] != ["plain"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m benchmarks.http_serving plain MODEL")
-    with ServerThread(plain_app(sys.argv[2]), bind("127.0.0.1", 0)) as server:
+if __name__ == "__main__":  # python -m benchmarks.http_serving plain MODEL [THREADS]
+    if sys.argv[1:2] != ["plain"] or len(sys.argv) not in (3, 4):
+        sys.exit("usage: python -m benchmarks.http_serving plain MODEL [THREADS]")
+    with ServerThread(plain_app(sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else 2),
+                      bind("127.0.0.1", 0)) as server:
         print(f"plain onnxruntime on {server.url}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: ServeProcess.stop
             server.thread.join()
