@@ -16,7 +16,6 @@ from pathlib import Path
 from app.dashboard.source import (
     MODES,
     BundleInfo,
-    DeviceCounters,
     LoadSetting,
     LoadState,
     PartitionSteps,
@@ -27,6 +26,7 @@ from app.loadgen import LoadGenerator
 from runtime.bundle.load import is_bundle
 from runtime.bundle.network import open_contents
 from runtime.devices import parse_devices
+from runtime.devices.device import DeviceStats
 from runtime.errors import DeviceMemoryError, PrismError
 from runtime.events import Event, JsonlRecorder, write_jsonl
 from runtime.host import HostManager
@@ -132,12 +132,10 @@ class LiveRuntime:
         host = self.host
         return host.bundle(self.network) if host is not None else None
 
-    def device_stats(self) -> dict[str, DeviceCounters]:
+    def device_stats(self) -> dict[str, DeviceStats]:
         if self.host is None:
             return {}
-        return {name: DeviceCounters(name, s.backend, s.used_bytes, s.total_bytes,
-                                     s.queue_length, s.runs, s.node, s.health)
-                for name, s in ((n, m.stats()) for n, m in self.host.devices.items())}
+        return {name: device.stats() for name, device in self.host.devices.items()}
 
     def partition_steps(self, mode: str) -> PartitionSteps:
         """The partitioner's steps in `mode`; for a bundle in its own mode, the steps it

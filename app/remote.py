@@ -26,13 +26,13 @@ from urllib.parse import urlsplit
 
 from app.dashboard.source import (
     BundleInfo,
-    DeviceCounters,
     LoadState,
     PartitionSteps,
     ReadOnly,
     Status,
 )
 from runtime.bundle.plan_io import plan_from_dict
+from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError, first_line
 from runtime.events import Event
 from runtime.partition import Plan, Step
@@ -101,13 +101,11 @@ class RemoteSource(ReadOnly):
         self._bundle = None if origin is None else BundleInfo.of(
             origin["path"], origin["manifest"], origin["placed"])
 
-    def device_stats(self) -> dict[str, DeviceCounters]:
+    def device_stats(self) -> dict[str, DeviceStats]:
         asked = time.monotonic()
         answer = self._get(f"{PREFIX}/devices")
         self._offset = answer["now"] - (asked + time.monotonic()) / 2
-        return {name: DeviceCounters(name, d["backend"], d["used_bytes"], d["total_bytes"],
-                                     d["queue_length"], d["runs"])
-                for name, d in answer["devices"].items()}
+        return {name: DeviceStats(**d) for name, d in answer["devices"].items()}
 
     def partition_steps(self, mode: str) -> PartitionSteps:
         data = self._get(f"{PREFIX}/networks/{self._network}/steps?mode={mode}")

@@ -15,7 +15,6 @@ from pathlib import Path
 from app.dashboard.source import (
     MODES,
     BundleInfo,
-    DeviceCounters,
     LoadState,
     PartitionSteps,
     ReadOnly,
@@ -25,6 +24,7 @@ from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL
 from runtime.bundle.load import is_bundle
 from runtime.bundle.network import open_contents
 from runtime.bundle.plan_io import rename_devices
+from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
 from runtime.events import Event, read_jsonl
 from runtime.graph import load_graph
@@ -95,7 +95,7 @@ class Recording(ReadOnly):
     def bundle(self) -> BundleInfo | None:
         return self._bundle
 
-    def device_stats(self) -> dict[str, DeviceCounters]:
+    def device_stats(self) -> dict[str, DeviceStats]:
         return {}
 
     def partition_steps(self, mode: str) -> PartitionSteps:

@@ -19,7 +19,6 @@ import pytest
 
 from app.dashboard import (
     DashboardModel,
-    DeviceCounters,
     LoadSetting,
     LoadState,
     Status,
@@ -35,6 +34,7 @@ from recordings import record_run
 from runtime.bundle.reader import read_bundle
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
+from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
 from runtime.events import Event
 from runtime.graph import load_graph
@@ -55,7 +55,7 @@ class Scripted:
         self.current: Plan = partition(self.graph, parse_devices(devices), mode)
         self.events: list[Event] = []
         self.clock = NOW
-        self.counters: dict[str, DeviceCounters] = {}
+        self.counters: dict[str, DeviceStats] = {}
 
     def publish(self, kind: str, ago: float, **fields: object) -> None:
         self.events.append(Event(kind, self.clock - ago, fields))
@@ -76,7 +76,7 @@ class Scripted:
     def outline(self) -> Outline:
         return Outline.of(self.graph)
 
-    def device_stats(self) -> dict[str, DeviceCounters]:
+    def device_stats(self) -> dict[str, DeviceStats]:
         return dict(self.counters)
 
     def partition_steps(self, mode: str) -> PartitionSteps:
@@ -132,7 +132,8 @@ def test_drawing_levels_and_edges_follow_the_graph(source: Scripted) -> None:
 def test_device_rows_prefer_the_devices_own_counts(source: Scripted) -> None:
     plan = source.current
     cpu0, cpu1, sim0, sim1 = (d.name for d in plan.devices)
-    source.counters = {cpu0: DeviceCounters(cpu0, "cpu", 123, 456, 2, 7)}
+    source.counters = {cpu0: DeviceStats(cpu0, "cpu", runs=7, busy_seconds=0.0, queue_length=2,
+                                             used_bytes=123, total_bytes=456)}
     source.publish("queue.depth", 60, depth=0, active=0)  # the window starts a minute ago
     source.publish("partition.run.finished", 0, network="cnn", request=1, partition="p0",
                    device=cpu0, queue_wait=0.0, run_seconds=6.0)

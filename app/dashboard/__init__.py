@@ -10,7 +10,6 @@ from app.dashboard.rows import DeviceRow, PartitionRow
 from app.dashboard.series import Series
 from app.dashboard.source import (
     BundleInfo,
-    DeviceCounters,
     LoadSetting,
     LoadState,
     PartitionSteps,
@@ -20,6 +19,6 @@ from app.dashboard.source import (
 )
 from app.dashboard.stepper import LegendEntry, Stepper, StepView
 
-__all__ = ["BundleInfo", "DashboardModel", "DashboardView", "DeviceCounters", "DeviceRow",
+__all__ = ["BundleInfo", "DashboardModel", "DashboardView", "DeviceRow",
            "LegendEntry", "LoadSetting", "LoadState", "PartitionRow", "PartitionSteps",
            "RuntimeSource", "ScheduleRow", "Series", "Status", "StepView", "Stepper", "Totals"]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.dashboard.colors import NO_COLOR
-from app.dashboard.source import DeviceCounters
+from runtime.devices.device import DeviceStats
 from runtime.metrics import MetricsSnapshot
 from runtime.partition import Plan
 
@@ -52,7 +52,7 @@ class PartitionRow:
     slowest: bool = False  # the highest median of the plan's partitions
 
 
-def device_rows(plan: Plan | None, counters: Mapping[str, DeviceCounters],
+def device_rows(plan: Plan | None, counters: Mapping[str, DeviceStats],
                 metrics: MetricsSnapshot, colors: Mapping[str, str]) -> list[DeviceRow]:
     """A row per device: the devices' own counts where the source has them, else (a
     recording) what the events said, memory as planned if loaded before the recording

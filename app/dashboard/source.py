@@ -15,6 +15,7 @@ from typing import Protocol
 
 from runtime.bundle.network import Contents
 from runtime.devices import parse_devices
+from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
 from runtime.events import Event
 from runtime.graph import Graph
@@ -75,20 +76,6 @@ class Status:
     def changeable(self) -> bool:
         """Load, plan and recording can be changed (not in a replay)."""
         return self.replay is None
-
-
-@dataclass(frozen=True)
-class DeviceCounters:
-    """A device's own counts, as its manager keeps them."""
-
-    name: str
-    backend: str
-    used_bytes: int
-    total_bytes: int
-    queue_length: int
-    runs: int
-    node: str = ""  # where a device in another process runs (a Ray node's address)
-    health: str = "ok"  # "recovering" while a lost worker is replaced, "lost" for good
 
 
 @dataclass(frozen=True)
@@ -179,7 +166,7 @@ class RuntimeSource(Protocol):
         """The bundle the running network was loaded from, or None (loaded from ONNX)."""
         ...
 
-    def device_stats(self) -> dict[str, DeviceCounters]:
+    def device_stats(self) -> dict[str, DeviceStats]:
         """Each device's own counts; empty where the source has none (a recording)."""
         ...
 
