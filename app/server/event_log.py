@@ -38,7 +38,9 @@ class EventLog:
                 self._next += 1
             first = self._ring[0][0] if self._ring else self._next
             start = max(0, after + 1 - first)
-            out = list(itertools.islice(self._ring, start, None))
+            # Nothing new is the usual answer to a stream's poll: no walk over the ring.
+            out = list(itertools.islice(self._ring, start, None)) \
+                if start < len(self._ring) else []
         gone = first - after - 1
         if gone > 0 and after >= 0:
             out.insert(0, (after, Event("bus.lost", out[0][1].ts if out else 0.0,
