@@ -483,3 +483,22 @@ def test_a_load_runs_off_the_event_loop(server):
     thread.join(WAIT)
     assert answered and set(answered) == {200}
     assert state.catalog.get("branchy").version == "1"
+
+
+def test_a_failed_run_and_a_fault_of_the_servers_own_are_500_and_it_serves_on(monkeypatch):
+    from fakes import FaultyManager
+
+    import app.server.routes.infer as route
+    from serving import MLP
+
+    with serving("cpu:1", files=(("mlp", MLP),), device_factory=FaultyManager) as (url, state):
+        state.host.devices["cpu0"].fail = lambda call, feeds: call == 1
+        infer = f"{url}/v2/models/mlp/infer"
+        body, headers = binary_request(_feeds(state, "mlp"))
+        status, message = error_of(call(infer, "POST", body, headers))
+        assert status == 500 and "cpu0" in message and "injected fault" in message
+        with monkeypatch.context() as patched:
+            patched.setattr(route, "encode_response", lambda *args: 1 / 0)
+            status, message = error_of(call(infer, "POST", body, headers))
+        assert status == 500 and message.startswith("internal error: ZeroDivisionError")
+        assert call(infer, "POST", body, headers)[0] == 200
