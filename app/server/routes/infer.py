@@ -28,7 +28,7 @@ _BINARY = [(b"content-type", b"application/octet-stream")]
 
 class Infer:
     def __init__(self, state: ServerState):
-        self.catalog, self.host, self.metrics = state.catalog, state.host, state.metrics
+        self.catalog, self.runs, self.metrics = state.catalog, state.runs, state.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope["path_params"]
@@ -38,7 +38,7 @@ class Infer:
         body = await _body(receive)
         try:
             parsed = await maybe_offload(len(body), parse_infer, body, header, served.inputs)
-            outputs = await run(self.host, served.network, parsed.feeds, parsed.priority,
+            outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
                                 parsed.timeout, large=len(body) > OFFLOAD_BYTES)
         except (TensorError, InvalidInputError, QueueFullError) as exc:
             reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
