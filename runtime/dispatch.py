@@ -174,11 +174,11 @@ class Dispatcher:
     # -- starting ------------------------------------------------------------------------
 
     def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
-                 timeout: float) -> Future | None:
-        """The lean path (a one-partition plan, nobody listening): when nothing waits in
-        the queue, run on this thread, waiting for the device as for a lock if it is busy,
-        and return a finished future; no Request record, no hand-off. None: take the
-        general path (the device closed, or stayed busy for LEAN_WAIT).
+                 timeout: float, priority: int = 0) -> Future | None:
+        """The lean path (a one-partition plan): when nothing waits in the queue, run on
+        this thread, waiting for the device as for a lock if it is busy, and return a
+        finished future; no hand-off, no future to wait on. None: take the general path
+        (the device closed, or stayed busy for LEAN_WAIT).
 
         A caller waiting for its device holds a slot, beyond `max_active` if need be: like
         a caller blocked on a locked session, it is one thread waiting its turn, and no
@@ -186,16 +186,24 @@ class Dispatcher:
 
         The run holds this thread, so its deadline is not a timer's: nothing could answer
         the caller sooner. An answer later than `timeout` is dropped and the request ends
-        timed out, as a request on the general path would."""
+        timed out, as a request on the general path would.
+
+        With someone listening, only an idle device runs it here (a busy one sends it down
+        the general path, where its wait is queued by priority and seen), the request gets
+        a record, and its events are the general path's: the device's partition.run pair as
+        it runs, then request.queued, request.started and its end, published once the run
+        is over (a request that goes on to the general path has published nothing here)."""
         with self.cv:
             if self.closing or net.removing or self.queue.size:
                 return None
             self.slots_used += 1
             replica.outstanding += 1
             net.outstanding += 1
+        record = Request(net.name, feeds, priority) if self.bus.active else None
+        start, future = time.monotonic(), None
         try:
-            start = time.monotonic()
-            outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
+            wait, rid = (min(timeout, LEAN_WAIT), None) if record is None else (0.0, record.id)
+            outputs = replica.run_now(feeds, wait, rid)
             took = time.monotonic() - start
             if outputs is None:
                 future = None
@@ -206,12 +214,27 @@ class Dispatcher:
                 future = ReadyFuture(outputs)
         except ExecutionError as exc:
             future = ReadyFuture(exception=exc)
+        except BaseException as exc:  # an interrupt landing in the run: it ended; go on up
+            if record is not None:
+                self._report_lean(record, start, exc)
+            raise
         finally:
+            if record is not None and future is not None:
+                self._report_lean(record, start, future.exception())
             with self.cv:
                 net.outstanding -= 1
                 ready = self._free_locked(replica)
             self._after_free(ready)
         return future
+
+    def _report_lean(self, record: Request, start: float, error: BaseException | None) -> None:
+        """The general path's events for a request the lean path ran, after the run."""
+        record.queued_at = record.started_at = start
+        self.bus.publish("request.queued", network=record.network, request=record.id,
+                         priority=record.priority, queue_depth=0)
+        self.bus.publish("request.started", network=record.network, request=record.id,
+                         queue_wait=0.0, batch_size=1)
+        self._report(record, error)
 
     def begin(self, request: Request) -> None:
         """Run a request that holds a slot on its replica."""
