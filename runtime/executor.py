@@ -87,7 +87,7 @@ class Executor:
         partition and the device."""
         lp = self.parts[0]
         try:
-            outputs = lp.device.run_now(lp.key, feeds, wait=wait)
+            outputs = lp.device.run_now(lp.key, feeds, None, wait)
         except Exception as exc:
             raise _failure(exc, lp)  # noqa: B904 (its cause is kept)
         if outputs is None:
