@@ -15,10 +15,7 @@ benchmarks/quantized.py.
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,7 +26,7 @@ from rich.table import Table
 
 from benchmarks.common import median_seconds
 from benchmarks.quantized import MODELS
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort_options import profiled_run, session_options
 from runtime.graph import load_graph
 from runtime.quantize import calibrate, check_samples
 
@@ -39,15 +36,7 @@ Kernels = dict[str, tuple[str, float]]  # node -> (op type, median us)
 def profile(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int
             ) -> tuple[Kernels, float]:
     """Each kernel's median time and the median run time, in microseconds."""
-    opts = session_options(1)
-    opts.enable_profiling = True
-    with tempfile.TemporaryDirectory(prefix="prism-prof-") as tmp:
-        opts.profile_file_prefix = str(Path(tmp) / "run")
-        session = ort.InferenceSession(model.SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
-        for _ in range(runs):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
+    events = profiled_run(model.SerializeToString(), feeds, runs)
     times: dict[str, list[float]] = defaultdict(list)
     ops: dict[str, str] = {}
     runs_us: list[float] = []
