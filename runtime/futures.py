@@ -143,3 +143,8 @@ class ReadyFuture(RequestFuture):
 
     def _wait(self, timeout: float | None) -> None:
         pass
+
+    def result(self, timeout: float | None = None) -> Any:  # the lean path's: one call
+        if self._exception is not None:
+            raise self._exception
+        return self._result
