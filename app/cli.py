@@ -386,8 +386,8 @@ class _CtrlC:
     def __enter__(self) -> _CtrlC:
         if threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.deferred = True  # first: a press the moment it is installed is deferred too
             self.previous = signal.signal(signal.SIGINT, self)
-            self.deferred = True
         return self
 
     def resume(self) -> None:

@@ -1,6 +1,7 @@
 """Where the time goes: onnxruntime's profiler, float against `prism quantize`'s int8.
 
     .venv/bin/python -m benchmarks.op_profile resnet [--batch 1] [--runs 300] [--nodes]
+    .venv/bin/python -m benchmarks.op_profile cnn --convs
 
 Quantizes a benchmark model as benchmarks/quantized.py does, runs both versions in a
 1-thread onnxruntime session with Prism's session options and profiling on, and prints
@@ -10,28 +11,30 @@ passes: QLinearConv, NCHWc Conv, Transpose, ...), the median over the runs of ea
 3 us to every kernel it times (a chain of tiny Relu kernels, measured first, is timed
 with and without it); the `net` columns take that off. Absolute latency comes from
 benchmarks/quantized.py.
+
+`--convs` times one convolution of each shape the model chains (group 1, stride 1, as
+many channels out as in) in float and in int8 without the profiler: chains of 1 and 5
+Conv -> Relu of that shape, quantized the same way, their interleaved median run times'
+difference over 4.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
 from benchmarks.common import median_seconds
-from benchmarks.quantized import MODELS
-from runtime.devices.ort_options import session_options
+from benchmarks.quantized import MODELS, interleaved
+from runtime.devices.ort_options import profiled_run, session_options
 from runtime.graph import load_graph
-from runtime.quantize import calibrate, check_samples
+from runtime.quantize import QuantizeOptions, calibrate, check_samples, prepare
 
 Kernels = dict[str, tuple[str, float]]  # node -> (op type, median us)
 
@@ -39,15 +42,7 @@ Kernels = dict[str, tuple[str, float]]  # node -> (op type, median us)
 def profile(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int
             ) -> tuple[Kernels, float]:
     """Each kernel's median time and the median run time, in microseconds."""
-    opts = session_options(1)
-    opts.enable_profiling = True
-    with tempfile.TemporaryDirectory(prefix="prism-prof-") as tmp:
-        opts.profile_file_prefix = str(Path(tmp) / "run")
-        session = ort.InferenceSession(model.SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
-        for _ in range(runs):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
+    events = profiled_run(model.SerializeToString(), feeds, runs)
     times: dict[str, list[float]] = defaultdict(list)
     ops: dict[str, str] = {}
     runs_us: list[float] = []
@@ -84,6 +79,68 @@ def profiler_cost(kernels: int = 40) -> float:
     return float(np.median([us for _, us in profiled.values()])) - each * 1e6
 
 
+def conv_chain(channels: int, size: int, kernel: int, length: int) -> onnx.ModelProto:
+    """`length` Conv (channels -> channels, kernel x kernel, same size) -> Relu in a row."""
+    rng = np.random.default_rng(0)
+    nodes, weights, x = [], [], "x"
+    for i in range(length):
+        weights += [numpy_helper.from_array((rng.standard_normal(
+            (channels, channels, kernel, kernel)) / (channels * kernel) ).astype(np.float32),
+            f"w{i}"), numpy_helper.from_array(rng.standard_normal(channels).astype(
+                np.float32) * 0.1, f"b{i}")]
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"],
+                                   pads=[kernel // 2] * 4),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info(
+            x, TensorProto.FLOAT, shape)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def conv_shapes(path: str) -> list[tuple[int, int, int]]:
+    """(channels, size, kernel) of each group-1 stride-1 Conv keeping its channel count."""
+    graph = load_graph(prepare(path))
+    found = []
+    for node in graph.nodes:
+        a = node.attributes
+        w = graph.tensors[node.inputs[1]].shape if node.op_type == "Conv" else None
+        x = graph.tensors[node.inputs[0]].shape if w else None
+        if w and w[0] == w[1] and w[2] == w[3] and a.get("group", 1) == 1 and \
+                set(a.get("strides", [1])) == {1} and x[2] == x[3]:
+            found.append((w[0], x[2], w[2]))
+    return sorted(set(found), key=found.index)
+
+
+def time_convs(path: str, runs: int) -> Table:
+    table = Table(title=f"{path}: one convolution (+ Relu), float and int8, batch 1, 1 "
+                        f"thread (us; chains of 5 less chains of 1, over 4)")
+    for column in ("channels", "size", "kernel", "float", "int8", "float / int8"):
+        table.add_column(column, justify="right")
+    for channels, size, kernel in conv_shapes(path):
+        models = {}
+        for length in (1, 5):
+            chain = conv_chain(channels, size, kernel, length)
+            data = np.random.default_rng(1).standard_normal((16, channels, size, size))
+            with calibrate(chain, check_samples({"x": data.astype(np.float32)},
+                                                load_graph(chain), "random")) as c:
+                models[f"float{length}"], models[f"int8{length}"] = c.prepared, c.quantize(
+                    QuantizeOptions(narrow_float=False))
+        sessions = {k: ort.InferenceSession(m.SerializeToString(), session_options(1),
+                                            providers=["CPUExecutionProvider"])
+                    for k, m in models.items()}
+        feeds = {"x": np.random.default_rng(2).standard_normal(
+            (1, channels, size, size)).astype(np.float32)}
+        t = interleaved({k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sessions.items()},
+                        runs)
+        each = {p: (t[f"{p}5"][0] - t[f"{p}1"][0]) / 4 * 1e6 for p in ("float", "int8")}
+        table.add_row(str(channels), f"{size}x{size}", f"{kernel}x{kernel}",
+                      f"{each['float']:.1f}", f"{each['int8']:.1f}",
+                      f"{each['float'] / each['int8']:.2f}")
+    return table
+
+
 def _by_op(kernels: Kernels) -> dict[str, tuple[int, float]]:
     out: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for op, us in kernels.values():
@@ -98,8 +155,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--nodes", action="store_true", help="also list every int8 kernel")
+    parser.add_argument("--convs", action="store_true",
+                        help="time one convolution of each shape instead, float and int8")
     args = parser.parse_args()
     path = MODELS[args.model]
+    if args.convs:
+        Console().print(time_convs(path, args.runs))
+        return
     graph = load_graph(path)
     name = graph.inputs[0]
     rng = np.random.default_rng()

@@ -36,7 +36,7 @@ CONVOLUTIONAL = ("cnn", "resnet")
 MATMUL_ONLY = QuantizeOptions(exclude_ops=tuple(sorted(quantizable_ops() - {"MatMul"})))
 
 
-def _interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple]:
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple]:
     """Median and half interquartile range (seconds) of each call, run in shuffled turns."""
     for call in calls.values():
         for _ in range(20):
@@ -72,7 +72,7 @@ def _latencies(path: str, batch: int, repeats: int, variants: dict[str, Quantize
             host.add_network(k, m, partition="balanced")
         calls = {k: (lambda k=k: host.run(k, feeds).result()) for k in models}
         calls["plain"] = lambda: plain.run(None, feeds)
-        return _interleaved(calls, repeats)
+        return interleaved(calls, repeats)
 
 
 def _us(figure: tuple) -> str:

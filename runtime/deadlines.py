@@ -11,14 +11,19 @@ import heapq
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from runtime.requests import Request
 
 
 class Deadlines:
+    """Requests by deadline. Most come in deadline order (one timeout, arrival order):
+    those join a FIFO, appended and popped at O(1); the rest, a heap."""
+
     def __init__(self, on_expire: Callable[[Request], None], lock: threading.RLock):
         self._on_expire = on_expire
+        self._fifo: deque[tuple[float, Request]] = deque()  # deadlines never decreasing
         self._heap: list[tuple[float, int, Request]] = []
         self._ended = 0  # entries of ended requests since the last sweep (at most)
         self._cv = threading.Condition(lock)
@@ -27,42 +32,64 @@ class Deadlines:
         self._thread = threading.Thread(target=self._loop, name="prism-deadlines", daemon=True)
         self._thread.start()
 
+    def __len__(self) -> int:
+        return len(self._fifo) + len(self._heap)
+
     def add_locked(self, request: Request, deadline: float) -> None:
         """Under the lock: time `request` out at `deadline` (its own)."""
-        heapq.heappush(self._heap, (deadline, request.id, request))
+        fifo = self._fifo
+        if not fifo or deadline >= fifo[-1][0]:
+            fifo.append((deadline, request))
+        else:
+            heapq.heappush(self._heap, (deadline, request.id, request))
         if deadline < self._wake_at:  # only then: a thread woken per request costs more
             self._cv.notify()         # than the rest of its timeout does
 
     def ended_locked(self, count: int = 1) -> None:
         """Under the lock: `count` timed requests have ended. Their entries go at the next
-        sweep, once half the heap has ended: a finished request, and the outputs it holds,
-        need not wait for its deadline to be let go (under load with long timeouts, that
-        would be most of the heap)."""
-        heap = self._heap
-        while heap and heap[0][2].ended:  # the usual case: the oldest end first
-            heapq.heappop(heap)
+        sweep, once half the entries have ended: a finished request, and the outputs it
+        holds, need not wait for its deadline to be let go (under load with long
+        timeouts, that would be most of them)."""
+        self._drop_ended_heads()
         self._ended += count
-        if not heap:
+        if not self._fifo and not self._heap:
             self._ended = 0
-        elif self._ended * 2 > len(heap):
-            self._heap = [entry for entry in heap if not entry[2].ended]
+        elif self._ended * 2 > len(self):
+            self._fifo = deque(e for e in self._fifo if not e[1].ended)
+            self._heap = [e for e in self._heap if not e[2].ended]
             heapq.heapify(self._heap)
             self._ended = 0
+
+    def _drop_ended_heads(self) -> None:
+        fifo, heap = self._fifo, self._heap
+        while fifo and fifo[0][1].ended:  # the usual case: the oldest end first
+            fifo.popleft()
+        while heap and heap[0][2].ended:
+            heapq.heappop(heap)
+
+    def _earliest(self) -> float:
+        return min(self._fifo[0][0] if self._fifo else math.inf,
+                   self._heap[0][0] if self._heap else math.inf)
+
+    def _pop_earliest(self) -> Request:
+        if self._heap and (not self._fifo or self._heap[0][0] < self._fifo[0][0]):
+            return heapq.heappop(self._heap)[2]
+        return self._fifo.popleft()[1]
 
     def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._closed:
                     now = time.monotonic()
-                    while self._heap and self._heap[0][2].ended:
-                        heapq.heappop(self._heap)
-                    if self._heap and self._heap[0][0] <= now:
+                    self._drop_ended_heads()
+                    earliest = self._earliest()
+                    if earliest <= now:
                         break
-                    self._wake_at = self._heap[0][0] if self._heap else math.inf
-                    self._cv.wait(self._wake_at - now if self._heap else None)
+                    self._wake_at = earliest
+                    self._cv.wait(None if earliest == math.inf else earliest - now)
                 if self._closed:
                     return
-                expired = heapq.heappop(self._heap)[2]
+                expired = self._pop_earliest()
             self._on_expire(expired)
 
     def close(self, timeout: float = 2.0) -> None:

@@ -32,8 +32,9 @@ from runtime.errors import (
 )
 from runtime.events import EventBus
 from runtime.executor import Executor
+from runtime.futures import ReadyFuture
 from runtime.network import Network
-from runtime.requests import ReadyFuture, Request, RequestQueue
+from runtime.requests import Request, RequestQueue
 
 LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queueing instead
 
@@ -41,8 +42,8 @@ LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queue
 class Dispatcher:
     def __init__(self, networks: dict[str, Network | None], bus: EventBus, max_active: int):
         self.networks, self.bus, self.max_active = networks, bus, max_active
-        lock = threading.RLock()
-        self.cv = threading.Condition(lock)
+        lock = self.lock = threading.RLock()  # taken bare on hot paths: a Condition's
+        self.cv = threading.Condition(lock)    # `with` is a Python call, the RLock's is not
         self.queue = RequestQueue()
         self.slots_used = 0
         self.closing = False  # the host takes no more requests
@@ -62,12 +63,13 @@ class Dispatcher:
         """Take no more requests, let accepted ones finish for up to `timeout`, fail the
         rest, stop the batchers and the deadline timer. False if stopped already."""
         deadline = time.monotonic() + timeout
-        with self.cv:
+        with self.lock:
             if self.stopped:
                 return False
             self.closing = True
             self.wait_for(lambda: not self.slots_used and not self.queue.size and not any(
-                len(b) for b in self.batchers), timeout)
+                len(b) for b in self.batchers) and not any(
+                n.lean_runs for n in self.networks.values() if n), timeout)
             self.stopped = True
             leftovers = self.queue.drain()
             for net in self.networks.values():
@@ -99,15 +101,15 @@ class Dispatcher:
     def retire(self, name: str, wait: bool, timeout: float) -> Network:
         """Take a network out of the registry once its requests have ended (up to
         `timeout`), or refuse (NetworkBusyError) and leave it serving."""
-        with self.cv:
+        with self.lock:
             net = self.network(name)
-            if net.outstanding and not wait:
-                raise NetworkBusyError(f"{name} has {net.outstanding} requests outstanding; "
+            if net.in_flight and not wait:
+                raise NetworkBusyError(f"{name} has {net.in_flight} requests outstanding; "
                                        f"remove_network(wait=True) waits for them")
             net.removing = True
-            if not self.wait_for(lambda: net.outstanding == 0, timeout):
+            if not self.wait_for(lambda: net.in_flight == 0, timeout):
                 net.removing = False
-                raise NetworkBusyError(f"{name} still has {net.outstanding} requests after "
+                raise NetworkBusyError(f"{name} still has {net.in_flight} requests after "
                                        f"{timeout:g} s; not removed")
             del self.networks[name]
             self.batchers_changed()
@@ -124,7 +126,7 @@ class Dispatcher:
 
     def take_for_batch(self) -> bool:
         """A slot for a batch, if one is free."""
-        with self.cv:
+        with self.lock:
             if self.slots_used >= self.max_active or self.stopped:
                 return False
             self.slots_used += 1
@@ -177,41 +179,43 @@ class Dispatcher:
                  timeout: float, priority: int = 0) -> Future | None:
         """The lean path (a one-partition plan): when nothing waits in the queue, run on
         this thread, waiting for the device as for a lock if it is busy, and return a
-        finished future; no hand-off, no future to wait on. None: take the general path
-        (the device closed, or stayed busy for LEAN_WAIT).
+        finished future; no hand-off, no lock of the host's. None: take the general path
+        (the host closing, the network going, the device closed, or busy for LEAN_WAIT).
 
-        A caller waiting for its device holds a slot, beyond `max_active` if need be: like
-        a caller blocked on a locked session, it is one thread waiting its turn, and no
-        queued request is passed over (none is queued, or it would not be here).
+        A lean run holds no slot: like a caller blocked on a locked session, it is one
+        thread waiting its turn at its device, and no queued request is passed over (none
+        is queued, or it would not be here). It is counted by a token in `net.lean_runs`,
+        put there before the checks: `stop` and `retire` set their flag, then wait for the
+        tokens to go, so either they see this run or it sees their flag.
 
         The run holds this thread, so its deadline is not a timer's: nothing could answer
         the caller sooner. An answer later than `timeout` is dropped and the request ends
         timed out, as a request on the general path would.
 
-        With someone listening, only an idle device runs it here (a busy one sends it down
-        the general path, where its wait is queued by priority and seen), the request gets
-        a record, and its events are the general path's: the device's partition.run pair as
-        it runs, then request.queued, request.started and its end, published once the run
-        is over (a request that goes on to the general path has published nothing here)."""
-        with self.cv:
+        Nobody listening, it makes no Request record. With someone listening, only an idle
+        device runs it here (a busy one sends it down the general path, where its wait is
+        queued by priority and seen), the request gets a record, and its events are the
+        general path's: the device's partition.run pair as it runs, then request.queued,
+        request.started and its end, published once the run is over (a request that goes
+        on to the general path has published nothing here)."""
+        runs = net.lean_runs
+        runs.append(None)
+        record = None
+        try:
             if self.closing or net.removing or self.queue.size:
                 return None
-            self.slots_used += 1
-            replica.outstanding += 1
-            net.outstanding += 1
-        record = Request(net.name, feeds, priority) if self.bus.active else None
-        start, future = time.monotonic(), None
-        try:
-            wait, rid = (min(timeout, LEAN_WAIT), None) if record is None else (0.0, record.id)
-            outputs = replica.run_now(feeds, wait, rid)
-            took = time.monotonic() - start
-            if outputs is None:
-                future = None
-            elif took > timeout:
-                future = ReadyFuture(exception=RequestTimeoutError(
-                    f"request to {net.name} timed out after {took:.3g} s running"))
+            start = time.monotonic()
+            if self.bus.active:
+                record = Request(net.name, feeds, priority)
+                outputs = replica.run_now(feeds, 0.0, record.id)
             else:
-                future = ReadyFuture(outputs)
+                outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
+            if outputs is None:
+                return None
+            took = time.monotonic() - start
+            future = ReadyFuture(outputs) if took <= timeout else ReadyFuture(
+                exception=RequestTimeoutError(f"request to {net.name} timed out after "
+                                              f"{took:.3g} s running"))
         except ExecutionError as exc:
             future = ReadyFuture(exception=exc)
         except BaseException as exc:  # an interrupt landing in the run: it ended; go on up
@@ -219,12 +223,12 @@ class Dispatcher:
                 self._report_lean(record, start, exc)
             raise
         finally:
-            if record is not None and future is not None:
-                self._report_lean(record, start, future.exception())
-            with self.cv:
-                net.outstanding -= 1
-                ready = self._free_locked(replica)
-            self._after_free(ready)
+            runs.pop()
+            if self._waiters:  # stop or retire may be waiting for this run's end
+                with self.lock:
+                    self.cv.notify_all()
+        if record is not None:
+            self._report_lean(record, start, future.exception())
         return future
 
     def _report_lean(self, record: Request, start: float, error: BaseException | None) -> None:
@@ -261,7 +265,7 @@ class Dispatcher:
         once more on another replica, if its network has one: retried or failed, never
         both."""
         if isinstance(error, DeviceLostError) and not request.retried and not request.ended:
-            with self.cv:
+            with self.lock:
                 net = self.networks.get(request.network)
                 others = [r for r in net.replicas if r is not request.replica] if net else []
                 if others:
@@ -284,7 +288,7 @@ class Dispatcher:
         deadline is its last member's: a batch stuck on its device gives its slot back
         once every member has ended (`_expire`)."""
         members = batch.members or ()
-        with self.cv:
+        with self.lock:
             batch.replica = self._least_busy(net)
             net.running.update(members)
             deadlines = [m.deadline for m in members if m.deadline is not None]
@@ -309,7 +313,7 @@ class Dispatcher:
         if self.bus.active:
             for r in ended:
                 self._report(r, error)
-        with self.cv:
+        with self.lock:
             timed = int(request.deadline is not None)  # the request, or the batch
             if request.members is not None:
                 timed += sum(m.deadline is not None for m in ended)
@@ -344,7 +348,7 @@ class Dispatcher:
         """A batch past its last member's deadline, still on its device: its slot goes back
         now, so a stuck device holds none. The batch itself ends when its device answers:
         its batcher counts it in flight until then, and sends that device no more."""
-        with self.cv:
+        with self.lock:
             if not batch.slot:
                 return
             batch.slot = False

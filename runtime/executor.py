@@ -90,7 +90,7 @@ class Executor:
         tag = None if request is None else {"network": self.network, "request": request,
                                             "partition": lp.partition.name}
         try:
-            outputs = lp.device.run_now(lp.key, feeds, tag, wait=wait)
+            outputs = lp.device.run_now(lp.key, feeds, tag, wait)
         except Exception as exc:
             raise _failure(exc, lp)  # noqa: B904 (its cause is kept)
         if outputs is None:

@@ -54,7 +54,7 @@ _CANCELLED = CancelledError("cancelled")
 @dataclass(frozen=True)
 class HostStats:
     slots: int  # max_active: requests that may be in flight at once
-    slots_used: int
+    slots_used: int  # slots held, plus lean runs (they hold none, but run or wait to)
     queued: int  # waiting for a slot, in the host's queue or a batcher
     outstanding: dict[str, int]  # network -> requests accepted and not yet ended
 
@@ -83,7 +83,7 @@ class HostManager:
         self.max_active = max_active or max(2, 2 * len(devices))
         self._networks: dict[str, Network | None] = {}  # None: reserved while it loads
         self._slots = Dispatcher(self._networks, self.bus, self.max_active)
-        self._cv = self._slots.cv  # one lock: the registry, admission and the slots
+        self._lock = self._slots.lock  # one lock: the registry, admission and the slots
 
     # -- networks ----------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class HostManager:
         `devices`: the names of the host's devices it may use (default: all of them).
         """
         pool = self.devices if devices is None else device_pool(self.devices, devices)
-        with self._cv:
+        with self._lock:
             if self._slots.closing:
                 raise HostClosedError("host is closed")
             if name in self._networks:
@@ -126,21 +126,21 @@ class HostManager:
                        annotations=annotations, fallback=fallback, replicas=replicas,
                        batching=BatchingConfig.of(batching), bindings=bindings, remap=remap)
         except BaseException:
-            with self._cv:
+            with self._lock:
                 del self._networks[name]
             raise
         net.timeout = limit
         if net.batching is not None:
             net.batcher = self._slots.batcher(net)
-        with self._cv:
+        with self._lock:
             self._networks[name] = net
             self._slots.batchers_changed()
         origin = {} if net.bundle is None else {"bundle": net.bundle.path,
                                                 "placed": net.bundle.devices}
-        self._publish("network.loaded", network=name, mode=net.plan.mode,
-                      partitions=len(net.plan.partitions),
-                      nodes=sum(len(p.nodes) for p in net.plan.partitions),
-                      devices=sorted({p.device for p in net.plan.partitions}), **origin)
+        self.bus.publish("network.loaded", network=name, mode=net.plan.mode,
+                         partitions=len(net.plan.partitions),
+                         nodes=sum(len(p.nodes) for p in net.plan.partitions),
+                         devices=sorted({p.device for p in net.plan.partitions}), **origin)
         return net.plan
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
@@ -152,41 +152,42 @@ class HostManager:
 
     def replicas(self, name: str) -> int:
         """How many replicas of the network's plan are loaded."""
-        with self._cv:
+        with self._lock:
             return len(self._slots.network(name).replicas)
 
     def plan(self, name: str) -> Plan:
-        with self._cv:
+        with self._lock:
             return self._slots.network(name).plan
 
     def graph(self, name: str) -> Graph:
         """The network's graph (a bundle's is loaded from it on the first call)."""
-        with self._cv:
+        with self._lock:
             net = self._slots.network(name)
         return net.graph
 
     def inputs(self, name: str) -> list[InputSpec]:
         """What the network takes as feeds."""
-        with self._cv:
+        with self._lock:
             return self._slots.network(name).specs
 
     def bundle(self, name: str) -> LoadedBundle | None:
         """The bundle the network was loaded from (its manifest and schedule, on this
         host's devices), or None for one loaded from an ONNX model."""
-        with self._cv:
+        with self._lock:
             return self._slots.network(name).bundle
 
     def networks(self) -> list[str]:
-        with self._cv:
+        with self._lock:
             return [n for n, net in self._networks.items() if net is not None]
 
     def stats(self) -> HostStats:
-        with self._cv:
+        with self._lock:
             nets = [n for n in self._networks.values() if n is not None]
             batched = sum(len(n.batcher) for n in nets if n.batcher is not None)
-            return HostStats(self.max_active, self._slots.slots_used,
+            return HostStats(self.max_active,
+                             self._slots.slots_used + sum(len(n.lean_runs) for n in nets),
                              self._slots.queue.size + batched,
-                             {n.name: n.outstanding for n in nets})
+                             {n.name: n.in_flight for n in nets})
 
     # -- requests ----------------------------------------------------------------------
 
@@ -204,7 +205,7 @@ class HostManager:
         """
         net = self._networks.get(name)
         if net is None or net.removing or self._slots.closing:
-            with self._cv:
+            with self._lock:
                 if self._slots.closing:
                     raise HostClosedError("host is closed; it takes no more requests")
                 net = self._slots.network(name)
@@ -224,7 +225,7 @@ class HostManager:
                 raise InvalidInputError(f"request to {name} has batch {request.rows}, more "
                                         f"than its max_batch_size {batcher.config.max_batch_size}")
         slots = self._slots
-        with self._cv:
+        with self._lock:
             waiting = len(batcher) if batcher is not None else slots.queue.size
             start_now = batcher is None and slots.slots_used < self.max_active and not waiting
             self._admit_locked(net, None if start_now else waiting)
@@ -236,15 +237,17 @@ class HostManager:
                 request.inline = inline
             elif batcher is None:
                 slots.queue.push(request)
-        self._publish("request.queued", network=name, request=request.id, priority=priority,
-                      queue_depth=waiting + (not start_now))
+        if self.bus.active:
+            self.bus.publish("request.queued", network=name, request=request.id,
+                             priority=priority, queue_depth=waiting + (not start_now))
         if start_now:
             slots.begin(request)
             return request.future
         request.future.on_cancel = partial(slots.finish, request, None, _CANCELLED)
         if batcher is not None:
             batcher.push(request)
-        self._publish("queue.depth", depth=waiting + 1, active=slots.slots_used)
+        if self.bus.active:
+            self.bus.publish("queue.depth", depth=waiting + 1, active=slots.slots_used)
         return request.future
 
     def infer(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
@@ -293,7 +296,3 @@ class HostManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _publish(self, kind: str, /, **fields: object) -> None:
-        if self.bus.active:
-            self.bus.publish(kind, **fields)

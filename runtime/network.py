@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,11 +49,18 @@ class Network:
     running: set[Request] = field(default_factory=set)
     batcher: Batcher | None = None
     lean: Executor | None = None  # the replica a request may run on with no Request record
+    # a token per lean run in flight: deque's append and pop are atomic, no lock needed
+    lean_runs: deque[None] = field(default_factory=deque)
     _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         if self.batching is None and len(self.replicas) == 1 and self.replicas[0].single:
             self.lean = self.replicas[0]
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet ended, lean runs included."""
+        return self.outstanding + len(self.lean_runs)
 
     @property
     def specs(self) -> list[InputSpec]:

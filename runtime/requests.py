@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures._base import FINISHED
+from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import PrismError
+from runtime.futures import RequestFuture
 
 _ids = itertools.count(1)
 DEFAULT_TIMEOUT = 300.0  # seconds: a request's timeout unless its host or network says
@@ -25,47 +23,6 @@ def checked_timeout(value: object, what: str = "timeout") -> float:
         raise PrismError(f"{what} must be a number of seconds above 0 (math.inf: none), "
                          f"got {value!r}")
     return float(value)
-
-
-class RequestFuture(Future):
-    """A Future that tells its host when it is cancelled (cheaper than a callback on every
-    request). Only a queued request can be cancelled; a started one cannot."""
-
-    on_cancel: Callable[[], None] | None = None
-
-    def cancel(self) -> bool:
-        cancelled = super().cancel()
-        if cancelled and self.on_cancel is not None:
-            self.on_cancel()
-        return cancelled
-
-
-class ReadyFuture(Future):
-    """A Future born finished, for a request that ran on the caller's thread. Nothing
-    ever waits on it, so it shares one Condition rather than building its own (a
-    Condition is most of a Future's cost, microseconds a small model notices)."""
-
-    _shared = threading.Condition()
-
-    def __init__(self, result: object = None, exception: BaseException | None = None):
-        self._condition = self._shared
-        self._state = FINISHED
-        self._result, self._exception = result, exception
-        self._waiters: list = []
-        self._done_callbacks: list = []
-
-    # Born finished and never changed: answered without the shared Condition, which
-    # every caller's thread would otherwise contend for.
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout: float | None = None) -> object:
-        if self._exception is not None:
-            raise self._exception
-        return self._result
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._exception
 
 
 @dataclass(eq=False, slots=True)

@@ -17,8 +17,8 @@ from fakes import FakeDevice, FaultyManager, Gate, cut, retyped, without
 
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError, HostClosedError, PrismError, RequestTimeoutError
+from runtime.futures import ReadyFuture
 from runtime.host import HostManager
-from runtime.requests import ReadyFuture
 from serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, idle, poll
 
 FACTORIES = pytest.mark.parametrize("factory", [FakeDevice, FaultyManager],

@@ -37,8 +37,10 @@ from runtime.quantize import (
     float_nodes_by_device,
     load_metric,
     prepare,
+    quantizer,
     search,
 )
+from runtime.quantize.layout import boundaries, channels_last_handoff, transposed_bytes
 from runtime.quantize.narrow import MIN_CHANNELS, slow_in_int8
 from runtime.quantize.quantizer import quantizable_ops
 from runtime.quantize.search import run_outputs
@@ -291,9 +293,10 @@ def test_per_device_precision_keeps_float_what_lands_on_float_devices():
 
 # -- defaults chosen for speed -----------------------------------------------------------------
 
-def stem_model(channels: int) -> onnx.ModelProto:
+def stem_model(channels: int, skip: bool = True) -> onnx.ModelProto:
     """image -> stem Conv (channels -> 16) -> Relu -> MaxPool -> body Conv -> Relu -> Add
-    (the pool's output as skip) -> GlobalAveragePool: a residual network's first steps."""
+    (the pool's output as skip; without `skip`, the Relu's output twice) ->
+    GlobalAveragePool: a residual network's first steps."""
     r = np.random.default_rng(0)
     inits = [numpy_helper.from_array((r.standard_normal(shape) * 0.3).astype(np.float32), name)
              for name, shape in (("w0", (16, channels, 3, 3)), ("b0", (16,)),
@@ -304,7 +307,7 @@ def stem_model(channels: int) -> onnx.ModelProto:
                               strides=[2, 2]),
              helper.make_node("Conv", ["p0", "w1", "b1"], ["c1"], name="body", pads=[1] * 4),
              helper.make_node("Relu", ["c1"], ["r1"], name="body_relu"),
-             helper.make_node("Add", ["r1", "p0"], ["a1"], name="skip"),
+             helper.make_node("Add", ["r1", "p0" if skip else "r1"], ["a1"], name="skip"),
              helper.make_node("GlobalAveragePool", ["a1"], ["out"], name="pool")]
     graph = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info(
         "image", TensorProto.FLOAT, ["batch", channels, 16, 16])], [
@@ -312,8 +315,9 @@ def stem_model(channels: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
-def quantize_stem(channels: int, narrow_float: bool = True) -> onnx.ModelProto:
-    model = stem_model(channels)
+def quantize_stem(channels: int, narrow_float: bool = True, skip: bool = True
+                  ) -> onnx.ModelProto:
+    model = stem_model(channels, skip)
     data = rng().standard_normal((16, channels, 16, 16)).astype(np.float32)
     with calibrate(model, check_samples({"image": data}, load_graph(model), "random")) as c:
         return c.quantize(QuantizeOptions(narrow_float=narrow_float))
@@ -345,6 +349,34 @@ def test_prism_sessions_keep_a_float_stems_pool_in_float(tmp_path):
     producer = {o: n.op_type for n in graph.node for o in n.output}
     pools = [n for n in graph.node if n.op_type == "MaxPool"]
     assert pools and all(producer.get(n.input[0]) != "QuantizeLinear" for n in pools)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_float_stem_hands_its_int8_output_on_channels_last(monkeypatch, skip):
+    """Where the float stem's quantized output feeds int8 convolutions and a residual Add,
+    the hand-off leaves onnxruntime fewer transposes to run, with bit-identical outputs;
+    where the readers gain nothing (no skip: only the convolution reads it), the model
+    stays as onnxruntime's quantizer made it."""
+    monkeypatch.setattr(quantizer, "channels_last_handoff", lambda model: model)
+    before = quantize_stem(MIN_CHANNELS - 1, skip=skip)
+    graph = load_graph(before)
+    assert boundaries(graph) == [c for c in graph.consumers[graph.node("stem_pool").outputs[0]]
+                                 if graph.node(c).op_type == "QuantizeLinear"]
+    after = channels_last_handoff(before)
+    x = {"image": rng().standard_normal((3, MIN_CHANNELS - 1, 16, 16)).astype(np.float32)}
+    if not skip:
+        assert after is before
+        return
+    assert transposed_bytes(after, x) < transposed_bytes(before, x)
+    assert boundaries(load_graph(after)) == boundaries(graph)  # still there, handed off
+    for opts in (session_options(1), ort.SessionOptions()):
+        got, want = (ort.InferenceSession(m.SerializeToString(), opts, providers=[
+            "CPUExecutionProvider"]).run(None, x)[0] for m in (after, before))
+        np.testing.assert_array_equal(got, want)
+    all_int8 = quantize_stem(MIN_CHANNELS)  # no float region: nothing to hand off
+    assert not boundaries(load_graph(all_int8)) and channels_last_handoff(all_int8) is all_int8
+    monkeypatch.undo()  # `quantize` hands off by itself
+    assert transposed_bytes(quantize_stem(MIN_CHANNELS - 1), x) == transposed_bytes(after, x)
 
 
 def test_qdq_quantizes_what_onnxruntimes_own_default_list_does():

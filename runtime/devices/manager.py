@@ -39,13 +39,17 @@ __all__ = ["Compiler", "DeviceManager", "DeviceStats", "Function", "on_device_th
 
 log = logging.getLogger(__name__)
 
-_local = threading.local()
+class _Local(threading.local):
+    device = False  # this thread runs a device's job now (a worker, or a caller inline)
+
+
+_local = _Local()
 _IDLE_POLL = 0.5  # bound on each worker wait; close() also wakes it
 
 
 def on_device_thread() -> bool:
     """True on a device worker, and on a caller while it runs a job inline."""
-    return getattr(_local, "device", False)
+    return _local.device
 
 
 class Function(Protocol):
@@ -96,21 +100,22 @@ class DeviceManager(Device):
 
     def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
                 wait: float = 0.0) -> Outputs | None:
-        if self._closed or on_device_thread():
+        local, running = _local, self._running
+        if self._closed or local.device:
             return None
         if wait > 0:
-            if not self._running.acquire(timeout=wait):
+            if not running.acquire(True, wait):
                 return None
-        elif self._queue or not self._running.acquire(blocking=False):
+        elif self._queue or not running.acquire(blocking=False):
             return None
         try:  # from the moment the device is held: Ctrl-C may land on any line
             if self._closed:
                 return None
-            _local.device = True
+            local.device = True
             outputs, error = self._run(key, feeds, tag, time.perf_counter())
         finally:
-            _local.device = False
-            self._running.release()
+            local.device = False
+            running.release()
         if error is not None:
             raise error
         return outputs

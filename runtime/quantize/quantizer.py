@@ -10,7 +10,8 @@ those of the prepared model.
 
 Defaults, chosen by measurement on this kind of machine (AVX-512 VNNI, one thread,
 see docs/architecture.md): QDQ format, uint8 activations, int8 weights per channel, and
-convolutions on fewer than 8 input channels left in float (`narrow.py`). int8
+convolutions on fewer than 8 input channels left in float (`narrow.py`), the int8
+tensor after such a float region handed on channels-last (`layout.py`). int8
 activations ran at about half the float speed here, uint8 ones 1.6-1.8x faster;
 QOperator and QDQ ran alike, and QDQ keeps the float ops visible to the partitioner.
 """
@@ -31,6 +32,7 @@ import onnx
 
 from runtime.graph import Graph, load_graph
 from runtime.quantize.data import QuantizeError, Samples
+from runtime.quantize.layout import channels_last_handoff
 from runtime.quantize.narrow import slow_in_int8
 
 FORMATS = ("qdq", "qoperator")
@@ -175,7 +177,8 @@ def read_profile(path: str | Path, graph: Graph) -> str:
 
 def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
              options: QuantizeOptions = DEFAULTS) -> onnx.ModelProto:
-    """The prepared model in int8 from a profile's ranges (no calibration run)."""
+    """The prepared model in int8 from a profile's ranges (no calibration run), each
+    float region's int8 output handed on channels-last where that saves transposes."""
     q = _ort()
     graph = load_graph(prepared)
     method = read_profile(profile_path, graph)
@@ -199,7 +202,7 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
         except Exception as exc:
             raise QuantizeError(f"onnxruntime could not quantize {graph.name}: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
-        return onnx.load(str(out))
+        return channels_last_handoff(onnx.load(str(out)))
 
 
 @dataclass

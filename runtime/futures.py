@@ -1,0 +1,150 @@
+"""The futures `host.run` returns: `concurrent.futures.Future`s that cost a request one
+lock and one wake-up.
+
+A stock Future builds a Condition (a Python object over an RLock, most of a Future's
+cost), and a waiter woken from it must take that RLock again, often from the thread that
+just answered: two hand-offs per answer. Here a plain lock guards the state (what
+`concurrent.futures.wait` and `as_completed` take as `_condition`), and a second one, the
+gate, is held from birth until the future is done: a waiter blocks on the gate, and
+answering releases it, one wake-up. Every method of Future that waits or notifies is
+overridden; the rest (`done`, `running`, `cancelled`, `_invoke_callbacks`, `__repr__`)
+read the same fields as the stock class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    LOGGER,
+    PENDING,
+    RUNNING,
+)
+from threading import TIMEOUT_MAX, Lock, RLock
+from typing import Any
+
+_ENDED = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+
+
+class RequestFuture(Future):
+    """A request's answer. `on_cancel` (the host's) runs when a queued request is
+    cancelled; a started one cannot be."""
+
+    on_cancel: Callable[[], None] | None = None
+
+    def __init__(self) -> None:  # not Future's: no Condition
+        self._condition: Any = Lock()
+        self._gate: Any = Lock()
+        self._gate.acquire()
+        self._state = PENDING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._waiters: list = []
+        self._done_callbacks: list = []
+
+    def _wait(self, timeout: float | None) -> None:
+        """Until done, at most `timeout` seconds (FutureTimeoutError past it)."""
+        if self._state not in _ENDED:
+            gate = self._gate
+            bound = -1.0 if timeout is None or timeout >= TIMEOUT_MAX else max(0.0, timeout)
+            if not gate.acquire(timeout=bound):
+                raise FutureTimeoutError()
+            gate.release()  # open for every other waiter
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._wait(timeout)
+        if self._state is not FINISHED:
+            raise CancelledError()
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        if self._state is not FINISHED:
+            raise CancelledError()
+        return self._exception
+
+    def _end(self, result: Any, exception: BaseException | None) -> None:
+        with self._condition:  # not reentrant: nothing in here may take it (repr does)
+            ended = self._state in _ENDED
+            if not ended:
+                self._result, self._exception, self._state = result, exception, FINISHED
+                for waiter in self._waiters:  # concurrent.futures.wait / as_completed
+                    if exception is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+        if ended:
+            raise InvalidStateError(f"{self._state}: {self!r}")
+        self._gate.release()
+        if self._done_callbacks:
+            self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own
+
+    def set_result(self, result: Any) -> None:
+        self._end(result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._end(None, exception)
+
+    def cancel(self) -> bool:
+        with self._condition:
+            if self._state in (RUNNING, FINISHED):
+                return False
+            if self._state is not PENDING:
+                return True
+            self._state = CANCELLED
+        self._gate.release()
+        self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own
+        if self.on_cancel is not None:
+            self.on_cancel()
+        return True
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._condition:
+            if self._state is CANCELLED:
+                self._state = CANCELLED_AND_NOTIFIED
+                for waiter in self._waiters:
+                    waiter.add_cancelled(self)
+                return False
+            if self._state is PENDING:
+                self._state = RUNNING
+                return True
+        raise RuntimeError(f"Future in unexpected state: {self._state}")
+
+    def add_done_callback(self, fn: Callable[[Future], object]) -> None:
+        with self._condition:
+            if self._state not in _ENDED:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            LOGGER.exception("exception calling callback for %r", self)
+
+
+class ReadyFuture(RequestFuture):
+    """Born finished, for a request that ran on the caller's thread: no gate to open, and
+    one lock shared by all (reentrant: `concurrent.futures.wait` takes every future's in
+    turn), since nothing ever changes their state."""
+
+    _condition = RLock()
+    # a finished future calls a callback at once and keeps none
+    _done_callbacks = ()  # type: ignore[assignment]
+
+    def __init__(self, result: Any = None, exception: BaseException | None = None):
+        self._state = FINISHED
+        self._result, self._exception = result, exception
+        self._waiters = []
+
+    def _wait(self, timeout: float | None) -> None:
+        pass
+
+    def result(self, timeout: float | None = None) -> Any:  # the lean path's: one call
+        if self._exception is not None:
+            raise self._exception
+        return self._result
