@@ -24,7 +24,7 @@ from concurrent.futures._base import (
     PENDING,
     RUNNING,
 )
-from threading import TIMEOUT_MAX, Lock
+from threading import TIMEOUT_MAX, Lock, RLock
 from typing import Any
 
 _ENDED = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
@@ -128,14 +128,23 @@ class RequestFuture(Future):
 
 
 class ReadyFuture(RequestFuture):
-    """Born finished, for a request that ran on the caller's thread: no gate to open."""
+    """Born finished, for a request that ran on the caller's thread: no gate to open, and
+    one lock shared by all (reentrant: `concurrent.futures.wait` takes every future's in
+    turn), since nothing ever changes their state."""
+
+    _condition = RLock()
+    # a finished future calls a callback at once and keeps none
+    _done_callbacks = ()  # type: ignore[assignment]
 
     def __init__(self, result: Any = None, exception: BaseException | None = None):
-        self._condition = Lock()
         self._state = FINISHED
         self._result, self._exception = result, exception
         self._waiters = []
-        self._done_callbacks = []
 
     def _wait(self, timeout: float | None) -> None:
         pass
+
+    def result(self, timeout: float | None = None) -> Any:  # the lean path's: one call
+        if self._exception is not None:
+            raise self._exception
+        return self._result

@@ -33,6 +33,8 @@ class OrtFunction:
             outputs = self._run.run(self._names, feeds, None)
         else:
             outputs = self.session.run(self._names, feeds)
+        if len(outputs) == 1:  # the usual case, without a zip
+            return {self._names[0]: outputs[0]}
         return dict(zip(self.output_names, outputs, strict=True))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,11 @@ from runtime.devices.device import Program
 from runtime.devices.external import inline_external
 from runtime.devices.manager import DeviceManager
 from runtime.errors import ProvisionError, first_line
+
+# What numpy warns of inside the evaluator's kernels (a complex value cast to real, say)
+# is the data's business, as in onnxruntime, which says nothing; a filter on the
+# kernels' modules rather than catch_warnings, which is not thread-safe.
+warnings.filterwarnings("ignore", module=r"onnx\.reference\.")
 
 
 class ReferenceFunction:
