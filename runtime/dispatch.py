@@ -176,12 +176,11 @@ class Dispatcher:
     # -- starting ------------------------------------------------------------------------
 
     def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
-                 timeout: float) -> Future | None:
-        """The lean path (a one-partition plan, nobody listening): when nothing waits in
-        the queue, run on this thread, waiting for the device as for a lock if it is busy,
-        and return a finished future; no Request record, no hand-off, no lock of the host's.
-        None: take the general path (the host closing, the network going, the device
-        closed, or busy for LEAN_WAIT).
+                 timeout: float, priority: int = 0) -> Future | None:
+        """The lean path (a one-partition plan): when nothing waits in the queue, run on
+        this thread, waiting for the device as for a lock if it is busy, and return a
+        finished future; no hand-off, no lock of the host's. None: take the general path
+        (the host closing, the network going, the device closed, or busy for LEAN_WAIT).
 
         A lean run holds no slot: like a caller blocked on a locked session, it is one
         thread waiting its turn at its device, and no queued request is passed over (none
@@ -191,28 +190,55 @@ class Dispatcher:
 
         The run holds this thread, so its deadline is not a timer's: nothing could answer
         the caller sooner. An answer later than `timeout` is dropped and the request ends
-        timed out, as a request on the general path would."""
+        timed out, as a request on the general path would.
+
+        Nobody listening, it makes no Request record. With someone listening, only an idle
+        device runs it here (a busy one sends it down the general path, where its wait is
+        queued by priority and seen), the request gets a record, and its events are the
+        general path's: the device's partition.run pair as it runs, then request.queued,
+        request.started and its end, published once the run is over (a request that goes
+        on to the general path has published nothing here)."""
         runs = net.lean_runs
         runs.append(None)
+        record = None
         try:
             if self.closing or net.removing or self.queue.size:
                 return None
             start = time.monotonic()
-            outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
+            if self.bus.active:
+                record = Request(net.name, feeds, priority)
+                outputs = replica.run_now(feeds, 0.0, record.id)
+            else:
+                outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
             if outputs is None:
                 return None
             took = time.monotonic() - start
-            if took > timeout:
-                return ReadyFuture(exception=RequestTimeoutError(
-                    f"request to {net.name} timed out after {took:.3g} s running"))
-            return ReadyFuture(outputs)
+            future = ReadyFuture(outputs) if took <= timeout else ReadyFuture(
+                exception=RequestTimeoutError(f"request to {net.name} timed out after "
+                                              f"{took:.3g} s running"))
         except ExecutionError as exc:
-            return ReadyFuture(exception=exc)
+            future = ReadyFuture(exception=exc)
+        except BaseException as exc:  # an interrupt landing in the run: it ended; go on up
+            if record is not None:
+                self._report_lean(record, start, exc)
+            raise
         finally:
             runs.pop()
             if self._waiters:  # stop or retire may be waiting for this run's end
                 with self.lock:
                     self.cv.notify_all()
+        if record is not None:
+            self._report_lean(record, start, future.exception())
+        return future
+
+    def _report_lean(self, record: Request, start: float, error: BaseException | None) -> None:
+        """The general path's events for a request the lean path ran, after the run."""
+        record.queued_at = record.started_at = start
+        self.bus.publish("request.queued", network=record.network, request=record.id,
+                         priority=record.priority, queue_depth=0)
+        self.bus.publish("request.started", network=record.network, request=record.id,
+                         queue_wait=0.0, batch_size=1)
+        self._report(record, error)
 
     def begin(self, request: Request) -> None:
         """Run a request that holds a slot on its replica."""

@@ -17,8 +17,8 @@ partition, the device and what went wrong. A BaseException that is not an Except
 (KeyboardInterrupt during an inline run) ends the request the same way and then goes on
 up the caller's thread, where it was meant to land.
 
-`run_now(feeds)` is the lean path the host takes with no Request record at all (one
-partition, nobody listening, no timeout): the device's `run_now`, or None when it is busy.
+`run_now(feeds)` is the lean path the host takes (one partition): the device's `run_now`
+on the caller's thread, or None when it stays busy.
 """
 
 from __future__ import annotations
@@ -81,13 +81,16 @@ class Executor:
             self.parts[0].partition.outputs)
         self._reorder = self.single and list(self.parts[0].partition.outputs) != self.outputs
 
-    def run_now(self, feeds: dict[str, np.ndarray], wait: float = 0.0) -> Outputs | None:
+    def run_now(self, feeds: dict[str, np.ndarray], wait: float = 0.0,
+                request: int | None = None) -> Outputs | None:
         """A `single` plan on this thread: the graph outputs, or None if its device stayed
         busy (`wait`: seconds to wait in its line). Raises ExecutionError naming the
-        partition and the device."""
+        partition and the device. With a `request` id, the run publishes its events."""
         lp = self.parts[0]
+        tag = None if request is None else {"network": self.network, "request": request,
+                                            "partition": lp.partition.name}
         try:
-            outputs = lp.device.run_now(lp.key, feeds, None, wait)
+            outputs = lp.device.run_now(lp.key, feeds, tag, wait)
         except Exception as exc:
             raise _failure(exc, lp)  # noqa: B904 (its cause is kept)
         if outputs is None:

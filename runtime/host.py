@@ -211,8 +211,8 @@ class HostManager:
                 net = self._slots.network(name)
         checked = check_feeds(name, net.specs, feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
-        if inline and not self.bus.active and net.lean is not None:
-            ready = self._slots.run_lean(net, net.lean, checked, timeout)
+        if inline and net.lean is not None:
+            ready = self._slots.run_lean(net, net.lean, checked, timeout, priority)
             if ready is not None:
                 return ready
         request = Request(name, checked, priority, queued_at=time.monotonic())

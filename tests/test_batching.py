@@ -488,9 +488,9 @@ def test_priority_order_without_batching_under_load():
         gate = host.devices["cpu0"].gate = Gate()
         events = Events(host, kinds=("request.",))
         box: list = []
-        blocker = threading.Thread(target=lambda: box.append(
-            host.run("m", mlp_feeds(np.random.default_rng(), 1))), daemon=True)
-        blocker.start()  # runs inline on its own thread and blocks there
+        blocker = threading.Thread(target=lambda: box.append(host.run(
+            "m", mlp_feeds(np.random.default_rng(), 1), inline=False)), daemon=True)
+        blocker.start()  # holds the one slot, its run held on the device's worker
         assert gate.entered.wait(5)
         lock = threading.Lock()
         sent: list = []

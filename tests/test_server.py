@@ -483,3 +483,46 @@ def test_a_load_runs_off_the_event_loop(server):
     thread.join(WAIT)
     assert answered and set(answered) == {200}
     assert state.catalog.get("branchy").version == "1"
+
+
+def test_runs_never_happen_on_the_event_loops_thread():
+    """Every run is off the server's loop: on its run thread (the device idle) or on the
+    device's worker (that thread busy), one request at a time or many at once."""
+    from fakes import FaultyManager
+
+    from serving import MLP
+
+    with serving("cpu:1", files=(("mlp", MLP),), device_factory=FaultyManager) as (url, state):
+        ran_on: list[str] = []
+        state.host.devices["cpu0"].fail = lambda call, feeds: ran_on.append(
+            threading.current_thread().name) or 0
+        feeds = [_feeds(state, "mlp") for _ in range(40)]
+
+        def one(f):
+            body, headers = binary_request(f)
+            return call(f"{url}/v2/models/mlp/infer", "POST", body, headers)[0]
+
+        statuses = [one(f) for f in feeds[:10]]
+        with ThreadPoolExecutor(8) as pool:
+            statuses += list(pool.map(one, feeds[10:], timeout=WAIT))
+    assert statuses == [200] * len(feeds) and len(ran_on) == len(feeds)
+    assert "prism-server" not in ran_on and "prism-server-run" in ran_on
+
+
+def test_a_failed_run_and_a_fault_of_the_servers_own_are_500_and_it_serves_on(monkeypatch):
+    from fakes import FaultyManager
+
+    import app.server.routes.infer as route
+    from serving import MLP
+
+    with serving("cpu:1", files=(("mlp", MLP),), device_factory=FaultyManager) as (url, state):
+        state.host.devices["cpu0"].fail = lambda call, feeds: call == 1
+        infer = f"{url}/v2/models/mlp/infer"
+        body, headers = binary_request(_feeds(state, "mlp"))
+        status, message = error_of(call(infer, "POST", body, headers))
+        assert status == 500 and "cpu0" in message and "injected fault" in message
+        with monkeypatch.context() as patched:
+            patched.setattr(route, "encode_response", lambda *args: 1 / 0)
+            status, message = error_of(call(infer, "POST", body, headers))
+        assert status == 500 and message.startswith("internal error: ZeroDivisionError")
+        assert call(infer, "POST", body, headers)[0] == 200

@@ -1,5 +1,6 @@
 """The ASGI app: routes gathered from one module per job, every one behind the guard
-(token, body limit) and the protocol's error responses.
+(token, body limit) and the protocol's error responses; inference requests reach their
+route first, past Starlette (`infer.HotRoute`).
 
 A route module has `routes(state) -> list[BaseRoute]`; adding an endpoint is adding a
 module to `ROUTE_MODULES` (or passing `modules`).
@@ -12,6 +13,7 @@ from types import ModuleType
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.types import ASGIApp
 
 from app.server.errors import HANDLERS
 from app.server.guard import Guard
@@ -21,10 +23,10 @@ from app.server.state import ServerState
 ROUTE_MODULES: tuple[ModuleType, ...] = (infer, health, models, repository, metrics, watch)
 
 
-def create_app(state: ServerState, modules: Sequence[ModuleType] = ROUTE_MODULES) -> Starlette:
+def create_app(state: ServerState, modules: Sequence[ModuleType] = ROUTE_MODULES) -> ASGIApp:
     app = Starlette(routes=[route for module in modules for route in module.routes(state)],
                     middleware=[Middleware(Guard, token=state.settings.token,
                                            max_body_bytes=state.settings.max_body_bytes)],
                     exception_handlers=HANDLERS)
     app.state.prism = state
-    return app
+    return infer.HotRoute(state, app) if infer in modules else app

@@ -1,8 +1,8 @@
 """The one place the server waits for the host, and the rule for what runs off the loop.
 
-`run` awaits a request without blocking the event loop: the host's future resolves on a
-device thread, and `asyncio.wrap_future` hands the answer back to the loop. When the host
-gains `await host.run_async(...)`, `run`'s body becomes that one call.
+`run` awaits a request without blocking the event loop: the server's run thread calls
+the host for it (`run_thread.py`), or, that thread busy, the host's future resolves on a
+device thread and `asyncio.wrap_future` hands the answer back to the loop.
 """
 
 from __future__ import annotations
@@ -14,15 +14,19 @@ from typing import TypeVar
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from runtime.host import HostManager
+from app.server.run_thread import RunThread
 
 T = TypeVar("T")
 OFFLOAD_BYTES = 256 << 10  # decoding, checking or encoding more than this leaves the loop
 
 
-async def run(host: HostManager, network: str, feeds: Mapping[str, np.ndarray], priority: int,
+async def run(runs: RunThread, network: str, feeds: Mapping[str, np.ndarray], priority: int,
               timeout: float | None, *, large: bool = False) -> dict[str, np.ndarray]:
     """One request's outputs. `large`: its feeds are checked (in `host.run`) off the loop."""
+    answer = runs.submit(network, feeds, priority, timeout)
+    if answer is not None:
+        return await answer
+    host = runs.host
     if large:
         future = await run_in_threadpool(host.run, network, feeds, priority, timeout,
                                          inline=False)

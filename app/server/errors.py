@@ -16,6 +16,7 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from app.server.tensors import TensorError
 from runtime.errors import (
@@ -62,3 +63,11 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 HANDLERS = {PrismError: _expected, TensorError: _expected, HTTPException: _http,
             Exception: _unexpected}
+
+
+async def respond(exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer `exc` as HANDLERS do behind Starlette's exception middleware, for an app
+    that is not behind it (the hot route)."""
+    handler = next(HANDLERS[kind] for kind in type(exc).__mro__ if kind in HANDLERS)
+    response = await handler(Request(scope, receive), exc)
+    await response(scope, receive, send)

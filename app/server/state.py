@@ -8,6 +8,7 @@ from app.server.catalog import Catalog
 from app.server.event_log import EventLog
 from app.server.metrics import ServerMetrics
 from app.server.repository import ModelRepository
+from app.server.run_thread import RunThread
 from runtime.host import HostManager
 from runtime.partition.plan import Plan
 from runtime.trace import ChromeTrace
@@ -29,6 +30,7 @@ class ServerState:
     metrics: ServerMetrics
     settings: ServerSettings
     events: EventLog
+    runs: RunThread  # calls the host for the event loop
     ready: bool = False  # every model asked for at start is loaded
     closing: bool = False  # shutting down: event streams end
     trace: ChromeTrace | None = None  # a Chrome trace being taken (--trace, trace/start)
@@ -48,10 +50,11 @@ class ServerState:
             return None if served is None else (served.name, served.version, served.transfers)
 
         return cls(host, catalog, ServerMetrics(host.bus, label), settings or ServerSettings(),
-                   EventLog(host.bus))
+                   EventLog(host.bus), RunThread(host))
 
     def close(self) -> None:
         self.ready, self.closing = False, True
+        self.runs.close()
         self.metrics.close()
         self.events.close()
         if self.trace is not None:
