@@ -49,13 +49,15 @@ def _number(kind: type, low: float, high: float | None = None, *, above: bool = 
 
 
 def _replicas(text: str) -> int | str:
-    if text == "saturate":
+    from runtime.replicas import FILL
+
+    if text in FILL:
         return text
     try:
         return _number(int, 1)(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 or "
-                                         f"'saturate', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, "
+                                         f"'saturate' or 'auto', got {text!r}") from None
 
 
 def _pattern(text: str) -> str:
@@ -106,9 +108,10 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=_number(float, 0, MAX_DELAY_MS), default=1.0,
                         metavar="D", help="dynamic batching: longest wait for a fuller batch, "
                                           "in milliseconds (default 1)")
-    parser.add_argument("--replicas", type=_replicas, metavar="N|saturate",
+    parser.add_argument("--replicas", type=_replicas, metavar="N|saturate|auto",
                         help="whole copies of the plan on twin devices (default 1, or a "
-                             "bundle's own)")
+                             "bundle's own); auto: the device share per copy that models "
+                             "the most requests a second")
 
 
 def _add_connect_args(parser: argparse.ArgumentParser) -> None:

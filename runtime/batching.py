@@ -3,7 +3,10 @@
 Requests for one network wait in a priority queue of their own. A batch leaves when it
 reaches `max_batch_size`, when a preferred size is reached (the largest one available),
 or when the oldest waiting request has waited `max_queue_delay_ms`, and one of the host's
-`max_active` slots is free. Only requests whose inputs agree in everything but the first
+`max_active` slots is free. The delay counts from the oldest request's arrival or from
+when the batcher was last free (done launching or answering a batch), whichever is
+later: Triton's scheduler answers on other threads, and this one's answering time is
+not a wait for more requests. Only requests whose inputs agree in everything but the first
 (batch) dimension go together. Inputs are concatenated on that dimension, the network
 runs once, and each output is split back to its request (`split`, where the host ends
 requests).
@@ -122,6 +125,7 @@ class Batcher:
         self.name, self.config, self.bus = name, config, bus
         self._take_slot, self._begin, self._finish = take_slot, begin, finish
         self._limit, self._in_flight = in_flight, 0
+        self._free_since = 0.0  # when this thread last finished launching or answering
         self._queue = RequestQueue()
         self._lock = threading.Lock()  # taken bare where nothing waits: cheaper than `_cv`'s
         self._cv = threading.Condition(self._lock)
@@ -152,13 +156,24 @@ class Batcher:
         with self._cv:
             self._cv.notify()
 
+    def _due(self) -> float | None:
+        """When the batch waiting now must leave, full or not: `max_queue_delay_ms` after
+        its oldest request came, or after this thread was last free to send it, whichever
+        is later (None: nothing waits). Time spent answering the last batch is this
+        thread's, not a wait for more requests: counted, it would send the next batch with
+        only those answered first (Triton's scheduler answers on other threads)."""
+        oldest = self._queue.oldest()
+        if oldest is None:
+            return None
+        return max(oldest.queued_at, self._free_since) + self.config.max_queue_delay_ms / 1e3
+
     def _ready(self, now: float) -> bool:
         size, cfg = self._queue.size, self.config
         if size >= cfg.max_batch_size or (cfg.preferred_batch_sizes and
                                           size >= cfg.preferred_batch_sizes[0]):
             return True
-        oldest = self._queue.oldest()
-        return oldest is not None and now - oldest.queued_at >= cfg.max_queue_delay_ms / 1e3
+        due = self._due()
+        return due is not None and now >= due
 
     def _form(self) -> list[Request]:
         """Up to max_batch_size rows of requests like the first in priority order (a
@@ -286,16 +301,14 @@ class Batcher:
                         break
                     if self._closed:
                         return
-                    oldest = self._queue.oldest()
-                    if oldest is None or self._ready(now):
-                        wait = 0.05  # nothing queued, or ready but no slot: until notified
-                    else:
-                        wait = oldest.queued_at + self.config.max_queue_delay_ms / 1e3 - now
+                    due = self._due()  # None, or ready but no slot: until notified
+                    wait = 0.05 if due is None or self._ready(now) else due - now
                     self._cv.wait(min(max(wait, 1e-4), 0.05))
             if completion is not None:
                 completion()
             elif formed is not None:
                 self._launch(formed)
+            self._free_since = time.monotonic()
 
     def close(self, timeout: float = 2.0) -> list[Request]:
         """Stop; returns the requests still waiting."""

@@ -17,7 +17,7 @@ from runtime.network import Network, place, publish_plan
 from runtime.partition.plan import Plan
 from runtime.planning import PartitionSpec, plan_network
 from runtime.provision import one_line_errors
-from runtime.replicas import twin_maps
+from runtime.replicas import further, twin_maps
 from runtime.submodel import extract
 
 ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded already
@@ -48,7 +48,7 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
     publish_plan(bus, name, steps, plan)
     twin_sets: list[Mapping[str, str] | None] = [None]  # per replica: plan device -> twin
     if replicas != 1:
-        twin_sets += twin_maps(plan, configs, None if replicas == "saturate" else int(replicas) - 1)
+        twin_sets += twin_maps(plan, configs, further(replicas))
     face = signature(graph)
     loaded, executors = place(name, plan, programs(graph, plan), devices, bus, twin_sets, face,
                               graph)

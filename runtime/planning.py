@@ -42,4 +42,4 @@ def plan_network(graph: Graph, devices: Sequence[DeviceConfig],
                                           annotations=annotations, fallback=fallback), keep))
         return steps, plan
 
-    return planned_over(list(devices), replicas, attempt)
+    return planned_over(list(devices), replicas, attempt, graph)

@@ -111,7 +111,7 @@ def test_names_from_the_model_print_as_written(capsys, tmp_path):
     (["run", MLP, "--devices", "cpu:1", "--max-batch", "0"], "--max-batch", "at least 1"),
     (["run", MLP, "--devices", "cpu:1", "--max-delay-ms", "-1"], "--max-delay-ms",
      str(MAX_DELAY_MS)),
-    (["run", MLP, "--devices", "cpu:1", "--replicas", "0"], "--replicas", "saturate"),
+    (["run", MLP, "--devices", "cpu:1", "--replicas", "0"], "--replicas", "'auto'"),
     (["bench", MLP, "--devices", "cpu:1", "--requests", "-1"], "--requests", "at least 1"),
     (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=0"], "--bind", "at least 1"),
     (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=²"], "--bind", "whole number"),

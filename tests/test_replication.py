@@ -18,6 +18,7 @@ from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.provision import twins
+from runtime.replicas import twin_maps
 from serving import CNN, MLP, WAIT, assert_same, expected
 
 
@@ -207,6 +208,73 @@ def test_two_replicas_on_a_mixed_host_with_room_for_two():
         configs = {n: m.config for n, m in host.devices.items()}
         assert sorted(configs[d].backend for d in placed[""]) == \
             sorted(configs[d].backend for d in placed["#1"])
+
+
+def modelled_rate(plan, devices) -> float:
+    """Requests a second the cost model gives `plan` placed as often as twins allow."""
+    return (1 + len(twin_maps(plan, devices, None))) / plan.bottleneck_seconds
+
+
+def test_auto_replicates_a_network_that_fits_over_equal_devices():
+    """Two equal cpus: two whole replicas model more requests a second than the pipeline
+    over both (the same work plus a copy, on uneven stages), so auto replicates, and both
+    replicas serve, with the right answers."""
+    devices = parse_devices("cpu:2")
+    graph = load_graph(CNN)
+    pipeline = partition(graph, devices, "balanced")
+    whole = partition(graph, devices[:1], "balanced")
+    assert len({p.device for p in pipeline.partitions}) == 2
+    assert modelled_rate(whole, devices) > modelled_rate(pipeline, devices)
+    with HostManager(devices) as host:
+        plan = host.add_network("c", CNN, replicas="auto")
+        assert len({p.device for p in plan.partitions}) == 1 and host.replicas("c") == 2
+        assert sorted(map(sorted, replicas_by_device(host, "c").values())) == [
+            ["cpu0"], ["cpu1"]]
+        sub = host.bus.subscribe(maxlen=10_000, kinds=("partition.run.finished",))
+        rng = np.random.default_rng()
+        feeds = [image(rng, 2) for _ in range(16)]
+        futures = [host.run("c", f) for f in feeds]
+        for f, future in zip(feeds, futures, strict=True):
+            assert_same(future.result(timeout=WAIT), expected(CNN, f))
+        assert {e["device"] for e in sub.drain()} == {"cpu0", "cpu1"}
+
+
+def test_auto_keeps_a_pipeline_where_it_models_faster():
+    """A cpu and a sim are no twins: one device alone serves one replica, and the pipeline
+    over both has the lower bottleneck, so auto keeps the pipeline ("saturate" would use
+    one device and leave the other idle)."""
+    devices = parse_devices("cpu:1,sim:1")
+    graph = load_graph(CNN)
+    alone = [partition(graph, [d], "balanced").bottleneck_seconds for d in devices]
+    both = partition(graph, devices, "balanced")
+    assert both.bottleneck_seconds < min(alone)
+    with HostManager(devices) as host:
+        plan = host.add_network("c", CNN, replicas="auto")
+        assert {p.device for p in plan.partitions} == {"cpu0", "sim0"}
+        assert host.replicas("c") == 1
+        assert plan.bottleneck_seconds == both.bottleneck_seconds
+        rng = np.random.default_rng()
+        f = image(rng)
+        assert_same(host.run("c", f).result(timeout=WAIT), expected(CNN, f))
+
+
+def test_auto_weighs_replicas_against_a_pipeline_where_memory_binds():
+    """cnn needs two of these sims: auto plans each device count that fits and keeps the
+    one whose replicas the cost model rates fastest, whichever that is."""
+    devices = sims(4, memory_bytes=600_000)
+    graph = load_graph(CNN)
+    rates = {}
+    for k in range(2, 5):  # one sim is too small
+        plan = partition(graph, devices[:k], "balanced")
+        rates[k] = (modelled_rate(plan, devices), len({p.device for p in plan.partitions}))
+    with pytest.raises(PrismError, match="fit"):
+        partition(graph, devices[:1], "balanced")
+    best = max(rates.values())
+    with HostManager(devices) as host:
+        plan = host.add_network("c", CNN, replicas="auto")
+        assert len({p.device for p in plan.partitions}) == best[1]
+        assert modelled_rate(plan, devices) == pytest.approx(best[0])
+        assert host.replicas("c") == 1 + len(twin_maps(plan, devices, None))
 
 
 # -- removing frees every replica -------------------------------------------------------------

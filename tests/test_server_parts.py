@@ -84,6 +84,7 @@ def test_a_triton_config_becomes_load_options():
     assert (options.max_batch_size, options.max_queue_delay_ms) == (16, 2.5)
     assert options.preferred_batch_sizes == (4, 8) and options.replicas == 3
     assert options.partition == "memory" and options.devices == ("cpu0", "cpu1")
+    assert load_options(config, {"replicas": "auto"}).replicas == "auto"
     # a load request's own parameters win, its config replaces the file's
     assert load_options(config, {"partition": "balanced"}).partition == "balanced"
     replaced = load_options(config, {"config": json.dumps({"max_batch_size": 4})})

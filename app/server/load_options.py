@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import PrismError
+from runtime.replicas import FILL
 
 PARAMETERS = ("partition", "devices", "replicas", "max_batch_size", "max_queue_delay_ms",
               "preferred_batch_sizes", "version", "config")
@@ -120,7 +121,7 @@ def _checked(found: dict[str, Any]) -> LoadOptions:
         options["devices"] = tuple(n.strip() for n in names)
     if "replicas" in found:
         replicas = found["replicas"]
-        options["replicas"] = replicas if replicas == "saturate" else \
+        options["replicas"] = replicas if replicas in FILL else \
             _whole(replicas, "replicas", 1)
     if "max_batch_size" in found:
         options["max_batch_size"] = _whole(found["max_batch_size"], "max_batch_size", 0)

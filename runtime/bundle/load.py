@@ -30,7 +30,7 @@ from runtime.inputs import InputSpec, Signature
 from runtime.network import Network, place, publish_plan
 from runtime.partition.plan import Plan
 from runtime.partition.steps import Step
-from runtime.replicas import twin_maps
+from runtime.replicas import further, twin_maps
 
 if TYPE_CHECKING:
     from runtime.graph import Graph
@@ -118,7 +118,7 @@ def _load(name: str, bundle: Bundle, devices: Mapping[str, Device], bus: Any,
     copies = manifest["replicas"] if replicas is None else replicas
     twin_sets: list[Mapping[str, str] | None] = [None]
     if copies != 1:
-        twin_sets += twin_maps(plan, configs, None if copies == "saturate" else int(copies) - 1)
+        twin_sets += twin_maps(plan, configs, further(copies))
     if bus.active:
         steps = [Step(**{**s, "nodes": tuple(s["nodes"]), "device": names.get(
             s["device"], s["device"])}) for s in bundle.json("steps.json")]
