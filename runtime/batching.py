@@ -167,12 +167,12 @@ class Batcher:
             return None
         return max(oldest.queued_at, self._free_since) + self.config.max_queue_delay_ms / 1e3
 
-    def _ready(self, now: float) -> bool:
+    def _ready(self, now: float, due: float | None) -> bool:
+        """A batch may leave now (`due`: from `_due`, which walks the queue once)."""
         size, cfg = self._queue.size, self.config
         if size >= cfg.max_batch_size or (cfg.preferred_batch_sizes and
                                           size >= cfg.preferred_batch_sizes[0]):
             return True
-        due = self._due()
         return due is not None and now >= due
 
     def _form(self) -> list[Request]:
@@ -288,10 +288,11 @@ class Batcher:
             completion = None
             with self._cv:
                 while True:
-                    now = time.monotonic()
+                    now, due = time.monotonic(), self._due()
+                    ready = self._ready(now, due)
                     # A ready batch goes first: the requests a finished batch sent again
                     # should run before the next finished batch is answered.
-                    if (not self._closed and self._queue.size and self._ready(now)
+                    if (not self._closed and self._queue.size and ready
                             and self._in_flight < self._limit and self._take_slot()):
                         self._in_flight += 1
                         formed = self._form()
@@ -301,8 +302,8 @@ class Batcher:
                         break
                     if self._closed:
                         return
-                    due = self._due()  # None, or ready but no slot: until notified
-                    wait = 0.05 if due is None or self._ready(now) else due - now
+                    # nothing queued, or ready but no slot: until notified
+                    wait = 0.05 if due is None or ready else due - now
                     self._cv.wait(min(max(wait, 1e-4), 0.05))
             if completion is not None:
                 completion()
