@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import ExecutionError, PrismError
+from runtime.errors import ExecutionError, HostClosedError, PrismError, QueueFullError
 from runtime.requests import Request, RequestQueue
 
 Finish = Callable[[Request, dict | None, BaseException | None], None]
@@ -138,15 +138,24 @@ class Batcher:
     def __len__(self) -> int:
         return self._queue.size
 
-    def push(self, request: Request) -> None:
+    def push(self, request: Request, limit: int | None = None) -> int:
+        """Queue `request`; returns how many wait now. HostClosedError once closed,
+        QueueFullError when `limit` wait already."""
         with self._lock:
-            self._queue.push(request)
-            size, cfg = self._queue.size, self.config
+            queue = self._queue
+            if self._closed:
+                raise HostClosedError("host is closed; it takes no more requests")
+            if limit is not None and queue.size >= limit:
+                raise QueueFullError(f"request queue is full ({limit} waiting); retry later "
+                                     f"or raise max_queue")
+            queue.push(request)
+            size, cfg = queue.size, self.config
             # Wake the batcher only when it has something to do: start the delay clock,
             # or send a full (or preferred) batch. Waking it for every request steals
             # the interpreter from whoever is sending them.
             if size == 1 or size >= cfg.max_batch_size or size in cfg.preferred_batch_sizes:
                 self._cv.notify()
+        return size
 
     def discard(self, request: Request) -> None:
         with self._cv:

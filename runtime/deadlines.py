@@ -2,7 +2,10 @@
 
 It shares the dispatcher's lock: a request is entered where it is admitted and counted
 out where it ends, each under a lock its caller holds already, so a timeout (on by
-default, `HostManager(timeout=...)`) costs a request no lock of its own.
+default, `HostManager(timeout=...)`) costs a request no lock of its own. A caller holding
+no lock (a batched request, admitted by its batcher) drops its entry in an inbox instead,
+which the thread, or the next request to end, takes in under the lock; the thread is
+woken only when it would otherwise sleep past the new deadline.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Deadlines:
         self._on_expire = on_expire
         self._fifo: deque[tuple[float, Request]] = deque()  # deadlines never decreasing
         self._heap: list[tuple[float, int, Request]] = []
+        self._inbox: deque[tuple[float, Request]] = deque()  # added without the lock
         self._ended = 0  # entries of ended requests since the last sweep (at most)
         self._cv = threading.Condition(lock)
         self._wake_at = math.inf  # when the thread wakes next, unless notified
@@ -33,23 +37,45 @@ class Deadlines:
         self._thread.start()
 
     def __len__(self) -> int:
-        return len(self._fifo) + len(self._heap)
+        return len(self._fifo) + len(self._heap) + len(self._inbox)
 
     def add_locked(self, request: Request, deadline: float) -> None:
         """Under the lock: time `request` out at `deadline` (its own)."""
+        self._take_inbox()
+        self._insert(deadline, request)
+        if deadline < self._wake_at:  # only then: a thread woken per request costs more
+            self._cv.notify()         # than the rest of its timeout does
+
+    def add(self, request: Request, deadline: float) -> None:
+        """Without the lock: `add_locked`, by way of the inbox. The thread publishes when it
+        will wake next before it looks at the inbox a last time and sleeps, so either it
+        sees this entry or this sees its wake time (deque appends are atomic)."""
+        self._inbox.append((deadline, request))
+        if deadline < self._wake_at:
+            with self._cv:
+                self._cv.notify()
+
+    def _insert(self, deadline: float, request: Request) -> None:
         fifo = self._fifo
         if not fifo or deadline >= fifo[-1][0]:
             fifo.append((deadline, request))
         else:
             heapq.heappush(self._heap, (deadline, request.id, request))
-        if deadline < self._wake_at:  # only then: a thread woken per request costs more
-            self._cv.notify()         # than the rest of its timeout does
+
+    def _take_inbox(self) -> None:
+        """Under the lock: the inbox's entries into the FIFO (or the heap)."""
+        inbox = self._inbox
+        while inbox:
+            deadline, request = inbox.popleft()
+            if not request.ended:
+                self._insert(deadline, request)
 
     def ended_locked(self, count: int = 1) -> None:
         """Under the lock: `count` timed requests have ended. Their entries go at the next
         sweep, once half the entries have ended: a finished request, and the outputs it
         holds, need not wait for its deadline to be let go (under load with long
         timeouts, that would be most of them)."""
+        self._take_inbox()
         self._drop_ended_heads()
         self._ended += count
         if not self._fifo and not self._heap:
@@ -80,13 +106,15 @@ class Deadlines:
         while True:
             with self._cv:
                 while not self._closed:
+                    self._take_inbox()
                     now = time.monotonic()
                     self._drop_ended_heads()
                     earliest = self._earliest()
                     if earliest <= now:
                         break
                     self._wake_at = earliest
-                    self._cv.wait(None if earliest == math.inf else earliest - now)
+                    if not self._inbox:  # else one came meanwhile: take it in first
+                        self._cv.wait(None if earliest == math.inf else earliest - now)
                 if self._closed:
                     return
                 expired = self._pop_earliest()

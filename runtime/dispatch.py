@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from functools import partial
 
 import numpy as np
@@ -32,11 +32,12 @@ from runtime.errors import (
 )
 from runtime.events import EventBus
 from runtime.executor import Executor
-from runtime.futures import ReadyFuture
+from runtime.futures import ReadyFuture, RequestFuture
 from runtime.network import Network
 from runtime.requests import Request, RequestQueue
 
 LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queueing instead
+CANCELLED = CancelledError("cancelled")
 
 
 class Dispatcher:
@@ -52,6 +53,7 @@ class Dispatcher:
         self.deadlines = Deadlines(self._expire, lock)
         self._uses = 0  # counts replica choices, for least-recently-used
         self._waiters = 0  # threads in wait_for
+        self._on_cancel = self._cancelled
 
     def batcher(self, net: Network) -> Batcher:
         """A batcher for `net`, lent this dispatcher's slots, replicas and ending."""
@@ -200,36 +202,91 @@ class Dispatcher:
         on to the general path has published nothing here)."""
         runs = net.lean_runs
         runs.append(None)
-        record = None
         try:
             if self.closing or net.removing or self.queue.size:
                 return None
-            start = time.monotonic()
             if self.bus.active:
-                record = Request(net.name, feeds, priority)
-                outputs = replica.run_now(feeds, 0.0, record.id)
-            else:
-                outputs = replica.run_now(feeds, min(timeout, LEAN_WAIT))
+                return self._run_listened(net, replica, feeds, timeout, priority)
+            start = time.monotonic()
+            outputs = replica.run_now(feeds, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
             if outputs is None:
                 return None
-            took = time.monotonic() - start
-            future = ReadyFuture(outputs) if took <= timeout else ReadyFuture(
-                exception=RequestTimeoutError(f"request to {net.name} timed out after "
-                                              f"{took:.3g} s running"))
+            return ReadyFuture(outputs) if time.monotonic() - start <= timeout else \
+                self._late(net, start)
         except ExecutionError as exc:
-            future = ReadyFuture(exception=exc)
-        except BaseException as exc:  # an interrupt landing in the run: it ended; go on up
-            if record is not None:
-                self._report_lean(record, start, exc)
-            raise
+            return ReadyFuture(exception=exc)
         finally:
             runs.pop()
             if self._waiters:  # stop or retire may be waiting for this run's end
                 with self.lock:
                     self.cv.notify_all()
-        if record is not None:
-            self._report_lean(record, start, future.exception())
+
+    def _run_listened(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
+                      timeout: float, priority: int) -> Future | None:
+        """A lean run with someone listening: only on an idle device, with a record and
+        the general path's events."""
+        record = Request(net.name, feeds, priority)
+        start = time.monotonic()
+        try:
+            outputs = replica.run_now(feeds, 0.0, record.id)
+            if outputs is None:
+                return None
+            future = ReadyFuture(outputs) if time.monotonic() - start <= timeout else \
+                self._late(net, start)
+        except ExecutionError as exc:
+            future = ReadyFuture(exception=exc)
+        except BaseException as exc:  # an interrupt landing in the run: it ended; go on up
+            self._report_lean(record, start, exc)
+            raise
+        self._report_lean(record, start, future.exception())
         return future
+
+    @staticmethod
+    def _late(net: Network, start: float) -> ReadyFuture:
+        """A lean run's answer, past its timeout: dropped; the request times out."""
+        return ReadyFuture(exception=RequestTimeoutError(
+            f"request to {net.name} timed out after {time.monotonic() - start:.3g} s running"))
+
+    def queue_batched(self, net: Network, batcher: Batcher, request: Request,
+                      max_queue: int) -> Future:
+        """Accept a request into its network's batcher, taking no lock of the host's: the
+        batcher's own lock admits it (HostClosedError once the batcher is closed,
+        QueueFullError past `max_queue` waiting), its deadline goes by the timer's inbox,
+        and it is counted by a token in `net.accepted`, put there before the checks, as
+        a lean run is: `retire` either sees it or it sees `removing`; `stop` closes the
+        batchers, failing what they hold, so it is either failed there or refused."""
+        tokens = net.accepted
+        tokens.append(None)
+        try:
+            if self.closing:
+                raise HostClosedError("host is closed; it takes no more requests")
+            if net.removing:
+                raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
+            self.cancellable(request)
+            waiting = batcher.push(request, max_queue)
+        except BaseException:
+            tokens.pop()
+            if self._waiters:  # retire may be waiting for this token
+                with self.lock:
+                    self.cv.notify_all()
+            raise
+        if request.deadline is not None:  # after the push: a request refused has none
+            self.deadlines.add(request, request.deadline)
+        if self.bus.active:
+            self.bus.publish("request.queued", network=net.name, request=request.id,
+                             priority=request.priority, queue_depth=waiting)
+            self.bus.publish("queue.depth", depth=waiting, active=self.slots_used)
+        return request.future
+
+    def cancellable(self, request: Request) -> None:
+        """Cancelling the future of `request`, queued, ends it here (a hook bound once, so
+        a request pays two fields for it, not an object)."""
+        future = request.future
+        future.on_cancel, future.request = self._on_cancel, request
+
+    def _cancelled(self, future: RequestFuture) -> None:
+        if future.request is not None:
+            self.finish(future.request, None, CANCELLED)
 
     def _report_lean(self, record: Request, start: float, error: BaseException | None) -> None:
         """The general path's events for a request the lean path ran, after the run."""
@@ -322,7 +379,8 @@ class Dispatcher:
             net = self.networks.get(request.network)
             if net is not None:
                 net.running.difference_update(ended)
-                net.outstanding -= len(ended)
+                for _ in ended:
+                    net.accepted.pop()
             freed, request.slot = request.slot, False
             ready = self._free_locked(request.replica) if freed else []
             if not freed:

@@ -30,21 +30,32 @@ from typing import Any
 _ENDED = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
-class RequestFuture(Future):
-    """A request's answer. `on_cancel` (the host's) runs when a queued request is
-    cancelled; a started one cannot be."""
+class _Waiters:
+    """A future's `_waiters`, made when first asked for: `concurrent.futures.wait` and
+    `as_completed` add theirs (under `_condition`), and most futures never meet one."""
 
-    on_cancel: Callable[[], None] | None = None
+    def __get__(self, future: Any, owner: type | None = None) -> Any:
+        return self if future is None else future.__dict__.setdefault("_waiters", [])
+
+
+class RequestFuture(Future):
+    """A request's answer. `on_cancel` (the host's) is called with the future when a
+    queued request is cancelled; a started one cannot be. `request` is the request it
+    answers, for that hook (set only while it is queued)."""
+
+    on_cancel: Callable[[RequestFuture], None] | None = None
+    request: Any = None
+    # As every future starts: set here, a request's future costs two fields, not seven.
+    _state = PENDING
+    _result: Any = None
+    _exception: BaseException | None = None
+    _waiters: Any = _Waiters()
+    _done_callbacks: Any = ()  # a list once one is added
 
     def __init__(self) -> None:  # not Future's: no Condition
         self._condition: Any = Lock()
         self._gate: Any = Lock()
         self._gate.acquire()
-        self._state = PENDING
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._waiters: list = []
-        self._done_callbacks: list = []
 
     def _wait(self, timeout: float | None) -> None:
         """Until done, at most `timeout` seconds (FutureTimeoutError past it)."""
@@ -74,7 +85,7 @@ class RequestFuture(Future):
             ended = self._state in _ENDED
             if not ended:
                 self._result, self._exception, self._state = result, exception, FINISHED
-                for waiter in self._waiters:  # concurrent.futures.wait / as_completed
+                for waiter in self.__dict__.get("_waiters", ()):  # wait / as_completed
                     if exception is None:
                         waiter.add_result(self)
                     else:
@@ -101,7 +112,7 @@ class RequestFuture(Future):
         self._gate.release()
         self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own
         if self.on_cancel is not None:
-            self.on_cancel()
+            self.on_cancel(self)
         return True
 
     def set_running_or_notify_cancel(self) -> bool:
@@ -119,7 +130,7 @@ class RequestFuture(Future):
     def add_done_callback(self, fn: Callable[[Future], object]) -> None:
         with self._condition:
             if self._state not in _ENDED:
-                self._done_callbacks.append(fn)
+                self._done_callbacks = [*self._done_callbacks, fn]
                 return
         try:
             fn(self)
@@ -130,16 +141,19 @@ class RequestFuture(Future):
 class ReadyFuture(RequestFuture):
     """Born finished, for a request that ran on the caller's thread: no gate to open, and
     one lock shared by all (reentrant: `concurrent.futures.wait` takes every future's in
-    turn), since nothing ever changes their state."""
+    turn), since nothing ever changes their state. What every one holds alike is held by
+    the class, so making one sets one field (its result) or two."""
 
     _condition = RLock()
-    # a finished future calls a callback at once and keeps none
-    _done_callbacks = ()  # type: ignore[assignment]
+    _state = FINISHED  # a finished future calls a callback at once and keeps none
+    # `wait` adds a waiter to every future it is given and takes it off again, under
+    # `_condition`; nothing answers a waiter here, so one list serves all
+    _waiters: list = []  # noqa: RUF012 (shared on purpose)
 
     def __init__(self, result: Any = None, exception: BaseException | None = None):
-        self._state = FINISHED
-        self._result, self._exception = result, exception
-        self._waiters = []
+        self._result = result
+        if exception is not None:
+            self._exception = exception
 
     def _wait(self, timeout: float | None) -> None:
         pass

@@ -44,7 +44,9 @@ class Network:
     # the graph, or how to load it when first asked (a bundle's network.onnx)
     graph_source: Graph | Callable[[], Graph] | None = None
     bundle: LoadedBundle | None = None  # the bundle it was loaded from, if it was
-    outstanding: int = 0  # accepted and not yet ended
+    # a token per request accepted and not yet ended (lean runs aside): appended where it
+    # is accepted, popped where it ends; atomic, so a batched one needs no lock to enter
+    accepted: deque[None] = field(default_factory=deque)
     removing: bool = False
     running: set[Request] = field(default_factory=set)
     batcher: Batcher | None = None
@@ -60,7 +62,7 @@ class Network:
     @property
     def in_flight(self) -> int:
         """Requests accepted and not yet ended, lean runs included."""
-        return self.outstanding + len(self.lean_runs)
+        return len(self.accepted) + len(self.lean_runs)
 
     @property
     def specs(self) -> list[InputSpec]:

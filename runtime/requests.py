@@ -56,7 +56,7 @@ class Request:
             return False
         # The future's cancel hook points back at this request: break that cycle, so the
         # pair is freed at once rather than left for the garbage collector.
-        self.future.on_cancel = None
+        self.future.request = None
         try:
             if error is None:
                 self.future.set_result(outputs)

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.batching import Batcher, BatchingConfig
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.errors import PrismError, RequestTimeoutError
+from runtime.errors import PrismError, QueueFullError, RequestTimeoutError
 from runtime.host import HostManager
 from runtime.requests import Request, RequestQueue
 from serving import (
@@ -618,3 +618,88 @@ def test_a_request_taken_out_and_pushed_back_keeps_its_place():
     order = [queue.pop() for _ in range(len(made))]
     assert order == sorted(made, key=lambda r: (r.priority, r.id))
     assert queue.pop() is None and len(queue) == 0
+
+
+# -- admission without the host's lock ------------------------------------------------------
+
+
+def test_a_batcher_refuses_past_max_queue_and_serves_what_it_took():
+    with faked(max_active=1, max_queue=3) as host:
+        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
+        gate = host.devices["cpu0"].gate = Gate()
+        rng = np.random.default_rng()
+        first_feeds = mlp_feeds(rng, 1)
+        first = host.run("m", first_feeds)
+        assert gate.entered.wait(WAIT)
+        sent = [mlp_feeds(rng, 1) for _ in range(3)]
+        queued = [host.run("m", f) for f in sent]
+        with pytest.raises(QueueFullError, match=r"full \(3 waiting\)"):
+            host.run("m", mlp_feeds(rng, 1))
+        assert host.stats().outstanding == {"m": 4}
+        gate.opened.set()
+        for feeds, future in zip([first_feeds, *sent], [first, *queued], strict=True):
+            assert_same(future.result(timeout=WAIT), expected(MLP, feeds))
+        assert poll(lambda: idle(host) and host.stats().outstanding == {"m": 0})
+
+
+def submit_storm(host: HostManager, stop: threading.Event, threads: int = 6
+                 ) -> tuple[list, list, list[threading.Thread]]:
+    """Threads each sending to "m" and waiting for the answer, until `stop` or refused:
+    (accepted (feeds, future), refused errors, the threads)."""
+    accepted: list = []
+    refused: list = []
+
+    def send(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            feeds = mlp_feeds(rng, 1)
+            try:
+                future = host.run("m", feeds)
+            except PrismError as exc:
+                refused.append(exc)
+                return
+            accepted.append((feeds, future))
+            future.exception(timeout=WAIT)
+
+    pool = [threading.Thread(target=send, args=(int(s),))
+            for s in np.random.default_rng().integers(0, 2**31, threads)]
+    for t in pool:
+        t.start()
+    return accepted, refused, pool
+
+
+def test_requests_sent_while_the_host_closes_each_end_once_or_are_refused():
+    host = HostManager(parse_devices("cpu:1"))
+    host.add_network("m", MLP, batching={"max_batch_size": 8, "max_queue_delay_ms": 2})
+    stop = threading.Event()
+    accepted, refused, pool = submit_storm(host, stop)
+    assert poll(lambda: len(accepted) > 200)
+    host.close(timeout=5)
+    stop.set()
+    for t in pool:
+        t.join(WAIT)
+    assert refused and {type(e).__name__ for e in refused} <= {"HostClosedError"}
+    ended = Counter()
+    for feeds, future in accepted:
+        error = future.exception(timeout=WAIT)
+        ended[type(error).__name__ if error else "ok"] += 1
+        if error is None:
+            assert_same(future.result(), expected(MLP, feeds))
+    assert set(ended) <= {"ok", "HostClosedError"} and ended["ok"] > 0, ended
+
+
+def test_remove_network_waits_for_requests_sent_meanwhile_or_they_are_refused():
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("m", MLP, batching={"max_batch_size": 8, "max_queue_delay_ms": 2})
+        stop = threading.Event()
+        accepted, refused, pool = submit_storm(host, stop)
+        assert poll(lambda: len(accepted) > 200)
+        host.remove_network("m", wait=True, timeout=WAIT)
+        stop.set()
+        for t in pool:
+            t.join(WAIT)
+        # every request it took ran: none was dropped with the network
+        for feeds, future in accepted:
+            assert_same(future.result(timeout=WAIT), expected(MLP, feeds))
+        assert refused and {type(e).__name__ for e in refused} == {"NetworkNotFoundError"}
+        assert host.networks() == []

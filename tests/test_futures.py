@@ -74,7 +74,7 @@ def test_callbacks_run_once_when_added_before_or_after_the_end():
 
 def test_cancel_only_before_running_and_it_calls_the_hook():
     queued, hooked = RequestFuture(), []
-    queued.on_cancel = lambda: hooked.append(True)
+    queued.on_cancel = lambda future: hooked.append(future is queued)
     assert queued.cancel() and queued.cancelled() and hooked == [True]
     assert queued.cancel()  # again: still cancelled, the hook not run twice
     assert hooked == [True]

@@ -84,6 +84,7 @@ class DeviceManager(Device):
         self._worker: threading.Thread | None = None
         self._runs = 0
         self._busy_seconds = 0.0
+        self._plain = type(self)._invoke is DeviceManager._invoke  # a modelled device's is not
 
     def _install(self, key: str, program: Program) -> None:
         if self._closed:
@@ -100,8 +101,8 @@ class DeviceManager(Device):
 
     def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
                 wait: float = 0.0) -> Outputs | None:
-        local, running = _local, self._running
-        if self._closed or local.device:
+        running = self._running
+        if self._closed or _local.device:
             return None
         if wait > 0:
             if not running.acquire(True, wait):
@@ -111,10 +112,22 @@ class DeviceManager(Device):
         try:  # from the moment the device is held: Ctrl-C may land on any line
             if self._closed:
                 return None
-            local.device = True
+            _local.device = True
+            if tag is None and self._plain:  # the lean path's usual run: in this frame
+                start = time.perf_counter()
+                try:
+                    function = self._functions.get(key)
+                    if function is None:
+                        raise LookupError(f"{key} is not loaded")
+                    return function.run(feeds)
+                except Exception as exc:
+                    raise self._failed(key, exc) from exc
+                finally:
+                    self._runs += 1
+                    self._busy_seconds += time.perf_counter() - start
             outputs, error = self._run(key, feeds, tag, time.perf_counter())
         finally:
-            local.device = False
+            _local.device = False
             running.release()
         if error is not None:
             raise error
@@ -213,8 +226,7 @@ class DeviceManager(Device):
                 raise LookupError(f"{key} is not loaded")
             outputs = self._invoke(key, function, feeds, arrived)
         except Exception as exc:
-            error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")
-            error.__cause__ = exc
+            error = self._failed(key, exc)
         finally:  # also when a BaseException passes: the device must not stay busy
             end = time.perf_counter()
             self._runs += 1  # under `_running`, as every run
@@ -224,6 +236,11 @@ class DeviceManager(Device):
                              queue_wait=start - arrived, run_seconds=end - start,
                              ok=outputs is not None)
         return outputs, error
+
+    def _failed(self, key: str, exc: Exception) -> ExecutionError:
+        error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")
+        error.__cause__ = exc
+        return error
 
     def _invoke(self, key: str, function: Function, feeds: dict[str, np.ndarray],
                 arrived: float) -> Outputs:
