@@ -182,7 +182,7 @@ def measure(per_client: int, trials: int) -> dict[str, float]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    rates = measure(per_client=100 if quick else 400, trials=1 if quick else 3)
+    rates = measure(per_client=100 if quick else 400, trials=1 if quick else 5)
     out = []
     for client in ("threads", "asyncio"):
         batched, batcher = rates[f"{client} batched"], rates[f"{client} batcher"]
