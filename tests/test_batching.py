@@ -703,3 +703,35 @@ def test_remove_network_waits_for_requests_sent_meanwhile_or_they_are_refused():
             assert_same(future.result(timeout=WAIT), expected(MLP, feeds))
         assert refused and {type(e).__name__ for e in refused} == {"NetworkNotFoundError"}
         assert host.networks() == []
+
+
+def test_the_queue_keeps_priority_then_arrival_order_through_any_mix_of_operations():
+    """Random pushes, pops, discards and push-backs against a sorted list."""
+    rng = np.random.default_rng()
+    queue, model, taken = RequestQueue(), [], []
+    for _ in range(2000):
+        op = rng.integers(0, 4)
+        if op == 0:
+            r = Request("m", {}, priority=int(rng.integers(0, 3)), queued_at=time.monotonic())
+            queue.push(r)
+            model.append(r)
+        elif op == 1:
+            got = queue.pop()
+            want = min(model, key=lambda r: (r.priority, r.id), default=None)
+            assert got is want
+            if got is not None:
+                model.remove(got)
+                taken.append(got)
+        elif op == 2 and model:
+            r = model[int(rng.integers(0, len(model)))]
+            assert queue.discard(r) and not queue.discard(r)
+            model.remove(r)
+        elif op == 3 and taken:  # a batch's member pushed back
+            r = taken.pop(int(rng.integers(0, len(taken))))
+            queue.push(r)
+            model.append(r)
+        assert len(queue) == len(model)
+        firsts = [min((r for r in model if r.priority == p), key=lambda r: r.id)
+                  for p in {r.priority for r in model}]
+        assert queue.oldest() is min(firsts, key=lambda r: r.queued_at, default=None)
+    assert queue.drain() == sorted(model, key=lambda r: (r.priority, r.id))
