@@ -7,6 +7,7 @@ import itertools
 from collections import deque
 from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ class Request:
             self._token.pop()
         except IndexError:
             return False
-        # The future's cancel hook points back at this request: break that cycle, so the
+        # The future holds this request (for its cancel hook): break that cycle, so the
         # pair is freed at once rather than left for the garbage collector.
         self.future.request = None
         try:
@@ -105,7 +106,7 @@ class RequestQueue:
         if not line or request.id > line[-1].id:
             line.append(request)
         else:  # pushed back: into its place
-            line.insert(bisect.bisect(line, request.id, key=_id), request)
+            line.insert(bisect.bisect(line, request.id, key=attrgetter("id")), request)
         self.size += 1
 
     def discard(self, request: Request) -> bool:
@@ -121,7 +122,7 @@ class RequestQueue:
         earliest of each line's first."""
         firsts = (next((r for r in line if r.id not in self._gone), None)
                   for line in self._lines.values())
-        return min((r for r in firsts if r is not None), key=_queued_at, default=None)
+        return min((r for r in firsts if r is not None), key=attrgetter("queued_at"), default=None)
 
     def pop(self) -> Request | None:
         lines, gone = self._lines, self._gone
@@ -143,11 +144,3 @@ class RequestQueue:
         while (request := self.pop()) is not None:
             out.append(request)
         return out
-
-
-def _id(request: Request) -> int:
-    return request.id
-
-
-def _queued_at(request: Request) -> float:
-    return request.queued_at
