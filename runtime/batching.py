@@ -92,7 +92,7 @@ def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
 def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dict]:
     if len(outputs) == 1 and all(m.rows == 1 for m in members):  # the usual case, fast
         ((name, value),) = outputs.items()
-        return [{name: value[i:i + 1]} for i in range(len(members))]
+        return [{name: row} for row in value[:, None]]  # views, made in C: half the time
     parts, start = [], 0
     for m in members:
         end = start + m.rows

@@ -35,6 +35,7 @@ from runtime.errors import (
     QueueFullError,
 )
 from runtime.events import EventBus
+from runtime.futures import answer_of
 from runtime.inputs import InputSpec, check_feeds
 from runtime.loading import load
 from runtime.network import Network, device_pool, unload_network
@@ -255,9 +256,7 @@ class HostManager:
         """`run` for asyncio: no thread per request, nothing run on the event loop's thread.
         The request's end wakes the loop once; cancelling the awaiting task cancels the
         request if it has not started."""
-        import asyncio  # here: a host that never awaits skips its import (cold start)
-
-        return await asyncio.wrap_future(self.run(name, feeds, priority, timeout, inline=False))
+        return await answer_of(self.run(name, feeds, priority, timeout, inline=False))
 
     def _admit_locked(self, net: Network, waiting: int | None) -> None:
         """Under the lock, just before a request is accepted: is the host, and `net`, still

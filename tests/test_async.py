@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import numpy as np
@@ -72,3 +73,20 @@ def test_errors_and_cancellation_reach_the_awaiting_coroutine():
 
         asyncio.run(main())
         assert poll(lambda: idle(host))
+
+
+def test_an_answer_after_its_loop_has_closed_is_dropped_quietly(caplog):
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("sim:1:flops=50M")) as host:
+        host.add_network("mlp", MLP)
+
+        async def main() -> None:  # leaves its request running (~0.2 s on this device)
+            task = asyncio.ensure_future(host.run_async("mlp", _feeds(rng, 8)))
+            await asyncio.sleep(0.02)
+            assert not task.done()
+
+        with caplog.at_level(logging.ERROR):
+            asyncio.run(main())  # cancels the task; the started request runs on
+            assert poll(lambda: idle(host))
+        assert host.stats().outstanding == {"mlp": 0}
+        assert not caplog.records, [r.getMessage() for r in caplog.records]

@@ -2,12 +2,11 @@
 
 `run` awaits a request without blocking the event loop: the server's run thread calls
 the host for it (`run_thread.py`), or, that thread busy, the host's future resolves on a
-device thread and `asyncio.wrap_future` hands the answer back to the loop.
+device thread and `answer_of` hands the answer back to the loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -15,6 +14,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app.server.run_thread import RunThread
+from runtime.futures import answer_of
 
 T = TypeVar("T")
 OFFLOAD_BYTES = 256 << 10  # decoding, checking or encoding more than this leaves the loop
@@ -32,7 +32,7 @@ async def run(runs: RunThread, network: str, feeds: Mapping[str, np.ndarray], pr
                                          inline=False)
     else:
         future = host.run(network, feeds, priority, timeout, inline=False)
-    return await asyncio.wrap_future(future)
+    return await answer_of(future)
 
 
 async def maybe_offload(size: int, call: Callable[..., T], *args: object) -> T:
