@@ -174,12 +174,7 @@ async def answer_of(future: Future) -> Any:
 
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
-
-    def landed(done: Future) -> None:
-        with suppress(RuntimeError):  # the loop has closed: nobody awaits it any more
-            loop.call_soon_threadsafe(_settle, waiter, done)
-
-    future.add_done_callback(landed)
+    chain_into(future, waiter, loop)
     try:
         return await waiter
     except asyncio.CancelledError:
@@ -187,8 +182,19 @@ async def answer_of(future: Future) -> Any:
         raise
 
 
+def chain_into(future: Future, waiter: Any, loop: Any) -> None:
+    """When `future` ends, give its outcome to the asyncio future `waiter` on `loop`: one
+    callback, one call on the loop (a closed loop: nobody awaits any more)."""
+
+    def landed(done: Future) -> None:
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, waiter, done)
+
+    future.add_done_callback(landed)
+
+
 def _settle(waiter: Any, done: Future) -> None:
-    if waiter.cancelled():
+    if waiter.done():  # its awaiting task was cancelled meanwhile
         return
     if done.cancelled():
         waiter.cancel()

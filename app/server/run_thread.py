@@ -22,13 +22,13 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import HostClosedError, described
+from runtime.futures import chain_into
 from runtime.host import HostManager
 
 IDLE_POLL = 0.5  # bound on each idle wait; close() also wakes the thread
@@ -44,12 +44,6 @@ class _Job:
         """Answer the awaiting task, from any thread (a closed loop: nobody waits)."""
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(_resolve, self.answer, outputs, error)
-
-    def settle_from(self, future: Future) -> None:
-        try:
-            self.settle(future.result(), None)
-        except BaseException as exc:  # the request's error, or its cancellation
-            self.settle(None, exc)
 
 
 def _resolve(answer: asyncio.Future, outputs: Any, error: BaseException | None) -> None:
@@ -108,7 +102,7 @@ class RunThread:
                     except Exception as exc:  # refused: bad input, queue full, closed
                         job.settle(None, exc)
                     else:
-                        future.add_done_callback(job.settle_from)  # at once, if it ran here
+                        chain_into(future, job.answer, job.loop)  # at once, if it ran here
                 job = None  # handed on: answered from there, never from here
                 with self._cv:
                     self._busy = False
