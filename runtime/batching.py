@@ -32,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import ExecutionError, HostClosedError, PrismError, QueueFullError
+from runtime.errors import (
+    ExecutionError,
+    HostClosedError,
+    InvalidInputError,
+    PrismError,
+    QueueFullError,
+)
 from runtime.requests import Request, RequestQueue
 
 Finish = Callable[[Request, dict | None, BaseException | None], None]
@@ -73,15 +79,13 @@ def check_batchable(network: str, inputs: Mapping[str, Sequence | None],
                                  f"dynamic batching needs a symbolic batch dimension")
 
 
-def batch_shape(feeds: Mapping[str, np.ndarray]) -> tuple[int, tuple]:
-    """A request's rows (its first dimension, its share of a batch) and what must agree
-    for requests to share a batch: every input's dtype and all but its first dimension.
-    Feeds come checked, in the network's input order."""
+def batch_key(feeds: Mapping[str, np.ndarray]) -> tuple:
+    """What must agree for requests to share a batch: every input's dtype and all but its
+    first dimension. Feeds come checked, in the network's input order."""
     if len(feeds) == 1:  # the usual case, without a generator
         (value,) = feeds.values()
-        return len(value), (value.dtype, value.shape[1:])
-    rows = len(next(iter(feeds.values()))) if feeds else 1
-    return rows, tuple((v.dtype, v.shape[1:]) for v in feeds.values())
+        return value.dtype, value.shape[1:]
+    return tuple((v.dtype, v.shape[1:]) for v in feeds.values())
 
 
 def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
@@ -139,8 +143,16 @@ class Batcher:
         return self._queue.size
 
     def push(self, request: Request, limit: int | None = None) -> int:
-        """Queue `request`; returns how many wait now. HostClosedError once closed,
-        QueueFullError when `limit` wait already."""
+        """Queue `request`, its rows counted (its first dimension, its share of a batch);
+        returns how many wait now. InvalidInputError for more rows than a batch holds,
+        HostClosedError once closed, QueueFullError when `limit` wait already. (What
+        else must agree for requests to share a batch is the batcher thread's to work
+        out: the less a sender's thread does, the more senders make each batch.)"""
+        feeds, cfg = request.feeds, self.config
+        rows = request.rows = len(next(iter(feeds.values()))) if feeds else 1
+        if rows > cfg.max_batch_size:
+            raise InvalidInputError(f"request to {self.name} has batch {rows}, more than "
+                                    f"its max_batch_size {cfg.max_batch_size}")
         with self._lock:
             queue = self._queue
             if self._closed:
@@ -149,7 +161,7 @@ class Batcher:
                 raise QueueFullError(f"request queue is full ({limit} waiting); retry later "
                                      f"or raise max_queue")
             queue.push(request)
-            size, cfg = queue.size, self.config
+            size = queue.size
             # Wake the batcher only when it has something to do: start the delay clock,
             # or send a full (or preferred) batch. Waking it for every request steals
             # the interpreter from whoever is sending them.
@@ -194,6 +206,8 @@ class Batcher:
         while total < limit and (r := self._queue.pop()) is not None:
             if r.ended:
                 continue
+            if not r.key:
+                r.key = batch_key(r.feeds)
             if alike and (r.key != alike[0].key or r.alone):
                 passed.append(r)  # another shape, or one to try alone: a later batch
                 continue
@@ -218,22 +232,22 @@ class Batcher:
         batch = Request(self.name, {}, slot=True, members=[])
         try:
             # started: a deadline finds it running (one tried alone was started before)
-            now, live, fresh, rows = time.monotonic(), [], [], 0
+            now, live, rows = time.monotonic(), [], 0
             for m in formed:
                 if m.alone or m.start():
                     live.append(m)
                     rows += m.rows
-                    if not m.alone:
-                        m.started_at = now
-                        fresh.append(m)
             if live:
                 size = len(live)
                 for m in live:
                     m.batch_size = size
+                    if not m.alone:
+                        m.started_at = now
                 if self.bus is not None and self.bus.active:
-                    for m in fresh:
-                        self.bus.publish("request.started", network=self.name, request=m.id,
-                                         queue_wait=now - m.queued_at, batch_size=size)
+                    for m in live:
+                        if not m.alone:
+                            self.bus.publish("request.started", network=self.name, request=m.id,
+                                             queue_wait=now - m.queued_at, batch_size=size)
                 batch.members, batch.batch_size, batch.started_at = live, size, now
                 batch.queued_at = min(m.queued_at for m in live)
                 batch.rows, batch.feeds = rows, concatenate(live)

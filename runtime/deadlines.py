@@ -64,11 +64,15 @@ class Deadlines:
 
     def _take_inbox(self) -> None:
         """Under the lock: the inbox's entries into the FIFO (or the heap)."""
-        inbox = self._inbox
+        inbox, fifo = self._inbox, self._fifo
         while inbox:
-            deadline, request = inbox.popleft()
-            if not request.ended:
-                self._insert(deadline, request)
+            entry = inbox.popleft()
+            if entry[1].ended:
+                continue
+            if not fifo or entry[0] >= fifo[-1][0]:  # `_insert`, inline: one per request
+                fifo.append(entry)
+            else:
+                heapq.heappush(self._heap, (entry[0], entry[1].id, entry[1]))
 
     def ended_locked(self, count: int = 1) -> None:
         """Under the lock: `count` timed requests have ended. Their entries go at the next

@@ -250,8 +250,9 @@ class Dispatcher:
     def queue_batched(self, net: Network, batcher: Batcher, request: Request,
                       max_queue: int) -> Future:
         """Accept a request into its network's batcher, taking no lock of the host's: the
-        batcher's own lock admits it (HostClosedError once the batcher is closed,
-        QueueFullError past `max_queue` waiting), its deadline goes by the timer's inbox,
+        batcher's own lock admits it (`Batcher.push`: InvalidInputError for more rows than
+        a batch holds, HostClosedError once closed, QueueFullError past `max_queue`
+        waiting), its deadline goes by the timer's inbox,
         and it is counted by a token in `net.accepted`, put there before the checks, as
         a lean run is: `retire` either sees it or it sees `removing`; `stop` closes the
         batchers, failing what they hold, so it is either failed there or refused."""
@@ -262,7 +263,8 @@ class Dispatcher:
                 raise HostClosedError("host is closed; it takes no more requests")
             if net.removing:
                 raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
-            self.cancellable(request)
+            future = request.future  # cancellable while queued (`cancellable`, inline)
+            future.on_cancel, future.request = self._on_cancel, request
             waiting = batcher.push(request, max_queue)
         except BaseException:
             tokens.pop()
@@ -276,7 +278,7 @@ class Dispatcher:
             self.bus.publish("request.queued", network=net.name, request=request.id,
                              priority=request.priority, queue_depth=waiting)
             self.bus.publish("queue.depth", depth=waiting, active=self.slots_used)
-        return request.future
+        return future
 
     def cancellable(self, request: Request) -> None:
         """Cancelling the future of `request`, queued, ends it here (a hook bound once, so

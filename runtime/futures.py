@@ -33,10 +33,16 @@ _ENDED = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 class _Waiters:
     """A future's `_waiters`, made when first asked for: `concurrent.futures.wait` and
-    `as_completed` add theirs (under `_condition`), and most futures never meet one."""
+    `as_completed` add theirs (under `_condition`), and most futures never meet one. Kept
+    in `_waiter_list`, an attribute (None on the class), so that answering a future
+    checks for waiters without making its `__dict__` (asked for, it is built)."""
 
     def __get__(self, future: Any, owner: type | None = None) -> Any:
-        return self if future is None else future.__dict__.setdefault("_waiters", [])
+        if future is None:
+            return self
+        if future._waiter_list is None:
+            future._waiter_list = []
+        return future._waiter_list
 
 
 class RequestFuture(Future):
@@ -51,6 +57,7 @@ class RequestFuture(Future):
     _result: Any = None
     _exception: BaseException | None = None
     _waiters: Any = _Waiters()
+    _waiter_list: list | None = None
     _done_callbacks: Any = ()  # a list once one is added
 
     def __init__(self) -> None:  # not Future's: no Condition
@@ -68,7 +75,12 @@ class RequestFuture(Future):
             gate.release()  # open for every other waiter
 
     def result(self, timeout: float | None = None) -> Any:
-        self._wait(timeout)
+        if timeout is None and self._state not in _ENDED:  # `_wait`, inline: the usual call
+            gate = self._gate
+            gate.acquire()
+            gate.release()
+        else:
+            self._wait(timeout)
         if self._state is not FINISHED:
             raise CancelledError()
         if self._exception is not None:
@@ -81,27 +93,29 @@ class RequestFuture(Future):
             raise CancelledError()
         return self._exception
 
-    def _end(self, result: Any, exception: BaseException | None) -> None:
+    def settle(self, result: Any, exception: BaseException | None) -> bool:
+        """End with `result` or `exception`; False if it had ended (been cancelled)."""
         with self._condition:  # not reentrant: nothing in here may take it (repr does)
-            ended = self._state in _ENDED
-            if not ended:
-                self._result, self._exception, self._state = result, exception, FINISHED
-                for waiter in self.__dict__.get("_waiters", ()):  # wait / as_completed
-                    if exception is None:
-                        waiter.add_result(self)
-                    else:
-                        waiter.add_exception(self)
-        if ended:
-            raise InvalidStateError(f"{self._state}: {self!r}")
+            if self._state in _ENDED:
+                return False
+            self._result, self._exception, self._state = result, exception, FINISHED
+            for waiter in self._waiter_list or ():  # wait / as_completed
+                if exception is None:
+                    waiter.add_result(self)
+                else:
+                    waiter.add_exception(self)
         self._gate.release()
         if self._done_callbacks:
             self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own
+        return True
 
     def set_result(self, result: Any) -> None:
-        self._end(result, None)
+        if not self.settle(result, None):
+            raise InvalidStateError(f"{self._state}: {self!r}")
 
     def set_exception(self, exception: BaseException | None) -> None:
-        self._end(None, exception)
+        if not self.settle(None, exception):
+            raise InvalidStateError(f"{self._state}: {self!r}")
 
     def cancel(self) -> bool:
         with self._condition:

@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.batching import BatchingConfig, batch_shape
+from runtime.batching import BatchingConfig
 from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
 from runtime.dispatch import Dispatcher
 from runtime.errors import (
     HostClosedError,
-    InvalidInputError,
     NetworkExistsError,
     NetworkNotFoundError,
     PrismError,
@@ -218,10 +217,6 @@ class HostManager:
                           now)  # positional: keywords cost a tenth of making it
         slots = self._slots
         if (batcher := net.batcher) is not None:
-            request.rows, request.key = batch_shape(checked)
-            if request.rows > batcher.config.max_batch_size:
-                raise InvalidInputError(f"request to {name} has batch {request.rows}, more "
-                                        f"than its max_batch_size {batcher.config.max_batch_size}")
             return slots.queue_batched(net, batcher, request, self.max_queue)
         with self._lock:
             waiting = slots.queue.size

@@ -56,6 +56,7 @@ class Network:
     _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
+        self.specs: list[InputSpec] = self.face.inputs  # what it takes as feeds
         if self.batching is None and len(self.replicas) == 1 and self.replicas[0].single:
             self.lean = self.replicas[0]
 
@@ -63,10 +64,6 @@ class Network:
     def in_flight(self) -> int:
         """Requests accepted and not yet ended, lean runs included."""
         return len(self.accepted) + len(self.lean_runs)
-
-    @property
-    def specs(self) -> list[InputSpec]:
-        return self.face.inputs
 
     @property
     def graph(self) -> Graph:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -37,16 +36,17 @@ class Request:
     started_at: float = 0.0
     batch_size: int = 1  # requests in the batch it ran in
     rows: int = 1  # its first dimension, when its network batches
-    key: tuple = ()  # what must agree for requests to share a batch (batching.batch_shape)
+    key: tuple = ()  # what must agree for requests to share a batch (batching.batch_key)
     slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
     alone: bool = False  # runs in a batch of its own: its batch failed, it is tried alone
     replica: Any = None  # the Executor (one replica of the plan) running it
     retried: bool = False  # run again on another replica after its device was lost
     members: list[Request] | None = None  # a batch: the requests it runs as one
-    id: int = field(default_factory=_ids.__next__)
-    future: RequestFuture = field(default_factory=RequestFuture)
-    _token: list = field(default_factory=[True].copy, repr=False)  # pop() is atomic
+    # made by every request, never passed: not parameters, which cost each a test
+    id: int = field(init=False, default_factory=_ids.__next__)
+    future: RequestFuture = field(init=False, default_factory=RequestFuture)
+    _token: list = field(init=False, default_factory=[True].copy, repr=False)  # pop(): atomic
 
     def end(self, outputs: dict[str, np.ndarray] | None = None,
             error: BaseException | None = None) -> bool:
@@ -58,14 +58,9 @@ class Request:
             return False
         # The future holds this request (for its cancel hook): break that cycle, so the
         # pair is freed at once rather than left for the garbage collector.
-        self.future.request = None
-        try:
-            if error is None:
-                self.future.set_result(outputs)
-            else:
-                self.future.set_exception(error)
-        except InvalidStateError:  # cancelled while queued: the cancellation stands
-            pass
+        future = self.future
+        future.request = None
+        future.settle(outputs, error)  # False: cancelled while queued, which stands
         return True
 
     def start(self) -> bool:

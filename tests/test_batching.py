@@ -22,7 +22,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.batching import Batcher, BatchingConfig
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.errors import PrismError, QueueFullError, RequestTimeoutError
+from runtime.errors import (
+    InvalidInputError,
+    PrismError,
+    QueueFullError,
+    RequestTimeoutError,
+)
 from runtime.host import HostManager
 from runtime.requests import Request, RequestQueue
 from serving import (
@@ -222,6 +227,19 @@ def test_32_concurrent_senders_get_batched_and_max_batch_size_holds():
         batched = sum(s > 1 for s in sizes)
         assert batched >= 0.75 * len(sizes), Counter(sizes)
         batches(events.of("request.started"))  # the starts group into whole batches
+
+
+def test_a_request_larger_than_a_batch_is_refused_and_the_rest_served():
+    rng = np.random.default_rng()
+    top = int(rng.integers(2, 9))
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("m", MLP, batching={"max_batch_size": top, "max_queue_delay_ms": 1})
+        with pytest.raises(InvalidInputError, match=f"request to m has batch {top + 1}, more "
+                                                    f"than its max_batch_size {top}"):
+            host.run("m", mlp_feeds(rng, top + 1))
+        feeds = mlp_feeds(rng, top)
+        assert_same(host.run("m", feeds).result(timeout=WAIT), expected(MLP, feeds))
+        assert idle(host)
 
 
 def test_preferred_batch_sizes_are_honoured():

@@ -393,6 +393,22 @@ def test_invalid_input_dtype_and_shape_say_expected_and_given():
         assert_same(host.run("mlp", feeds).result(timeout=WAIT), expected(MLP, feeds))
 
 
+def test_inputs_like_ones_accepted_before_are_still_checked_in_full():
+    """An input's dtype and shape, once accepted, are remembered: what comes later in
+    that shape must still be refused for a wrong dtype, name or extra input."""
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("mlp", MLP)
+        good = rng.standard_normal((int(rng.integers(1, 4)), 256)).astype(np.float32)
+        assert_same(host.run("mlp", {"x": good}).result(timeout=WAIT),
+                    expected(MLP, {"x": good}))
+        for bad, said in (({"x": good.astype(np.float64)}, "float64"), ({"y": good}, "'y'"),
+                          ({"x": good, "y": good}, "'y'"), ({"x": good[:, :255]}, "255")):
+            with pytest.raises(InvalidInputError, match=said):
+                host.run("mlp", bad)
+        assert idle(host)
+
+
 def test_invalid_input_name_says_expected_and_given():
     with HostManager(parse_devices("cpu:1")) as host:
         host.add_network("mlp", MLP)
