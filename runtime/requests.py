@@ -33,17 +33,17 @@ class Request:
     priority: int = 0
     deadline: float | None = None
     queued_at: float = 0.0
-    started_at: float = 0.0
-    batch_size: int = 1  # requests in the batch it ran in
     rows: int = 1  # its first dimension, when its network batches
-    key: tuple = ()  # what must agree for requests to share a batch (batching.batch_key)
     slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
-    alone: bool = False  # runs in a batch of its own: its batch failed, it is tried alone
-    replica: Any = None  # the Executor (one replica of the plan) running it
-    retried: bool = False  # run again on another replica after its device was lost
     members: list[Request] | None = None  # a batch: the requests it runs as one
-    # made by every request, never passed: not parameters, which cost each a test
+    # set as it goes, never passed: not parameters (a default parameter costs every call)
+    started_at: float = field(init=False, default=0.0)
+    batch_size: int = field(init=False, default=1)  # requests in the batch it ran in
+    key: tuple = field(init=False, default=())  # what must agree to share a batch (batch_key)
+    alone: bool = field(init=False, default=False)  # in a batch of its own: its batch failed
+    replica: Any = field(init=False, default=None)  # the Executor (one replica) running it
+    retried: bool = field(init=False, default=False)  # run again after its device was lost
     id: int = field(init=False, default_factory=_ids.__next__)
     future: RequestFuture = field(init=False, default_factory=RequestFuture)
     _token: list = field(init=False, default_factory=[True].copy, repr=False)  # pop(): atomic
