@@ -263,8 +263,7 @@ class Dispatcher:
                 raise HostClosedError("host is closed; it takes no more requests")
             if net.removing:
                 raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
-            future = request.future  # cancellable while queued (`cancellable`, inline)
-            future.on_cancel, future.request = self._on_cancel, request
+            self.cancellable(request)
             waiting = batcher.push(request, max_queue)
         except BaseException:
             tokens.pop()
@@ -278,7 +277,7 @@ class Dispatcher:
             self.bus.publish("request.queued", network=net.name, request=request.id,
                              priority=request.priority, queue_depth=waiting)
             self.bus.publish("queue.depth", depth=waiting, active=self.slots_used)
-        return future
+        return request.future
 
     def cancellable(self, request: Request) -> None:
         """Cancelling the future of `request`, queued, ends it here (a hook bound once, so
