@@ -200,21 +200,22 @@ class Dispatcher:
         general path's: the device's partition.run pair as it runs, then request.queued,
         request.started and its end, published once the run is over (a request that goes
         on to the general path has published nothing here)."""
-        runs = net.lean_runs
+        runs, run = net.lean_runs, replica.run_inline
         runs.append(None)
         try:
-            if self.closing or net.removing or self.queue.size:
+            if self.closing or net.removing or self.queue.size or run is None:
                 return None
             if self.bus.active:
                 return self._run_listened(net, replica, feeds, timeout, priority)
             start = time.monotonic()
-            outputs = replica.run_now(feeds, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
+            try:
+                outputs = run(feeds, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
+            except Exception as exc:
+                return ReadyFuture(exception=replica.failure(exc))
             if outputs is None:
                 return None
             return ReadyFuture(outputs) if time.monotonic() - start <= timeout else \
                 self._late(net, start)
-        except ExecutionError as exc:
-            return ReadyFuture(exception=exc)
         finally:
             runs.pop()
             if self._waiters:  # stop or retire may be waiting for this run's end

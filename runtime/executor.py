@@ -17,8 +17,9 @@ partition, the device and what went wrong. A BaseException that is not an Except
 (KeyboardInterrupt during an inline run) ends the request the same way and then goes on
 up the caller's thread, where it was meant to land.
 
-`run_now(feeds)` is the lean path the host takes (one partition): the device's `run_now`
-on the caller's thread, or None when it stays busy.
+`run_inline(feeds, wait)` is the lean path the host takes (one partition): the device's
+runner on the caller's thread, its outputs checked there, or None when the device stays
+busy; `run_now` is the same with the run's events published.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.devices.device import Outputs, Tag
+from runtime.devices.device import Outputs, Runner, Tag, bad_result
 from runtime.devices.remote import local
 from runtime.errors import ExecutionError, described
 from runtime.inputs import Signature
@@ -80,12 +81,23 @@ class Executor:
             self.parts[0].partition.inputs) == fed and set(self.outputs) <= set(
             self.parts[0].partition.outputs)
         self._reorder = self.single and list(self.parts[0].partition.outputs) != self.outputs
+        # The lean path's run: the device's runner, its outputs checked there (one frame)
+        self.run_inline: Runner | None = None
+        if self.single:
+            lp = self.parts[0]
+            run = lp.device.runner(lp.key, self.checks[0].problem)
+            self.run_inline = partial(_in_order, run, self.outputs) if self._reorder else run
+
+    def failure(self, exc: BaseException) -> ExecutionError:
+        """What `run_inline` raised, as an ExecutionError naming the partition."""
+        return _failure(exc, self.parts[0])
 
     def run_now(self, feeds: dict[str, np.ndarray], wait: float = 0.0,
                 request: int | None = None) -> Outputs | None:
         """A `single` plan on this thread: the graph outputs, or None if its device stayed
         busy (`wait`: seconds to wait in its line). Raises ExecutionError naming the
-        partition and the device. With a `request` id, the run publishes its events."""
+        partition and the device. With a `request` id, the run publishes its events (with
+        none, `run_inline` is the same run in fewer frames)."""
         lp = self.parts[0]
         tag = None if request is None else {"network": self.network, "request": request,
                                             "partition": lp.partition.name}
@@ -199,5 +211,11 @@ def _failure(exc: BaseException, lp: LoadedPartition) -> ExecutionError:
 
 
 def _bad_result(problem: str, lp: LoadedPartition) -> ExecutionError:
-    return _named(ExecutionError(f"{lp.device.name} returned a bad result for {lp.key}: "
-                                 f"{problem}"), lp)
+    return _named(bad_result(lp.device.name, lp.key, problem), lp)
+
+
+def _in_order(run: Runner, names: list[str], feeds: dict[str, np.ndarray], wait: float = 0.0
+              ) -> Outputs | None:
+    """A runner's outputs in the graph's order (a partition may make them in another)."""
+    outputs = run(feeds, wait)
+    return None if outputs is None else {t: outputs[t] for t in names}

@@ -213,22 +213,31 @@ def test_call_runs_in_arrival_order_under_many_callers(managers):
     assert m.stats().runs == 200
 
 
-def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
+@pytest.fixture(params=["run_now", "runner"])
+def inline(request):
+    """A run on the caller's thread, both ways a device offers one: `run_now`, and the
+    `runner` the lean path holds (the same run in one frame)."""
+    if request.param == "run_now":
+        return lambda device, key, feeds, wait=0.0: device.run_now(key, feeds, None, wait)
+    return lambda device, key, feeds, wait=0.0: device.runner(key)(feeds, wait)
+
+
+def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers, inline):
     gate = threading.Event()
     pa, pb, busy = Probe(), Probe(), Probe(gate=gate)
     a = managers("a", functions={"k": pa, "busy": busy})
     b = managers("b", functions={"k": pb})
-    assert b.run_now("k", x(0)) == {"y": 0}
+    assert inline(b, "k", x(0)) == {"y": 0}
     assert pb.calls == [(0, threading.current_thread().name)]
     assert not on_device_thread()
 
     a.call("busy", x(0), None, lambda *_: None)  # a's worker holds it at the gate
     assert busy.entered.wait(5)
-    assert a.run_now("k", x(9)) is None  # busy: the caller must queue instead
+    assert inline(a, "k", x(9)) is None  # busy: the caller must queue instead
     nested, chained = [], threading.Event()
 
     def chain(outputs, error):  # on a's worker: b is idle, yet must not run here
-        nested.append(b.run_now("k", {"x": outputs["y"] + 1}))
+        nested.append(inline(b, "k", {"x": outputs["y"] + 1}))
         b.call("k", {"x": outputs["y"] + 1}, None, lambda out, err: (
             nested.append(out), chained.set()))
 
@@ -240,18 +249,18 @@ def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
     assert nested == [None, {"y": 2}] and pb.calls[-1] == (2, "prism-b")
 
 
-def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers):
+def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers, inline):
     gate = threading.Event()
     probe, busy = Probe(), Probe(gate=gate)
     a = managers("a", functions={"k": probe, "busy": busy})
     a.call("busy", x(0), None, lambda *_: None)  # the worker holds it at the gate
     assert busy.entered.wait(5)
     started = time.monotonic()
-    assert a.run_now("k", x(1), wait=0.05) is None  # still busy when the wait ran out
+    assert inline(a, "k", x(1), wait=0.05) is None  # still busy when the wait ran out
     assert time.monotonic() - started >= 0.04 and probe.calls == []  # it did wait
 
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(a.run_now("k", x(2), wait=5)),
+    waiter = threading.Thread(target=lambda: got.append(inline(a, "k", x(2), wait=5)),
                               name="waiter")
     waiter.start()
     time.sleep(0.05)
@@ -262,14 +271,14 @@ def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(manager
     assert a.stats().runs == 2
 
 
-def test_close_lets_a_waiting_caller_go(managers):
+def test_close_lets_a_waiting_caller_go(managers, inline):
     gate = threading.Event()
     busy = Probe(gate=gate)
     a = managers("a", functions={"k": Probe(), "busy": busy})
     a.call("busy", x(0), None, lambda *_: None)
     assert busy.entered.wait(5)  # the worker holds the device at the gate
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(a.run_now("k", x(1), wait=30)))
+    waiter = threading.Thread(target=lambda: got.append(inline(a, "k", x(1), wait=30)))
     waiter.start()
     time.sleep(0.05)
     closer = threading.Thread(target=a.close, args=(5.0,))
@@ -298,18 +307,18 @@ class Forward:
         return {"y": feeds["x"]}
 
 
-def test_an_inline_run_counts_as_a_device_thread(managers):
+def test_an_inline_run_counts_as_a_device_thread(managers, inline):
     pb = Probe()
     b = managers("b", functions={"k": pb})
     forward = Forward(b)
     a = managers("a", functions={"k": forward})
-    assert a.run_now("k", x(5)) == {"y": 5}  # on this thread
+    assert inline(a, "k", x(5)) == {"y": 5}  # on this thread
     assert forward.landed.wait(5)
     assert forward.nested == [None, {"y": 5}] and pb.calls == [(5, "prism-b")]
     assert not on_device_thread()
 
 
-def test_a_failing_run_fails_only_that_call(managers):
+def test_a_failing_run_fails_only_that_call(managers, inline):
     bus = Bus()
     m = managers("cpu1", bus=bus, functions={"bert/p2": Raiser(), "ok": Probe()})
     with pytest.raises(ExecutionError) as info:
@@ -317,8 +326,10 @@ def test_a_failing_run_fails_only_that_call(managers):
     assert str(info.value) == "cpu1 failed running bert/p2: boom"
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(ExecutionError, match="boom"):
-        m.run_now("bert/p2", x(0))
-    assert m.run_now("ok", x(4)) == {"y": 4} and blocking(m, "ok", x(3)) == {"y": 3}
+        inline(m, "bert/p2", x(0))
+    with pytest.raises(ExecutionError, match=r"cpu1 .*nope"):
+        inline(m, "nope", x(0))
+    assert inline(m, "ok", x(4)) == {"y": 4} and blocking(m, "ok", x(3)) == {"y": 3}
     with pytest.raises(ExecutionError) as missing:
         blocking(m, "nope", x(0))
     assert "cpu1" in str(missing.value) and "nope" in str(missing.value)
@@ -326,6 +337,29 @@ def test_a_failing_run_fails_only_that_call(managers):
     assert started == [{"network": "bert", "request": 7, "device": "cpu1"}]
     assert finished[0]["ok"] is False and finished[0]["device"] == "cpu1"
     assert finished[0]["queue_wait"] >= 0 and finished[0]["run_seconds"] >= 0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "sim"])  # sim keeps time: the general run
+def test_a_runner_checks_what_it_returns_and_counts_its_runs(managers, backend):
+    m = managers("d0", backend)
+    model, w = matmul_relu()
+    m.load("net/p0", Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000))
+    checked: list = []
+
+    def check(outputs):
+        checked.append(outputs)
+        return "y is all zeros" if not outputs["y"].any() else None
+
+    run = m.runner("net/p0", check)
+    feeds = {"x": RNG.standard_normal((5, 8)).astype(np.float32) + 1}
+    out = run(feeds)
+    np.testing.assert_allclose(out["y"], np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
+    assert checked == [out]
+    with pytest.raises(ExecutionError) as bad:
+        run({"x": np.zeros((2, 8), np.float32)})
+    assert str(bad.value) == "d0 returned a bad result for net/p0: y is all zeros"
+    assert run(feeds, 0.5) is not None  # the device was given back
+    assert m.stats().runs == 3 and m.stats().busy_seconds > 0
 
 
 class Interrupting(Bus):

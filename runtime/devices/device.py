@@ -3,6 +3,7 @@
     device.load("net/p0", program)           # account its bytes, then compile; or refuse
     device.call("net/p0", feeds, tag, done)  # queue a run; done(outputs, error) once
     device.run_now("net/p0", feeds)          # run on this thread if idle, else None
+    device.runner("net/p0", check)           # run_now bound to one program, outputs checked
     device.unload("net/p0"); device.stats(); device.close()
 
 An abstract base class rather than a Protocol: the memory account (weights add up,
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 Outputs = dict[str, np.ndarray]
 Done = Callable[[Outputs | None, ExecutionError | None], None]
 Tag = dict[str, Any]  # the fields a run's events carry (network, request, partition)
+Check = Callable[[Outputs], "str | None"]  # what is wrong with a run's outputs, or None
+Runner = Callable[[dict[str, np.ndarray], float], "Outputs | None"]  # `Device.runner`
+
+
+def bad_result(device: str, key: str, problem: str) -> ExecutionError:
+    return ExecutionError(f"{device} returned a bad result for {key}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,21 @@ class Device(ABC):
         again. A device that cannot (another process) keeps this default and always
         declines."""
         return None
+
+    def runner(self, key: str, check: Check | None = None) -> Runner:
+        """`run_now(key, feeds, None, wait)` bound to one loaded program, as
+        `runner(feeds, wait)`: what a caller running it again and again holds (the lean
+        path's executor). Outputs it returns have passed `check` (what is wrong with them,
+        or None); a problem raises ExecutionError naming the device."""
+
+        def run(feeds: dict[str, np.ndarray], wait: float = 0.0) -> Outputs | None:
+            outputs = self.run_now(key, feeds, None, wait)
+            if outputs is not None and check is not None and \
+                    (problem := check(outputs)) is not None:
+                raise bad_result(self.name, key, problem)
+            return outputs
+
+        return run
 
     @abstractmethod
     def stats(self) -> DeviceStats: ...
