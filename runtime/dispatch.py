@@ -13,10 +13,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError
 from functools import partial
-
-import numpy as np
 
 from runtime.batching import Batcher, Finish, split
 from runtime.deadlines import Deadlines
@@ -32,11 +30,10 @@ from runtime.errors import (
 )
 from runtime.events import EventBus
 from runtime.executor import Executor
-from runtime.futures import ReadyFuture, RequestFuture
+from runtime.futures import RequestFuture
 from runtime.network import Network
 from runtime.requests import Request, RequestQueue
 
-LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queueing instead
 CANCELLED = CancelledError("cancelled")
 
 
@@ -52,8 +49,8 @@ class Dispatcher:
         self.batchers: tuple[Batcher, ...] = ()  # told of every freed slot
         self.deadlines = Deadlines(self._expire, lock)
         self._uses = 0  # counts replica choices, for least-recently-used
-        self._waiters = 0  # threads in wait_for
-        self._on_cancel = self._cancelled
+        self.waiting = 0  # threads in wait_for
+        self.on_cancel = self._cancelled  # bound once
 
     def batcher(self, net: Network) -> Batcher:
         """A batcher for `net`, lent this dispatcher's slots, replicas and ending."""
@@ -155,7 +152,7 @@ class Dispatcher:
                 assert net is not None
                 self.take_locked(nxt, net)
                 ready.append(nxt)
-        if self._waiters:
+        if self.waiting:
             self.cv.notify_all()
         return ready
 
@@ -169,128 +166,25 @@ class Dispatcher:
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Under the lock: wait for `predicate`, at most `timeout` seconds."""
-        self._waiters += 1
+        self.waiting += 1
         try:
             return self.cv.wait_for(predicate, timeout)
         finally:
-            self._waiters -= 1
+            self.waiting -= 1
 
     # -- starting ------------------------------------------------------------------------
-
-    def run_lean(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
-                 timeout: float, priority: int = 0) -> Future | None:
-        """The lean path (a one-partition plan): when nothing waits in the queue, run on
-        this thread, waiting for the device as for a lock if it is busy, and return a
-        finished future; no hand-off, no lock of the host's. None: take the general path
-        (the host closing, the network going, the device closed, or busy for LEAN_WAIT).
-
-        A lean run holds no slot: like a caller blocked on a locked session, it is one
-        thread waiting its turn at its device, and no queued request is passed over (none
-        is queued, or it would not be here). It is counted by a token in `net.lean_runs`,
-        put there before the checks: `stop` and `retire` set their flag, then wait for the
-        tokens to go, so either they see this run or it sees their flag.
-
-        The run holds this thread, so its deadline is not a timer's: nothing could answer
-        the caller sooner. An answer later than `timeout` is dropped and the request ends
-        timed out, as a request on the general path would.
-
-        Nobody listening, it makes no Request record. With someone listening, only an idle
-        device runs it here (a busy one sends it down the general path, where its wait is
-        queued by priority and seen), the request gets a record, and its events are the
-        general path's: the device's partition.run pair as it runs, then request.queued,
-        request.started and its end, published once the run is over (a request that goes
-        on to the general path has published nothing here)."""
-        runs, run = net.lean_runs, replica.run_inline
-        runs.append(None)
-        try:
-            if self.closing or net.removing or self.queue.size or run is None:
-                return None
-            if self.bus.active:
-                return self._run_listened(net, replica, feeds, timeout, priority)
-            start = time.monotonic()
-            try:
-                outputs = run(feeds, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
-            except Exception as exc:
-                return ReadyFuture(exception=replica.failure(exc))
-            if outputs is None:
-                return None
-            return ReadyFuture(outputs) if time.monotonic() - start <= timeout else \
-                self._late(net, start)
-        finally:
-            runs.pop()
-            if self._waiters:  # stop or retire may be waiting for this run's end
-                with self.lock:
-                    self.cv.notify_all()
-
-    def _run_listened(self, net: Network, replica: Executor, feeds: dict[str, np.ndarray],
-                      timeout: float, priority: int) -> Future | None:
-        """A lean run with someone listening: only on an idle device, with a record and
-        the general path's events."""
-        record = Request(net.name, feeds, priority)
-        start = time.monotonic()
-        try:
-            outputs = replica.run_now(feeds, 0.0, record.id)
-            if outputs is None:
-                return None
-            future = ReadyFuture(outputs) if time.monotonic() - start <= timeout else \
-                self._late(net, start)
-        except ExecutionError as exc:
-            future = ReadyFuture(exception=exc)
-        except BaseException as exc:  # an interrupt landing in the run: it ended; go on up
-            self._report_lean(record, start, exc)
-            raise
-        self._report_lean(record, start, future.exception())
-        return future
-
-    @staticmethod
-    def _late(net: Network, start: float) -> ReadyFuture:
-        """A lean run's answer, past its timeout: dropped; the request times out."""
-        return ReadyFuture(exception=RequestTimeoutError(
-            f"request to {net.name} timed out after {time.monotonic() - start:.3g} s running"))
-
-    def queue_batched(self, net: Network, batcher: Batcher, request: Request,
-                      max_queue: int) -> Future:
-        """Accept a request into its network's batcher, taking no lock of the host's: the
-        batcher's own lock admits it (`Batcher.push`: InvalidInputError for more rows than
-        a batch holds, HostClosedError once closed, QueueFullError past `max_queue`
-        waiting), its deadline goes by the timer's inbox,
-        and it is counted by a token in `net.accepted`, put there before the checks, as
-        a lean run is: `retire` either sees it or it sees `removing`; `stop` closes the
-        batchers, failing what they hold, so it is either failed there or refused."""
-        tokens = net.accepted
-        tokens.append(None)
-        try:
-            if self.closing:
-                raise HostClosedError("host is closed; it takes no more requests")
-            if net.removing:
-                raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
-            self.cancellable(request)
-            waiting = batcher.push(request, max_queue)
-        except BaseException:
-            tokens.pop()
-            if self._waiters:  # retire may be waiting for this token
-                with self.lock:
-                    self.cv.notify_all()
-            raise
-        if request.deadline is not None:  # after the push: a request refused has none
-            self.deadlines.add(request, request.deadline)
-        if self.bus.active:
-            self.bus.publish("request.queued", network=net.name, request=request.id,
-                             priority=request.priority, queue_depth=waiting)
-            self.bus.publish("queue.depth", depth=waiting, active=self.slots_used)
-        return request.future
 
     def cancellable(self, request: Request) -> None:
         """Cancelling the future of `request`, queued, ends it here (a hook bound once, so
         a request pays two fields for it, not an object)."""
         future = request.future
-        future.on_cancel, future.request = self._on_cancel, request
+        future.on_cancel, future.request = self.on_cancel, request
 
     def _cancelled(self, future: RequestFuture) -> None:
         if future.request is not None:
             self.finish(future.request, None, CANCELLED)
 
-    def _report_lean(self, record: Request, start: float, error: BaseException | None) -> None:
+    def report_lean(self, record: Request, start: float, error: BaseException | None) -> None:
         """The general path's events for a request the lean path ran, after the run."""
         record.queued_at = record.started_at = start
         self.bus.publish("request.queued", network=record.network, request=record.id,
@@ -387,7 +281,7 @@ class Dispatcher:
             ready = self._free_locked(request.replica) if freed else []
             if not freed:
                 self.queue.discard(request)
-                if self._waiters:  # remove_network waits for its last request to end
+                if self.waiting:  # remove_network waits for its last request to end
                     self.cv.notify_all()
         if freed:
             self._after_free(ready)

@@ -30,6 +30,7 @@ from runtime.requests import Request
 if TYPE_CHECKING:
     from runtime.bundle.load import LoadedBundle
     from runtime.graph import Graph
+    from runtime.lean import LeanRun
 
 
 @dataclass(eq=False)
@@ -51,6 +52,7 @@ class Network:
     running: set[Request] = field(default_factory=set)
     batcher: Batcher | None = None
     lean: Executor | None = None  # the replica a request may run on with no Request record
+    lean_run: LeanRun | None = None  # the lean path, set by the host (runtime/lean.py)
     # a token per lean run in flight: deque's append and pop are atomic, no lock needed
     lean_runs: deque[None] = field(default_factory=deque)
     _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -25,11 +25,12 @@ _MISSING = object()
 
 
 class OutputCheck:
-    __slots__ = ("_seen", "specs")
+    __slots__ = ("expected", "specs")
 
     def __init__(self, specs: Iterable[InputSpec]):
         self.specs = tuple(specs)
-        self._seen = tuple((s.name, s.dtype, s.shapes_seen) for s in self.specs)
+        # (name, dtype, shapes seen) per output: the short pass reads only these
+        self.expected = tuple((s.name, s.dtype, s.shapes_seen) for s in self.specs)
 
     @classmethod
     def of(cls, graph: Graph, names: Iterable[str]) -> OutputCheck:
@@ -45,7 +46,7 @@ class OutputCheck:
     def problem(self, outputs: object) -> str | None:
         """None when every declared output is there as declared, else what is wrong."""
         if type(outputs) is dict:  # the usual case, every output as seen before
-            for name, dtype, seen in self._seen:
+            for name, dtype, seen in self.expected:
                 value = outputs.get(name)
                 if type(value) is not np.ndarray or value.shape not in seen or \
                         (value.dtype is not dtype and dtype is not None):

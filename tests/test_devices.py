@@ -216,7 +216,7 @@ def test_call_runs_in_arrival_order_under_many_callers(managers):
 @pytest.fixture(params=["run_now", "runner"])
 def inline(request):
     """A run on the caller's thread, both ways a device offers one: `run_now`, and the
-    `runner` the lean path holds (the same run in one frame)."""
+    `runner` the lean path holds on a device that hands out no `InlineProgram`."""
     if request.param == "run_now":
         return lambda device, key, feeds, wait=0.0: device.run_now(key, feeds, None, wait)
     return lambda device, key, feeds, wait=0.0: device.runner(key)(feeds, wait)
@@ -500,3 +500,39 @@ def test_supported_ops():
     assert ref is not None and {"Add", "MatMul", "Gelu"} <= ref and "OpRun" not in ref
     assert supported_ops("sim") is None
     assert supported_ops("cpu") is cpu  # cached
+
+
+def test_inline_program_is_the_devices_lock_binding_and_tally_while_loaded(managers):
+    """What the lean path runs in its own frame: the device's run lock (a caller holding it
+    keeps every other run out), onnxruntime's binding, and the device's own run count; no
+    longer live once unloaded or closed. A device that keeps time, or a function with no
+    binding, hands out none."""
+    m = managers("d0")
+    model, w = matmul_relu()
+    program = Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000)
+    m.load("net/p0", program)
+    inline = m.inline_program("net/p0")
+    assert inline is not None and inline is m.inline_program("net/p0") and inline.live
+    feeds = {"x": RNG.standard_normal((3, 8)).astype(np.float32)}
+    with inline.lock:
+        assert m.run_now("net/p0", feeds) is None  # the device is held
+        (y,) = inline.call(["y"], feeds, None)
+        inline.account.runs += 1
+    np.testing.assert_allclose(y, np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
+    assert m.stats().runs == 1
+    blocking(m, "net/p0", feeds)
+    assert inline.account.runs == m.stats().runs == 2
+    with pytest.raises(ExecutionError, match="d0 failed running net/p0: boom"):
+        raise inline.failed(ValueError("boom"))
+    m.unload("net/p0")
+    assert not inline.live and m.inline_program("net/p0") is None
+    m.load("net/p0", program)
+    again = m.inline_program("net/p0")
+    assert again is not None and again is not inline and again.live
+    m.close(1.0)
+    assert not again.live and m.inline_program("net/p0") is None
+
+    sim = managers("s0", "sim")
+    sim.load("net/p0", program)
+    assert sim.inline_program("net/p0") is None  # its runs keep modelled time
+    assert managers("h0", functions={"k": Probe()}).inline_program("k") is None

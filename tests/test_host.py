@@ -824,6 +824,67 @@ def test_lean_path_outputs_errors_and_futures_behave_like_any_future():
         assert (stats.slots_used, stats.queued, stats.outstanding) == (0, 0, {"t": 0})
 
 
+def one_op(op: str, declared: list, *, shape: list[int] | None = None) -> onnx.ModelProto:
+    """x [b, 4] -> `op` -> y, y declared as `declared` (Reshape: to the constant `shape`)."""
+    inputs, inits = ["x"], []
+    if shape is not None:
+        inputs.append("shape")
+        inits.append(onnx.numpy_helper.from_array(np.array(shape, np.int64), "shape"))
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"])], op.lower(),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside():
+    """On onnxruntime the lean path runs the session's binding in its own frame: what comes
+    back is still checked against the declared outputs, a failure names partition and
+    device, its runs are the device's, and it steps aside (to the general path) for a
+    closed device or a device's own thread."""
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("relu", one_op("Relu", ["b", 4]))
+        host.add_network("narrow", one_op("Relu", ["b", 3]))  # declares fewer columns
+        host.add_network("fold", one_op("Reshape", [3, "n"], shape=[3, -1]))
+        device = host.devices["cpu0"]
+        runs = device.stats().runs
+        for rows in (1, 2, 5):
+            x = rng.standard_normal((rows, 4)).astype(np.float32)
+            future = host.run("relu", {"x": x})
+            assert future.done(), "an idle device runs it on the caller's thread"
+            np.testing.assert_array_equal(future.result(timeout=0)["y"], np.maximum(x, 0))
+        assert device.stats().runs == runs + 3 and device.stats().busy_seconds > 0
+        bad = host.run("narrow", {"x": rng.standard_normal((2, 4)).astype(np.float32)})
+        error = bad.exception(timeout=0)
+        assert isinstance(error, ExecutionError) and "bad result" in str(error)
+        assert "[2, 4]" in str(error) and (error.partition, error.device) == ("p0", "cpu0")
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        np.testing.assert_array_equal(host.infer("fold", {"x": x})["y"], x.reshape(3, -1))
+        failed = host.run("fold", {"x": x[:2]}).exception(timeout=0)
+        assert isinstance(failed, ExecutionError) and "cannot be reshaped" in str(failed)
+        assert "\n" not in str(failed) and (failed.partition, failed.device) == ("p0", "cpu0")
+        with pytest.raises(InvalidInputError, match="input 'x' of relu"):
+            host.run("relu", {"x": x[:, :3]})
+
+        inner: list = []
+
+        def again(_):  # on the device's worker: it must queue, not run here
+            inner.append(host.run("relu", {"x": x}))
+            inner.append(inner[0].done())
+
+        outer = host.run("relu", {"x": x}, inline=False)
+        outer.add_done_callback(again)
+        outer.result(timeout=WAIT)
+        assert poll(lambda: len(inner) == 2) and inner[1] is False
+        np.testing.assert_array_equal(inner[0].result(timeout=WAIT)["y"], np.maximum(x, 0))
+        device.close(1.0)
+        closed = host.run("relu", {"x": x}).exception(timeout=WAIT)
+        assert isinstance(closed, ExecutionError) and "closed" in str(closed)
+
+
 @pytest.mark.parametrize("batching", [None, {"max_batch_size": 4, "max_queue_delay_ms": 1}])
 def test_an_answered_request_is_freed_without_the_garbage_collector(batching):
     """No reference cycle outlives a request: with the collector off, its future dies with

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 from fakes import FaultyManager, Gate
 
-from runtime import dispatch
+from runtime import lean
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError
 from runtime.host import HostManager
@@ -62,7 +62,7 @@ def test_a_listened_request_runs_lean_and_publishes_every_step():
 
 
 def test_a_listened_request_to_a_busy_device_takes_the_general_path(monkeypatch):
-    monkeypatch.setattr(dispatch, "LEAN_WAIT", WAIT)  # were it to wait, it would wait long
+    monkeypatch.setattr(lean, "LEAN_WAIT", WAIT)  # were it to wait, it would wait long
     rng = np.random.default_rng()
     first, second = _feeds(rng), _feeds(rng)
     with HostManager(parse_devices("cpu:1"), device_factory=FaultyManager) as host:

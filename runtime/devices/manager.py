@@ -8,6 +8,9 @@ behind a lock, where a run on the worker costs two wake-ups and a Future. Like a
 is not fair: a caller back at once may take the device before a woken one, which keeps
 the device busy instead of idle through a wake-up.
 
+`inline_program` hands a program's parts (the run lock, onnxruntime's binding, the account) to
+the lean path, which does what `run_now` does inside its own frame.
+
 A thread running a job, worker or inline caller, counts as a device thread meanwhile, so
 work chained onward from inside a run queues on the next device instead of running the
 whole chain on one thread.
@@ -27,21 +30,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import (
-    Check,
     Device,
     DeviceStats,
     Done,
+    InlineProgram,
     Outputs,
     Program,
-    Runner,
+    RunAccount,
     Tag,
-    bad_result,
 )
 from runtime.errors import ExecutionError, ProvisionError, described, first_line
 
@@ -69,6 +72,9 @@ class Function(Protocol):
 
     def run(self, feeds: dict[str, np.ndarray]) -> Outputs: ...
 
+    # optional: `raw(output names, feeds, None)` -> those outputs as a list, with no Python
+    # in between (onnxruntime's binding), for `DeviceManager.inline_program`
+
 
 Compiler = Callable[[Program, DeviceConfig], Function]
 
@@ -92,8 +98,8 @@ class DeviceManager(Device):
         self._running = threading.Lock()  # held through each run: the device is busy
         self._closed = False
         self._worker: threading.Thread | None = None
-        self._runs = 0
-        self._busy_seconds = 0.0
+        self._tally = RunAccount()
+        self._inline: dict[str, InlineProgram] = {}  # handed out by `inline_program`
         self._plain = type(self)._invoke is DeviceManager._invoke  # a modelled device's is not
 
     def _install(self, key: str, program: Program) -> None:
@@ -106,6 +112,8 @@ class DeviceManager(Device):
     def _uninstall(self, key: str) -> None:
         with self._cond:
             self._functions.pop(key, None)
+            if (program := self._inline.pop(key, None)) is not None:
+                program.live = False
 
     # -- runs ----------------------------------------------------------------------------
 
@@ -135,45 +143,21 @@ class DeviceManager(Device):
             return self._running.acquire(True, wait)
         return not self._queue and self._running.acquire(blocking=False)
 
-    def runner(self, key: str, check: Check | None = None) -> Runner:
-        """`run_now` for untagged runs of a device that keeps no time of its own, in one
-        frame: the lean path takes it for every request, and its Python, the device's lock
-        held or between one release and the next take, is what 64 threads queue behind."""
-        if not self._plain:
-            return super().runner(key, check)
-        running, functions, clock = self._running, self._functions, time.perf_counter
-
-        def run(feeds: dict[str, np.ndarray], wait: float = 0.0) -> Outputs | None:
-            if self._closed or _local.device:  # `_hold`, inline: its frame costs 1 % here
+    def inline_program(self, key: str) -> InlineProgram | None:
+        """For a device that keeps no time of its own, running a function with a `raw`
+        binding (onnxruntime's)."""
+        function = self._functions.get(key)
+        call = getattr(function, "raw", None)
+        if not self._plain or call is None:
+            return None
+        with self._cond:
+            if self._closed:
                 return None
-            if wait > 0:
-                if not running.acquire(True, wait):
-                    return None
-            elif self._queue or not running.acquire(blocking=False):
-                return None
-            try:  # from the moment the device is held: Ctrl-C may land on any line
-                if self._closed:
-                    return None
-                _local.device = True
-                start = clock()
-                try:
-                    function = functions.get(key)
-                    if function is None:
-                        raise LookupError(f"{key} is not loaded")
-                    outputs = function.run(feeds)
-                except Exception as exc:
-                    raise self._failed(key, exc) from exc
-                finally:
-                    self._runs += 1
-                    self._busy_seconds += clock() - start
-            finally:
-                _local.device = False
-                running.release()
-            if check is not None and (problem := check(outputs)) is not None:
-                raise bad_result(self.name, key, problem)
-            return outputs
-
-        return run
+            program = self._inline.get(key)
+            if program is None:
+                program = self._inline[key] = InlineProgram(
+                    self._running, call, _local, self._tally, partial(self._failed, key))
+        return program
 
     def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
              ) -> None:
@@ -190,12 +174,14 @@ class DeviceManager(Device):
             done(None, ExecutionError(f"device {self.name} closed"))
 
     def stats(self) -> DeviceStats:
-        return self._stats(self._runs, self._busy_seconds, len(self._queue))
+        return self._stats(self._tally.runs, self._tally.busy_seconds, len(self._queue))
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
             self._closed = True
+            for program in self._inline.values():
+                program.live = False
             dropped = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
@@ -271,8 +257,8 @@ class DeviceManager(Device):
             error = self._failed(key, exc)
         finally:  # also when a BaseException passes: the device must not stay busy
             end = time.perf_counter()
-            self._runs += 1  # under `_running`, as every run
-            self._busy_seconds += end - start
+            self._tally.runs += 1  # under `_running`, as every run
+            self._tally.busy_seconds += end - start
             if tagged is not None:
                 self.publish("partition.run.finished", **tagged, device=self.name,
                              queue_wait=start - arrived, run_seconds=end - start,
