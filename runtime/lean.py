@@ -86,41 +86,34 @@ def lean_run(net: Network, slots: Dispatcher) -> LeanRun | None:
         else:
             feeds = check_feeds(name, specs, feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
+        wait = LEAN_WAIT if timeout > LEAN_WAIT else timeout
         tokens.append(None)
         try:
-            if slots.closing or net.removing or queue.size:
-                return None
-            if bus.active:
-                return _run_listened(net, replica, slots, feeds, timeout, priority)
-            wait = LEAN_WAIT if timeout > LEAN_WAIT else timeout
             start = clock()
-            if program is None:
+            if program is None or bus.active:
+                return _run_through(feeds, timeout, priority, wait, start)
+            # What `run_now` does, in this frame (see `InlineProgram`). From the release
+            # of the device to the next take, the thread that released it runs on: if it
+            # is back before a waiter it woke has taken the device, the device stays busy;
+            # if not, the device idles until that waiter gets the interpreter from it.
+            # So everything that can wait for the device's lock does (the admission
+            # checks), and everything that can be done holding it is (the outputs).
+            if thread.device or not lock.acquire(True, wait):
+                return None
+            try:
+                if slots.closing or net.removing or queue.size or not program.live:
+                    return None
+                thread.device = True
+                began = clock()
                 try:
-                    outputs = device_run(feeds, wait)
+                    values = call(names, feeds, None)
                 except Exception as exc:
-                    return ReadyFuture(exception=failure(exc))
-                if outputs is None:
-                    return None
-                end = clock()
-            else:  # what `run_now` does, in this frame (see `InlineProgram`)
-                if not program.live or thread.device or not lock.acquire(True, wait):
-                    return None
-                try:
-                    if not program.live:
-                        return None
-                    thread.device = True
-                    began = clock()
-                    try:
-                        values = call(names, feeds, None)
-                    except Exception as exc:
-                        return ReadyFuture(exception=failure(program.failed(exc)))
-                    finally:
-                        end = clock()
-                        account.runs += 1
-                        account.busy_seconds += end - began
+                    return ReadyFuture(exception=failure(program.failed(exc)))
                 finally:
+                    end = clock()
+                    account.runs += 1
+                    account.busy_seconds += end - began
                     thread.device = False
-                    lock.release()
                 outputs = {first: values[0]} if first is not None else dict(
                     zip(names, values, strict=True))
                 for value, (dtype, seen) in zip(values, expected, strict=True):
@@ -131,12 +124,30 @@ def lean_run(net: Network, slots: Dispatcher) -> LeanRun | None:
                             return ReadyFuture(exception=failure(bad_result(
                                 part.device.name, part.key, problem)))
                         break
-            return ReadyFuture(outputs) if end - start <= timeout else _late(net, start)
+                return ReadyFuture(outputs) if end - start <= timeout else _late(net, start)
+            finally:
+                lock.release()
         finally:
             tokens.pop()
             if slots.waiting:  # stop or retire may be waiting for this run's end
                 with slots.lock:
                     slots.cv.notify_all()
+
+    def _run_through(feeds: dict[str, np.ndarray], timeout: float, priority: int,
+                     wait: float, start: float) -> Future | None:
+        """The lean run with someone listening, or on a device with no `InlineProgram`
+        (its `runner`, by way of the executor)."""
+        if slots.closing or net.removing or queue.size:
+            return None
+        if bus.active:
+            return _run_listened(net, replica, slots, feeds, timeout, priority)
+        try:
+            outputs = device_run(feeds, wait)
+        except Exception as exc:
+            return ReadyFuture(exception=failure(exc))
+        if outputs is None:
+            return None
+        return ReadyFuture(outputs) if clock() - start <= timeout else _late(net, start)
 
     return run
 
