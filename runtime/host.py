@@ -203,15 +203,15 @@ class HostManager:
         block, like load generators and servers.
         """
         net = self._networks.get(name)
+        if inline and net is not None and (lean := net.lean_run) is not None:
+            ready = lean(feeds, timeout, priority)  # it checks the host and the network
+            if ready is not None:
+                return ready
         if net is None or net.removing or self._slots.closing:
             with self._lock:
                 if self._slots.closing:
                     raise HostClosedError("host is closed; it takes no more requests")
                 net = self._slots.network(name)
-        if inline and (lean := net.lean_run) is not None:
-            ready = lean(feeds, timeout, priority)
-            if ready is not None:
-                return ready
         checked = check_feeds(name, net.specs, feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
         now = time.monotonic()

@@ -74,34 +74,35 @@ def lean_run(net: Network, slots: Dispatcher) -> LeanRun | None:
 
     def run(feeds: Mapping[str, object], timeout: float | None, priority: int
             ) -> Future | None:
-        if type(feeds) is dict and len(feeds) == width:
-            # `check_feeds`' short pass, inline; the run reads the caller's dict before
-            # this returns, so it is not copied
-            for spec in specs:
-                value = feeds.get(spec.name)
-                if type(value) is not np.ndarray or value.dtype is not spec.dtype or \
-                        value.shape not in spec.shapes_seen:
-                    feeds = check_feeds(name, specs, feeds)
-                    break
-        else:
-            feeds = check_feeds(name, specs, feeds)
-        timeout = net.timeout if timeout is None else checked_timeout(timeout)
-        wait = LEAN_WAIT if timeout > LEAN_WAIT else timeout
-        tokens.append(None)
+        if program is None or bus.active:
+            return _run_through(feeds, timeout, priority)
+        # What `run_now` does, in this frame (see `InlineProgram`), the device first: the
+        # race (docs/architecture.md, the lean path) is lost only while this thread is
+        # away from its device's lock, so everything that can be done holding it is.
+        held = lock.acquire(False)
+        start = clock()
         try:
-            start = clock()
-            if program is None or bus.active:
-                return _run_through(feeds, timeout, priority, wait, start)
-            # What `run_now` does, in this frame (see `InlineProgram`). From the release
-            # of the device to the next take, the thread that released it runs on: if it
-            # is back before a waiter it woke has taken the device, the device stays busy;
-            # if not, the device idles until that waiter gets the interpreter from it.
-            # So everything that can wait for the device's lock does (the admission
-            # checks), and everything that can be done holding it is (the outputs).
-            if thread.device or not lock.acquire(True, wait):
-                return None
+            if type(feeds) is dict and len(feeds) == width:
+                # `check_feeds`' short pass, inline; the run reads the caller's dict
+                # before this returns, so it is not copied
+                for spec in specs:
+                    value = feeds.get(spec.name)
+                    if type(value) is not np.ndarray or value.dtype is not spec.dtype or \
+                            value.shape not in spec.shapes_seen:
+                        feeds = check_feeds(name, specs, feeds)
+                        break
+            else:
+                feeds = check_feeds(name, specs, feeds)
+            timeout = net.timeout if timeout is None else checked_timeout(timeout)
+            if not held:
+                if thread.device or not lock.acquire(
+                        True, LEAN_WAIT if timeout > LEAN_WAIT else timeout):
+                    return None
+                held = True
+            tokens.append(None)
             try:
-                if slots.closing or net.removing or queue.size or not program.live:
+                if slots.closing or net.removing or queue.size or thread.device or \
+                        not program.live:
                     return None
                 thread.device = True
                 began = clock()
@@ -126,28 +127,41 @@ def lean_run(net: Network, slots: Dispatcher) -> LeanRun | None:
                         break
                 return ReadyFuture(outputs) if end - start <= timeout else _late(net, start)
             finally:
+                tokens.pop()  # the run is over: the device's release is all that is left
+                held = False
                 lock.release()
+                if slots.waiting:  # stop or retire may be waiting for this run's end
+                    with slots.lock:
+                        slots.cv.notify_all()
         finally:
-            tokens.pop()
-            if slots.waiting:  # stop or retire may be waiting for this run's end
-                with slots.lock:
-                    slots.cv.notify_all()
+            if held:  # the feeds or the timeout were refused
+                lock.release()
 
-    def _run_through(feeds: dict[str, np.ndarray], timeout: float, priority: int,
-                     wait: float, start: float) -> Future | None:
+    def _run_through(feeds: Mapping[str, object], timeout: float | None, priority: int
+                     ) -> Future | None:
         """The lean run with someone listening, or on a device with no `InlineProgram`
         (its `runner`, by way of the executor)."""
-        if slots.closing or net.removing or queue.size:
-            return None
-        if bus.active:
-            return _run_listened(net, replica, slots, feeds, timeout, priority)
+        checked = check_feeds(name, specs, feeds)
+        timeout = net.timeout if timeout is None else checked_timeout(timeout)
+        tokens.append(None)
         try:
-            outputs = device_run(feeds, wait)
-        except Exception as exc:
-            return ReadyFuture(exception=failure(exc))
-        if outputs is None:
-            return None
-        return ReadyFuture(outputs) if clock() - start <= timeout else _late(net, start)
+            if slots.closing or net.removing or queue.size:
+                return None
+            if bus.active:
+                return _run_listened(net, replica, slots, checked, timeout, priority)
+            start = clock()
+            try:
+                outputs = device_run(checked, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
+            except Exception as exc:
+                return ReadyFuture(exception=failure(exc))
+            if outputs is None:
+                return None
+            return ReadyFuture(outputs) if clock() - start <= timeout else _late(net, start)
+        finally:
+            tokens.pop()
+            if slots.waiting:
+                with slots.lock:
+                    slots.cv.notify_all()
 
     return run
 
