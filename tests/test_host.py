@@ -15,6 +15,7 @@ import pytest
 from fakes import FakeDevice, FaultySim, Gate, blocking, inject_marked
 from onnx import TensorProto, helper
 
+from runtime import lean
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import (
     ExecutionError,
@@ -839,7 +840,7 @@ def one_op(op: str, declared: list, *, shape: list[int] | None = None) -> onnx.M
     return model
 
 
-def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside():
+def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside(monkeypatch):
     """On onnxruntime the lean path runs the session's binding in its own frame: what comes
     back is still checked against the declared outputs, a failure names partition and
     device, its runs are the device's, and it steps aside (to the general path) for a
@@ -868,6 +869,15 @@ def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside():
         assert "\n" not in str(failed) and (failed.partition, failed.device) == ("p0", "cpu0")
         with pytest.raises(InvalidInputError, match="input 'x' of relu"):
             host.run("relu", {"x": x[:, :3]})
+        assert host.run("relu", {"x": x}).done(), "refused feeds left the device held"
+        program = device.inline_program("relu/p0")
+        assert program is not None
+        monkeypatch.setattr(lean, "LEAN_WAIT", 60.0)  # were it to wait, it would wait long
+        with program.lock:  # the device busy: refused at once, not after waiting for it
+            began = time.monotonic()
+            with pytest.raises(InvalidInputError, match="input 'x' of relu"):
+                host.run("relu", {"x": x[:, :3]})
+            assert time.monotonic() - began < WAIT
 
         inner: list = []
 
