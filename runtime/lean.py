@@ -79,8 +79,8 @@ def lean_run(net: Network, slots: Dispatcher) -> LeanRun | None:
         # What `run_now` does, in this frame (see `InlineProgram`), the device first: the
         # race (docs/architecture.md, the lean path) is lost only while this thread is
         # away from its device's lock, so everything that can be done holding it is.
-        held = lock.acquire(False)
         start = clock()
+        held = lock.acquire(False)
         try:
             if type(feeds) is dict and len(feeds) == width:
                 # `check_feeds`' short pass, inline; the run reads the caller's dict

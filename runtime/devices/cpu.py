@@ -27,7 +27,7 @@ class OrtFunction:
         # The binding under InferenceSession.run: its Python wrapper re-checks feeds we
         # have already checked, which costs microseconds a small model notices.
         self._run = getattr(session, "_sess", None)
-        self.raw = self._run.run if self._run is not None else None  # for `inline`
+        self.raw = self._run.run if self._run is not None else None  # for `inline_program`
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._run is not None:

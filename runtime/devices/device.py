@@ -58,12 +58,12 @@ class RunAccount:
 class InlineProgram:
     """One loaded program in parts, for a caller that runs it on its own thread inside its
     own frame: the lean path does for every request, where under 64 client threads each
-    Python call saved is ~2.5 % of a request. What `run_now` does, the caller does: skip
-    the device if not `live` or if `thread.device` (a device's own thread must queue, not
-    run here); hold `lock` for the run (the device's: one run at a time), then check `live`
-    again and set `thread.device` until the release; `call(names, feeds, None)` returns
-    those outputs as a list (the compiled program's binding, no Python in between); count
-    the run in `account`; what it raised becomes `failed(exc)`."""
+    Python call saved is ~2.5 % of a request. What `run_now` does, the caller does: hold
+    `lock` for the run (the device's: one run at a time); run only if `live` and not
+    `thread.device` (a device's own thread must queue, not run here), setting
+    `thread.device` meanwhile; `call(names, feeds, None)` returns those outputs as a list
+    (the compiled program's binding, no Python in between); count the run in `account`;
+    what it raised becomes `failed(exc)`."""
 
     lock: Any
     call: Callable[[Sequence[str], dict[str, np.ndarray], None], list]
