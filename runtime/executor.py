@@ -17,9 +17,10 @@ partition, the device and what went wrong. A BaseException that is not an Except
 (KeyboardInterrupt during an inline run) ends the request the same way and then goes on
 up the caller's thread, where it was meant to land.
 
-`run_inline(feeds, wait)` is the lean path the host takes (one partition): the device's
-runner on the caller's thread, its outputs checked there, or None when the device stays
-busy; `run_now` is the same with the run's events published.
+`run_inline(feeds, wait)` is the lean path's run (one partition) on a device that hands
+out no `InlineProgram` (runtime/lean.py runs one itself): the device's runner on the
+caller's thread, its outputs checked there, or None when the device stays busy; `run_now`
+is the same with the run's events published.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Executor:
             self.parts[0].partition.inputs) == fed and set(self.outputs) <= set(
             self.parts[0].partition.outputs)
         self._reorder = self.single and list(self.parts[0].partition.outputs) != self.outputs
-        # The lean path's run: the device's runner, its outputs checked there (one frame)
+        # The lean path's run without an InlineProgram: the device's runner, outputs checked
         self.run_inline: Runner | None = None
         if self.single:
             lp = self.parts[0]
