@@ -23,6 +23,7 @@ users expect of it; the cost is paid on failure only (one run per member).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from runtime.errors import (
     PrismError,
     QueueFullError,
 )
+from runtime.inputs import InputSpec
 from runtime.requests import Request, RequestQueue
 
 Finish = Callable[[Request, dict | None, BaseException | None], None]
@@ -77,6 +79,14 @@ def check_batchable(network: str, inputs: Mapping[str, Sequence | None],
                 first = "no shape" if not dims else f"a fixed first dimension {dims[0]}"
                 raise PrismError(f"{network} cannot batch: {kind} {name!r} has {first}; "
                                  f"dynamic batching needs a symbolic batch dimension")
+
+
+def alike_but_first(specs: Sequence[InputSpec]) -> bool:
+    """Do checked feeds always agree in all but their first dimension (every input a
+    tensor of one dtype with its other dimensions fixed)? Then any requests share a batch
+    and nobody need compare them."""
+    return all(s.type is None and s.dtype is not None and s.dims is not None
+               and all(isinstance(d, int) for d in s.dims[1:]) for s in specs)
 
 
 def batch_key(feeds: Mapping[str, np.ndarray]) -> tuple:
@@ -125,8 +135,9 @@ class Batcher:
 
     def __init__(self, name: str, config: BatchingConfig, in_flight: int, *,
                  take_slot: Callable[[], bool], begin: Callable[[Request, Finish], None],
-                 finish: Finish, bus: Any = None):
+                 finish: Finish, bus: Any = None, uniform: bool = False):
         self.name, self.config, self.bus = name, config, bus
+        self._uniform = uniform  # feeds always agree but in the first dimension: one key
         self._take_slot, self._begin, self._finish = take_slot, begin, finish
         self._limit, self._in_flight = in_flight, 0
         self._free_since = 0.0  # when this thread last finished launching or answering
@@ -206,7 +217,7 @@ class Batcher:
         while total < limit and (r := self._queue.pop()) is not None:
             if r.ended:
                 continue
-            if not r.key:
+            if not r.key and not self._uniform:  # uniform: every key stays ()
                 r.key = batch_key(r.feeds)
             if alike and (r.key != alike[0].key or r.alone):
                 passed.append(r)  # another shape, or one to try alone: a later batch
@@ -232,24 +243,28 @@ class Batcher:
         batch = Request(self.name, {}, slot=True, members=[])
         try:
             # started: a deadline finds it running (one tried alone was started before)
-            now, live, rows = time.monotonic(), [], 0
-            for m in formed:
+            now, live, rows, oldest, size = time.monotonic(), [], 0, math.inf, len(formed)
+            for m in formed:  # one pass: each member is a cache miss on this thread
                 if m.alone or m.start():
                     live.append(m)
                     rows += m.rows
-            if live:
-                size = len(live)
-                for m in live:
                     m.batch_size = size
                     if not m.alone:
                         m.started_at = now
+                    if m.queued_at < oldest:
+                        oldest = m.queued_at
+            if live:
+                if len(live) < size:  # some had ended meanwhile
+                    size = len(live)
+                    for m in live:
+                        m.batch_size = size
                 if self.bus is not None and self.bus.active:
                     for m in live:
                         if not m.alone:
                             self.bus.publish("request.started", network=self.name, request=m.id,
                                              queue_wait=now - m.queued_at, batch_size=size)
                 batch.members, batch.batch_size, batch.started_at = live, size, now
-                batch.queued_at = min(m.queued_at for m in live)
+                batch.queued_at = oldest
                 batch.rows, batch.feeds = rows, concatenate(live)
                 # Its first stage may run right here when its device is idle: the clients
                 # are answered a hand-off sooner, and the batcher forms the next batch as

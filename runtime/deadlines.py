@@ -3,8 +3,9 @@
 It shares the dispatcher's lock: a request is entered where it is admitted and counted
 out where it ends, each under a lock its caller holds already, so a timeout (on by
 default, `HostManager(timeout=...)`) costs a request no lock of its own. A caller holding
-no lock (a batched request, admitted by its batcher) drops its entry in an inbox instead,
-which the thread, or the next request to end, takes in under the lock; the thread is
+no lock (a batched request, admitted by its batcher; a batch as it starts) drops its entry
+in an inbox instead, which the thread, or the next request to end, takes in under the
+lock (an entry whose request has ended by then is dropped, not filed); the thread is
 woken only when it would otherwise sleep past the new deadline.
 """
 

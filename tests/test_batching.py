@@ -20,7 +20,7 @@ import pytest
 from fakes import FakeDevice, FaultySim, Gate, inject_marked
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.batching import Batcher, BatchingConfig
+from runtime.batching import Batcher, BatchingConfig, alike_but_first
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import (
     InvalidInputError,
@@ -29,6 +29,7 @@ from runtime.errors import (
     RequestTimeoutError,
 )
 from runtime.host import HostManager
+from runtime.inputs import InputSpec, ValueType
 from runtime.requests import Request, RequestQueue
 from serving import (
     FAULTS,
@@ -160,6 +161,18 @@ def test_batched_equals_unbatched_request_by_request(path, make):
         mixed = [g for g in groups if len({rows(by_id[e["request"]]) for e in g}) == 2]
         assert mixed, "no batch mixed requests of 1 and 2 rows"
         assert poll(lambda: idle(host))
+
+
+def test_only_inputs_fixed_but_in_their_first_dimension_skip_the_batch_key():
+    """A batcher compares no keys when checked feeds cannot differ but in their first
+    dimension: every input a tensor of a known dtype with the rest of its shape fixed."""
+    f32, i64 = np.dtype("float32"), np.dtype("int64")
+    fixed = InputSpec("x", f32, ("batch", 3, 4))
+    assert alike_but_first([fixed, InputSpec("ids", i64, (None, 7))])
+    for odd in (InputSpec("s", f32, ("batch", "seq", 8)), InputSpec("u", f32, None),
+                InputSpec("d", None, ("batch", 4)), InputSpec("n", f32, ("batch", None)),
+                InputSpec("q", None, None, ValueType("sequence", elem=ValueType("tensor")))):
+        assert not alike_but_first([fixed, odd]), odd
 
 
 def test_requests_with_different_non_batch_shapes_never_share_a_batch():
