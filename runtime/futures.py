@@ -34,8 +34,8 @@ _ENDED = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 class _Waiters:
     """A future's `_waiters`, made when first asked for: `concurrent.futures.wait` and
     `as_completed` add theirs (under `_condition`), and most futures never meet one. Kept
-    in `_waiter_list`, an attribute (None on the class), so that answering a future
-    checks for waiters without making its `__dict__` (asked for, it is built)."""
+    in `_waiter_list` (None until then), so that answering a future checks for waiters
+    without making a list."""
 
     def __get__(self, future: Any, owner: type | None = None) -> Any:
         if future is None:
@@ -50,20 +50,22 @@ class RequestFuture(Future):
     queued request is cancelled; a started one cannot be. `request` is the request it
     answers, for that hook (set only while it is queued)."""
 
-    on_cancel: Callable[[RequestFuture], None] | None = None
-    request: Any = None
-    # As every future starts: set here, a request's future costs two fields, not seven.
-    _state = PENDING
-    _result: Any = None
-    _exception: BaseException | None = None
+    # Its fields in slots, not a `__dict__`: a batcher starts and answers sixty in a row,
+    # made on other threads, and a `__dict__` was one more cache miss each.
+    __slots__ = ("_condition", "_done_callbacks", "_exception", "_gate", "_result", "_state",
+                 "_waiter_list", "on_cancel", "request")
     _waiters: Any = _Waiters()
-    _waiter_list: list | None = None
-    _done_callbacks: Any = ()  # a list once one is added
 
     def __init__(self) -> None:  # not Future's: no Condition
         self._condition: Any = Lock()
-        self._gate: Any = Lock()
-        self._gate.acquire()
+        gate = self._gate = Lock()
+        gate.acquire()
+        self._state, self._result = PENDING, None
+        self._exception: BaseException | None = None
+        self._waiter_list: list | None = None
+        self._done_callbacks: Any = ()  # a list once one is added
+        self.on_cancel: Callable[[RequestFuture], None] | None = None
+        self.request: Any = None
 
     def _wait(self, timeout: float | None) -> None:
         """Until done, at most `timeout` seconds (FutureTimeoutError past it)."""
@@ -153,21 +155,6 @@ class RequestFuture(Future):
             LOGGER.exception("exception calling callback for %r", self)
 
 
-class QueuedFuture(RequestFuture):
-    """The future of a request that waits: its fields in slots, not a `__dict__`. A
-    batcher starting and answering sixty of them in a row (made on other threads, so each
-    a cache miss) finds every field in the one object."""
-
-    __slots__ = ("_condition", "_done_callbacks", "_exception", "_gate", "_result", "_state",
-                 "_waiter_list", "on_cancel", "request")
-
-    def __init__(self) -> None:  # a slot has no class default: each is set here
-        super().__init__()
-        self._state, self._done_callbacks = PENDING, ()
-        self._result = self._exception = self._waiter_list = self.on_cancel = None
-        self.request = None
-
-
 class ReadyFuture(RequestFuture):
     """Born finished, for a request that ran on the caller's thread: no gate to open, and
     one lock shared by all (reentrant: `concurrent.futures.wait` takes every future's in
@@ -176,6 +163,10 @@ class ReadyFuture(RequestFuture):
 
     _condition = RLock()
     _state = FINISHED  # a finished future calls a callback at once and keeps none
+    # These shadow their slots: what every one holds alike stays on the class
+    _exception: BaseException | None = None
+    _done_callbacks = ()
+    _waiter_list = on_cancel = request = None
     # `wait` adds a waiter to every future it is given and takes it off again, under
     # `_condition`; nothing answers a waiter here, so one list serves all
     _waiters: list = []  # noqa: RUF012 (shared on purpose)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import PrismError
-from runtime.futures import QueuedFuture, RequestFuture
+from runtime.futures import RequestFuture
 
 _ids = itertools.count(1)
 DEFAULT_TIMEOUT = 300.0  # seconds: a request's timeout unless its host or network says
@@ -45,7 +45,7 @@ class Request:
     replica: Any = field(init=False, default=None)  # the Executor (one replica) running it
     retried: bool = field(init=False, default=False)  # run again after its device was lost
     id: int = field(init=False, default_factory=_ids.__next__)
-    future: RequestFuture = field(init=False, default_factory=QueuedFuture)
+    future: RequestFuture = field(init=False, default_factory=RequestFuture)
     _token: list = field(init=False, default_factory=[True].copy, repr=False)  # pop(): atomic
 
     def end(self, outputs: dict[str, np.ndarray] | None = None,

@@ -1,7 +1,6 @@
 """The host's futures behave as `concurrent.futures.Future` does wherever users hand one:
 waiting with and without a bound, `wait`, `as_completed`, callbacks, cancellation,
-`asyncio.wrap_future`, and many threads waiting on one future. Each test runs on both
-kinds a request's future may be (a queued request's keeps its fields in slots)."""
+`asyncio.wrap_future`, and many threads waiting on one future."""
 
 from __future__ import annotations
 
@@ -13,14 +12,9 @@ import time
 
 import pytest
 
-from runtime.futures import QueuedFuture, ReadyFuture, RequestFuture
+from runtime.futures import ReadyFuture, RequestFuture
 
 WAIT = 10.0
-
-
-@pytest.fixture(params=[RequestFuture, QueuedFuture], ids=lambda cls: cls.__name__)
-def new(request) -> type[RequestFuture]:
-    return request.param
 
 
 def answered_later(future: RequestFuture, value: object, after: float) -> threading.Timer:
@@ -29,8 +23,8 @@ def answered_later(future: RequestFuture, value: object, after: float) -> thread
     return timer
 
 
-def test_result_waits_for_the_answer_and_a_bound_raises_timeout(new):
-    future, value = new(), random.random()
+def test_result_waits_for_the_answer_and_a_bound_raises_timeout():
+    future, value = RequestFuture(), random.random()
     with pytest.raises(cf.TimeoutError):
         future.result(timeout=0.01)
     assert not future.done() and not future.running()
@@ -41,8 +35,8 @@ def test_result_waits_for_the_answer_and_a_bound_raises_timeout(new):
         future.set_result(value)
 
 
-def test_an_exception_is_raised_to_every_waiter(new):
-    future, error = new(), ValueError(f"bad {random.random()}")
+def test_an_exception_is_raised_to_every_waiter():
+    future, error = RequestFuture(), ValueError(f"bad {random.random()}")
     seen: list[BaseException | None] = []
     waiters = [threading.Thread(target=lambda: seen.append(future.exception(WAIT)))
                for _ in range(16)]
@@ -57,8 +51,8 @@ def test_an_exception_is_raised_to_every_waiter(new):
         future.result(0)
 
 
-def test_wait_and_as_completed_see_every_end(new):
-    futures = [new() for _ in range(20)]
+def test_wait_and_as_completed_see_every_end():
+    futures = [RequestFuture() for _ in range(20)]
     order = random.sample(range(20), 20)
     timers = [answered_later(futures[i], i, 0.002 * rank) for rank, i in enumerate(order)]
     first = cf.wait(futures, timeout=WAIT, return_when=cf.FIRST_COMPLETED)
@@ -70,16 +64,16 @@ def test_wait_and_as_completed_see_every_end(new):
         t.join(WAIT)
 
 
-def test_callbacks_run_once_when_added_before_or_after_the_end(new):
-    future, calls = new(), []
+def test_callbacks_run_once_when_added_before_or_after_the_end():
+    future, calls = RequestFuture(), []
     future.add_done_callback(calls.append)
     future.set_result(1)
     future.add_done_callback(calls.append)
     assert calls == [future, future]
 
 
-def test_cancel_only_before_running_and_it_calls_the_hook(new):
-    queued, hooked = new(), []
+def test_cancel_only_before_running_and_it_calls_the_hook():
+    queued, hooked = RequestFuture(), []
     queued.on_cancel = lambda future: hooked.append(future is queued)
     assert queued.cancel() and queued.cancelled() and hooked == [True]
     assert queued.cancel()  # again: still cancelled, the hook not run twice
@@ -89,15 +83,15 @@ def test_cancel_only_before_running_and_it_calls_the_hook(new):
     assert not queued.set_running_or_notify_cancel()
     with pytest.raises(cf.InvalidStateError):
         queued.set_result(1)
-    running = new()
+    running = RequestFuture()
     assert running.set_running_or_notify_cancel() and running.running()
     assert not running.cancel()
     running.set_result(2)
     assert running.result(0) == 2
 
 
-def test_wait_sees_a_cancellation_once_notified_as_with_a_stock_future(new):
-    future = new()
+def test_wait_sees_a_cancellation_once_notified_as_with_a_stock_future():
+    future = RequestFuture()
 
     def cancel() -> None:
         future.cancel()
@@ -108,16 +102,16 @@ def test_wait_sees_a_cancellation_once_notified_as_with_a_stock_future(new):
     assert future in done and future.cancelled()
 
 
-def test_asyncio_wrap_future_gets_results_and_cancels_the_source(new):
+def test_asyncio_wrap_future_gets_results_and_cancels_the_source():
     async def main() -> None:
-        answered = new()
+        answered = RequestFuture()
         answered_later(answered, "x", 0.01)
         assert await asyncio.wait_for(asyncio.wrap_future(answered), WAIT) == "x"
-        failing = new()
+        failing = RequestFuture()
         threading.Timer(0.01, failing.set_exception, (KeyError("k"),)).start()
         with pytest.raises(KeyError):
             await asyncio.wait_for(asyncio.wrap_future(failing), WAIT)
-        queued = new()
+        queued = RequestFuture()
         task = asyncio.ensure_future(asyncio.wrap_future(queued))
         await asyncio.sleep(0.01)
         task.cancel()
