@@ -11,9 +11,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from app.arguments import load_options
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
-from app.loading import load_options
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager

@@ -12,9 +12,9 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.arguments import network_options
 from app.console import plain_console
-from app.loading import network_options
-from runtime.bundle.network import export_onnx
+from runtime.bundle.contents import export_onnx
 from runtime.bundle.writer import Compiled, compile_bundle
 from runtime.devices import parse_devices
 from runtime.units import human_bytes, human_seconds

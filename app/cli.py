@@ -49,7 +49,7 @@ def _number(kind: type, low: float, high: float | None = None, *, above: bool = 
 
 
 def _replicas(text: str) -> int | str:
-    from runtime.replicas import FILL
+    from runtime.partition.replicas import FILL
 
     if text in FILL:
         return text
@@ -408,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             args = build_parser().parse_args(argv)  # imports the runtime (for MODES)
             if getattr(args, "ray_address", None):
-                from runtime.devices.ray_cluster import use_address
+                from runtime.devices.ray.cluster import use_address
 
                 use_address(args.ray_address)
             command = _handler(args.handler)

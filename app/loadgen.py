@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from runtime.devices.ort import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import PrismError, QueueFullError
 from runtime.graph import Graph
 from runtime.host import HostManager

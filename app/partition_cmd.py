@@ -9,8 +9,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from app.arguments import load, mode_and_map, output_file, writing
 from app.console import plain_console
-from app.loading import load, mode_and_map, output_file, writing
 from runtime.errors import PrismError
 from runtime.graph import Graph
 from runtime.partition import Plan, partition_steps

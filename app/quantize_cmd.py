@@ -13,8 +13,8 @@ import onnx
 from rich import box
 from rich.table import Table
 
+from app.arguments import mode_and_map
 from app.console import plain_console
-from app.loading import mode_and_map
 from app.profile_cmd import load_model, progress_bar
 from runtime.devices import parse_devices
 from runtime.graph import load_graph

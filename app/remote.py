@@ -34,7 +34,7 @@ from app.dashboard.source import (
 from runtime.bundle.plan_io import plan_from_dict
 from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError, first_line
-from runtime.events import Event
+from runtime.observe.events import Event
 from runtime.partition import Plan, Step
 from runtime.partition.dot import Outline
 

@@ -17,19 +17,19 @@ from rich.console import Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.arguments import load_options, output_file, writing
 from app.console import plain_console
 from app.loadgen import LoadGenerator, LoadStats
-from app.loading import load_options, output_file, writing
-from runtime.bundle.load import is_bundle
 from runtime.bundle.reader import read_bundle
 from runtime.devices import parse_devices
-from runtime.devices.ort import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
-from runtime.events import JsonlRecorder
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, check_feeds, input_specs
-from runtime.metrics import Metrics, MetricsSnapshot
-from runtime.trace import ChromeTrace
+from runtime.observe.events import JsonlRecorder
+from runtime.observe.metrics import Metrics, MetricsSnapshot
+from runtime.observe.trace import ChromeTrace
+from runtime.provision.from_bundle import is_bundle
 from runtime.units import human_bytes, human_seconds
 
 

@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from app.arguments import output_file, writing
 from app.console import plain_console
-from app.loading import output_file, writing
 from app.server.app import create_app
 from app.server.load_options import load_options
 from app.server.repository import SUFFIXES, ModelRepository
@@ -21,7 +21,7 @@ from app.server.state import ServerSettings, ServerState
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
-from runtime.trace import ChromeTrace
+from runtime.observe.trace import ChromeTrace
 from runtime.units import human_bytes
 
 TOKEN_VARIABLE = "PRISM_TOKEN"  # the token, kept off the command line (and out of `ps`)

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.common import result
 from runtime.devices import DeviceConfig
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort.options import session_options
 from runtime.host import HostManager
 
 CLIENTS = 64

@@ -28,14 +28,14 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.common import result
+from runtime.bundle.driver import load_stage
 from runtime.bundle.plan_io import plan_from_dict
 from runtime.bundle.reader import read_bundle
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
-from runtime.devices.ort_options import session_options
-from runtime.driver import load_stage
+from runtime.devices.ort.options import session_options
 from runtime.graph import load_graph
-from runtime.submodel import extract
+from runtime.partition.submodel import extract
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "tests" / "real_models" / "gpt2.onnx"

@@ -35,7 +35,7 @@ from app.server.state import MAX_BODY_BYTES
 from app.server.tensors import encode_response, parse_infer
 from benchmarks.common import median_seconds, result
 from runtime import DeviceConfig
-from runtime.devices.ort import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds

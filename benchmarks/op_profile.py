@@ -32,7 +32,7 @@ from rich.table import Table
 
 from benchmarks.common import median_seconds
 from benchmarks.quantized import MODELS, interleaved
-from runtime.devices.ort_options import profiled_run, session_options
+from runtime.devices.ort.options import profiled_run, session_options
 from runtime.graph import load_graph
 from runtime.quantize import QuantizeOptions, calibrate, check_samples, prepare
 

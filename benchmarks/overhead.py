@@ -7,7 +7,7 @@ import onnx
 
 from benchmarks.common import median_seconds, relu_model, result
 from runtime import DeviceConfig
-from runtime.devices.ort import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
 

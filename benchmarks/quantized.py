@@ -23,7 +23,7 @@ import onnxruntime as ort
 from benchmarks.common import result
 from benchmarks.digits import digits_classifier
 from runtime import DeviceConfig
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort.options import session_options
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.quantize import QuantizeOptions, calibrate, check_samples

@@ -11,7 +11,7 @@ from runtime.devices import DeviceConfig, parse_devices
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import Plan
-from runtime.replicas import twin_maps
+from runtime.partition.replicas import twin_maps
 
 
 def closed_loop(devices: list[DeviceConfig], model: str, clients: int, requests: int,

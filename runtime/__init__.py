@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # the names as mypy and readers see them
     from runtime.devices import DeviceConfig, parse_devices  # noqa: F401
     from runtime.errors import DeviceSpecError, ModelLoadError, PartitionError, PrismError  # noqa: F401
     from runtime.graph import Graph, Node, Tensor, load_graph  # noqa: F401
-    from runtime.host import HostManager  # noqa: F401
+    from runtime.host.manager import HostManager  # noqa: F401
     from runtime.partition import Partition, Plan, Transfer  # noqa: F401
 
 _EXPORTS = {
@@ -20,7 +20,7 @@ _EXPORTS = {
     "DeviceSpecError": "runtime.errors", "ModelLoadError": "runtime.errors",
     "PartitionError": "runtime.errors", "PrismError": "runtime.errors",
     "Graph": "runtime.graph", "Node": "runtime.graph", "Tensor": "runtime.graph",
-    "load_graph": "runtime.graph", "HostManager": "runtime.host",
+    "load_graph": "runtime.graph", "HostManager": "runtime.host.manager",
     "Partition": "runtime.partition", "Plan": "runtime.partition",
     "Transfer": "runtime.partition",
 }

@@ -26,7 +26,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.spec import parse_devices
 from runtime.errors import PrismError
 from runtime.graph import Graph, load_graph
-from runtime.host import HostManager
+from runtime.host.manager import HostManager
 from runtime.partition import canonical_devices, partition
 from runtime.partition.placement import Annotations, place
 

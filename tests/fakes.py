@@ -28,7 +28,7 @@ from onnx import TensorProto, helper
 from runtime.devices import Device, DeviceManager, DeviceStats, Program
 from runtime.devices.cpu import compile_cpu
 from runtime.devices.device import Done, Outputs, Tag
-from runtime.devices.ort import cpu_session
+from runtime.devices.ort.sessions import cpu_session
 from runtime.devices.sim import SimDevice
 from runtime.errors import ExecutionError, described, first_line
 from serving import MARKS, WAIT

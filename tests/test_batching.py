@@ -20,7 +20,6 @@ import pytest
 from fakes import FakeDevice, FaultySim, Gate, inject_marked
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.batching import Batcher, BatchingConfig, alike_but_first
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import (
     InvalidInputError,
@@ -28,9 +27,10 @@ from runtime.errors import (
     QueueFullError,
     RequestTimeoutError,
 )
+from runtime.executor.requests import Request, RequestQueue
 from runtime.host import HostManager
+from runtime.host.batching import Batcher, BatchingConfig, alike_but_first
 from runtime.inputs import InputSpec, ValueType
-from runtime.requests import Request, RequestQueue
 from serving import (
     FAULTS,
     MLP,

@@ -29,8 +29,8 @@ from bundles import (
     partition_arg,
     rewrite,
 )
+from runtime.bundle.contents import open_contents
 from runtime.bundle.match import match_devices, needs, parse_remap
-from runtime.bundle.network import open_contents
 from runtime.bundle.plan_io import plan_dict, plan_from_dict, rename_devices
 from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, WEIGHTS, read_bundle
 from runtime.bundle.writer import EXTERNAL_MIN_BYTES

@@ -61,8 +61,9 @@ def test_the_host_loads_a_bundle_without_partitioner_graph_or_onnx(tmp_path):
     assert not {m.split(".")[0] for m in new} & {"onnx", "networkx", "textual", "streamlit",
                                                  "rich", "app", "ui_tui", "ui_web"}
     for heavy in ("runtime.graph", "runtime.partition.partitioner", "runtime.partition.build",
-                  "runtime.submodel", "runtime.planning", "runtime.jit", "runtime.cost",
-                  "runtime.bundle.writer", "runtime.bundle.network"):
+                  "runtime.partition.submodel", "runtime.partition.planning",
+                  "runtime.provision.from_model", "runtime.cost",
+                  "runtime.bundle.writer", "runtime.bundle.contents"):
         assert heavy not in new, heavy
 
 

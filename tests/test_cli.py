@@ -19,9 +19,9 @@ import app.run_cmd
 from app.cli import main
 from dags import SAMPLES_DIR
 from runtime.devices import parse_devices
-from runtime.events import read_jsonl
 from runtime.graph import load_graph
 from runtime.inputs import input_specs
+from runtime.observe.events import read_jsonl
 from runtime.partition import partition_steps
 from runtime.partition.steps import STEP_KINDS
 

@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from runtime.devices.ort import supported_opset
+from runtime.devices.ort.sessions import supported_opset
 from runtime.onnx_backend import PrismBackend, PrismRep, default_devices
 
 FAILURES_FILE = Path(__file__).with_name("conformance_failures.toml")

@@ -9,10 +9,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHERS = {"app/tui_cmd.py": "ui_tui", "app/web_cmd.py": "ui_web"}
-HOST_SIDE = ("runtime.host", "runtime.dispatch", "runtime.network", "runtime.devices.manager",
-             "runtime.executor", "runtime.provision", "app.live", "app.loadgen", "app.replay")
+HOST_SIDE = ("runtime.host.manager", "runtime.host.dispatch", "runtime.provision.network",
+             "runtime.devices.manager", "runtime.executor.executor",
+             "runtime.provision.provisioner",
+             "app.live", "app.loadgen", "app.replay")
 UI_NEVER = ("app.cli", "app.run_cmd", "app.partition_cmd", "app.bench_cmd", "app.tui_cmd",
-            "app.web_cmd", "runtime.metrics", "runtime.events", "runtime.devices", *HOST_SIDE)
+            "app.web_cmd", "runtime.observe.metrics", "runtime.observe.events", "runtime.devices",
+            *HOST_SIDE)
 
 
 def imports(path: Path) -> set[str]:

@@ -36,8 +36,8 @@ from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
-from runtime.events import Event
 from runtime.graph import load_graph
+from runtime.observe.events import Event
 from runtime.partition import Plan, Step, partition, replay
 from runtime.partition.dot import Outline
 

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from runtime.deadlines import Deadlines
-from runtime.requests import Request
+from runtime.executor.requests import Request
+from runtime.host.deadlines import Deadlines
 
 LATE = 0.5  # seconds past its deadline an entry may end, on a loaded 2-core machine
 

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from runtime import events as ev_mod
-from runtime.events import (
+from runtime.observe import events as ev_mod
+from runtime.observe.events import (
     EVENT_KINDS,
     Event,
     EventBus,

@@ -13,11 +13,11 @@ from fakes import FakeDevice, Gate
 
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError
-from runtime.events import EventBus
+from runtime.executor.requests import Request
 from runtime.host import HostManager
-from runtime.jit import load_network
-from runtime.network import Network
-from runtime.requests import Request
+from runtime.observe.events import EventBus
+from runtime.provision.from_model import load_network
+from runtime.provision.network import Network
 from serving import MLP, TRANSFORMER, WAIT, assert_same, expected
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from runtime.futures import ReadyFuture, RequestFuture
+from runtime.executor.futures import ReadyFuture, RequestFuture
 
 WAIT = 10.0
 

@@ -17,7 +17,7 @@ from fakes import FakeDevice, FaultyManager, Gate, cut, retyped, without
 
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError, HostClosedError, PrismError, RequestTimeoutError
-from runtime.futures import ReadyFuture
+from runtime.executor.futures import ReadyFuture
 from runtime.host import HostManager
 from serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, idle, poll
 

@@ -11,11 +11,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import json, sys
-import runtime, runtime.host, runtime.events, runtime.metrics, runtime.partition
+import runtime, runtime.host.manager, runtime.observe.events, runtime.observe.metrics
+import runtime.partition
 import runtime.devices.manager
 ui = sorted(m for m in sys.modules
             if m.split(".")[0].startswith(("textual", "streamlit")))
-print(json.dumps({"ui": ui, "host": "runtime.host" in sys.modules}))
+print(json.dumps({"ui": ui, "host": "runtime.host.manager" in sys.modules}))
 """
 
 

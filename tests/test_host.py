@@ -15,7 +15,6 @@ import pytest
 from fakes import FakeDevice, FaultySim, Gate, blocking, inject_marked
 from onnx import TensorProto, helper
 
-from runtime import lean
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import (
     ExecutionError,
@@ -28,9 +27,9 @@ from runtime.errors import (
     QueueFullError,
     RequestTimeoutError,
 )
-from runtime.events import EVENT_KINDS, Event
-from runtime.host import HostManager
+from runtime.host import HostManager, lean
 from runtime.inputs import input_specs, random_feeds
+from runtime.observe.events import EVENT_KINDS, Event
 from runtime.partition import partition_steps
 from serving import (
     MLP,

@@ -9,11 +9,10 @@ import threading
 import numpy as np
 from fakes import FaultyManager, Gate
 
-from runtime import lean
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError
-from runtime.host import HostManager
-from runtime.metrics import Metrics
+from runtime.host import HostManager, lean
+from runtime.observe.metrics import Metrics
 from serving import MLP, WAIT, Events, assert_same, expected, poll
 
 STEPS = ("partition.run.started", "partition.run.finished", "request.queued",

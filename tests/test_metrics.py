@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from runtime.events import Event, read_jsonl, write_jsonl
-from runtime.metrics import Metrics, MetricsSnapshot, Percentiles, slowest_partition
+from runtime.observe.events import Event, read_jsonl, write_jsonl
+from runtime.observe.metrics import Metrics, MetricsSnapshot, Percentiles, slowest_partition
 
 T0 = 1000.0
 GAP = 0.2  # between request arrivals: no two requests' runs overlap (latency <= 100 ms)

@@ -38,7 +38,7 @@ from dags import (
 from runtime import HostManager
 from runtime.cost import link_seconds, transfer_seconds
 from runtime.devices import DeviceConfig
-from runtime.devices.ort import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import PartitionError
 from runtime.graph import Graph, load_graph
 from runtime.inputs import input_specs, random_feeds

@@ -23,7 +23,7 @@ from app.cli import main
 from benchmarks.digits import Digits, digits_classifier
 from runtime.cost import device_seconds, graph_costs
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort.options import session_options
 from runtime.errors import DeviceSpecError, PartitionError
 from runtime.graph import load_graph
 from runtime.host import HostManager

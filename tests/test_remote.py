@@ -14,7 +14,7 @@ from app.server.state import ServerSettings
 from app.sources import SourceSettings
 from dags import SAMPLES_DIR
 from runtime.errors import PrismError
-from runtime.events import Event
+from runtime.observe.events import Event
 from servers import call, serving
 
 MLP = SAMPLES_DIR / "mlp.onnx"

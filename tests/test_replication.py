@@ -17,8 +17,8 @@ from runtime.errors import PrismError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import partition
-from runtime.provision import twins
-from runtime.replicas import twin_maps
+from runtime.partition.replicas import twin_maps
+from runtime.provision.provisioner import twins
 from serving import CNN, MLP, WAIT, assert_same, expected
 
 

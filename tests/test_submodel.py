@@ -14,14 +14,19 @@ from onnx import TensorProto, helper
 
 from dags import SAMPLE_NAMES, SAMPLES_DIR
 from runtime.cost import graph_costs
-from runtime.devices import ort as ort_helpers
-from runtime.devices.ort import cpu_session, same_ops, supported_ir_version, supported_opset
+from runtime.devices.ort import sessions as ort_helpers
+from runtime.devices.ort.sessions import (
+    cpu_session,
+    same_ops,
+    supported_ir_version,
+    supported_opset,
+)
 from runtime.devices.spec import parse_devices
 from runtime.errors import PartitionError, ProvisionError
 from runtime.graph import Graph, load_graph, subgraphs
 from runtime.partition import Partition, partition
 from runtime.partition.build import build_plan
-from runtime.submodel import extract
+from runtime.partition.submodel import extract
 
 BATCH = 2
 

@@ -13,8 +13,8 @@ from app.cli import main
 from dags import SAMPLES_DIR
 from runtime.devices import parse_devices
 from runtime.host import HostManager
+from runtime.observe.trace import ChromeTrace
 from runtime.partition.plan import Plan
-from runtime.trace import ChromeTrace
 from servers import call, serving
 
 CNN = SAMPLES_DIR / "cnn.onnx"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from app.dashboard.colors import NO_COLOR
 from runtime.devices.device import DeviceStats
-from runtime.metrics import MetricsSnapshot
+from runtime.observe.metrics import MetricsSnapshot
 from runtime.partition import Plan
 
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from runtime.bundle.network import Contents
+from runtime.bundle.contents import Contents
 from runtime.devices import parse_devices
 from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
-from runtime.events import Event
 from runtime.graph import Graph
+from runtime.observe.events import Event
 from runtime.partition import Plan, Step, partition_steps
 from runtime.partition.dot import Outline
 from runtime.partition.record import finish, tap

@@ -14,7 +14,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app.server.run_thread import RunThread
-from runtime.futures import answer_of
+from runtime.executor.futures import answer_of
 
 T = TypeVar("T")
 OFFLOAD_BYTES = 256 << 10  # decoding, checking or encoding more than this leaves the loop

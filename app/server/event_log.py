@@ -13,7 +13,7 @@ import itertools
 import threading
 from collections import deque
 
-from runtime.events import Event, EventBus
+from runtime.observe.events import Event, EventBus
 
 KEEP = 50_000  # events kept for clients to resume from
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import PrismError
-from runtime.replicas import FILL
+from runtime.partition.replicas import FILL
 
 PARAMETERS = ("partition", "devices", "replicas", "max_batch_size", "max_queue_delay_ms",
               "preferred_batch_sizes", "version", "config")

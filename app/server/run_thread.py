@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import HostClosedError, described
-from runtime.futures import chain_into
+from runtime.executor.futures import chain_into
 from runtime.host import HostManager
 
 IDLE_POLL = 0.5  # bound on each idle wait; close() also wakes the thread

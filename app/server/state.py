@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from app.server.catalog import Catalog
 from app.server.event_log import EventLog
-from app.server.metrics import ServerMetrics
+from app.server.prometheus import ServerMetrics
 from app.server.repository import ModelRepository
 from app.server.run_thread import RunThread
 from runtime.host import HostManager
+from runtime.observe.trace import ChromeTrace
 from runtime.partition.plan import Plan
-from runtime.trace import ChromeTrace
 
 MAX_BODY_BYTES = 64 << 20  # Triton's default --http-max-input-size
 

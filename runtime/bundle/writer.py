@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from runtime.batching import BatchingConfig, check_batchable
+from runtime.bundle.driver import RUNS_IN_ORT, load_stage
 from runtime.bundle.plan_io import plan_dict
 from runtime.bundle.reader import (
     EXTERNAL_LOCATION,
@@ -32,17 +32,17 @@ from runtime.bundle.reader import (
     read_bundle,
 )
 from runtime.devices.config import DeviceConfig
-from runtime.devices.ort import loadable, supported_ir_version
-from runtime.devices.ort_options import session_options
-from runtime.driver import RUNS_IN_ORT, load_stage
+from runtime.devices.ort.options import session_options
+from runtime.devices.ort.sessions import loadable, supported_ir_version
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, load_graph
+from runtime.host.batching import BatchingConfig, check_batchable
 from runtime.inputs import input_specs
 from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.plan import Plan
+from runtime.partition.planning import plan_network
 from runtime.partition.steps import Step
-from runtime.planning import plan_network
-from runtime.submodel import extract
+from runtime.partition.submodel import extract
 from runtime.versions import versions
 
 # Initializers this size and up go to weights.bin; smaller ones (shape vectors, axes)

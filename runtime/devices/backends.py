@@ -39,7 +39,7 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
-_MODULES = {"ray": "ray_device"}  # backend -> its module, where the names differ
+_MODULES = {"ray": "ray.device"}  # backend -> its module, where the names differ
 
 
 def register(name: str, device: DeviceFactory, ops: OpsLister,

@@ -11,7 +11,7 @@ from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.manager import DeviceManager
-from runtime.devices.ort_options import new_session
+from runtime.devices.ort.options import new_session
 from runtime.errors import ProvisionError, first_line
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -73,7 +73,7 @@ def cpu_ops() -> frozenset[str] | None:
 
 
 def cpu_accepts(node, graph) -> str | None:
-    from runtime.devices.ort_kernels import ort_problem
+    from runtime.devices.ort.kernels import ort_problem
 
     return ort_problem(node, graph)
 

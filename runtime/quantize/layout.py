@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from runtime.devices.ort_options import profiled_run
+from runtime.devices.ort.options import profiled_run
 from runtime.graph import Graph, load_graph
 from runtime.inputs import input_specs, random_feeds
 from runtime.precision import node_precisions

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.server.metrics import CONTENT_TYPE
+from app.server.prometheus import CONTENT_TYPE
 from app.server.state import ServerState
 
 

@@ -28,11 +28,11 @@ from starlette.routing import BaseRoute, Route
 from app.dashboard.source import MODES, PartitionSteps
 from app.server.routes.body import json_response
 from app.server.state import ServerState
-from runtime.bundle.network import open_contents
+from runtime.bundle.contents import open_contents
 from runtime.bundle.plan_io import plan_dict
 from runtime.errors import PrismError
+from runtime.observe.trace import ChromeTrace
 from runtime.partition.dot import Outline
-from runtime.trace import ChromeTrace
 
 PREFIX = "/v2/prism"
 POLL_SECONDS = 0.05

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.events import Event
+from runtime.observe.events import Event
 
 ERRORS_KEPT = 20
 

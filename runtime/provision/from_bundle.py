@@ -20,17 +20,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.batching import BatchingConfig, check_batchable
 from runtime.bundle.match import match_devices
 from runtime.bundle.plan_io import plan_from_dict, rename_devices
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
 from runtime.devices.device import Device, Program
 from runtime.errors import BundleError, PrismError, drop_frames, first_line
+from runtime.host.batching import BatchingConfig, check_batchable
 from runtime.inputs import InputSpec, Signature
-from runtime.network import Network, place, publish_plan
 from runtime.partition.plan import Plan
+from runtime.partition.replicas import further, twin_maps
 from runtime.partition.steps import Step
-from runtime.replicas import further, twin_maps
+from runtime.provision.network import Network, place, publish_plan
 
 if TYPE_CHECKING:
     from runtime.graph import Graph
@@ -135,7 +135,7 @@ def _load(name: str, bundle: Bundle, devices: Mapping[str, Device], bus: Any,
 def bundle_graph(origin: LoadedBundle, name: str) -> Graph:
     """The whole network's graph, from the bundle's network.onnx: onnx and the graph IR
     load here, only when someone asks for the graph."""
-    from runtime.bundle.network import network_model
+    from runtime.bundle.contents import network_model
     from runtime.graph import load_graph
 
     return load_graph(network_model(origin.file), bindings=origin.manifest["bindings"],

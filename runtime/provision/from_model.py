@@ -9,16 +9,16 @@ from typing import Any
 
 import onnx
 
-from runtime.batching import BatchingConfig, check_batchable
 from runtime.devices.device import Device, Program
 from runtime.graph import Graph, load_graph
+from runtime.host.batching import BatchingConfig, check_batchable
 from runtime.inputs import signature
-from runtime.network import Network, place, publish_plan
 from runtime.partition.plan import Plan
-from runtime.planning import PartitionSpec, plan_network
-from runtime.provision import one_line_errors
-from runtime.replicas import further, twin_maps
-from runtime.submodel import extract
+from runtime.partition.planning import PartitionSpec, plan_network
+from runtime.partition.replicas import further, twin_maps
+from runtime.partition.submodel import extract
+from runtime.provision.network import Network, place, publish_plan
+from runtime.provision.provisioner import one_line_errors
 
 ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded already
 

@@ -35,7 +35,7 @@ from prometheus_client import (
 from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
 
-from runtime.events import Event, EventBus
+from runtime.observe.events import Event, EventBus
 
 KINDS = ("request.", "partition.run.finished", "device.memory", "queue.depth")
 REASONS = {"RequestTimeoutError": "REJECTED", "CancelledError": "CANCELED",

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.events import Event, EventBus
+from runtime.observe.events import Event, EventBus
 from runtime.partition.plan import Plan
 
 KINDS = ("partition.run.finished", "queue.depth", "device.memory")

@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from runtime.devices.ort_options import new_session, session_options
+from runtime.devices.ort.options import new_session, session_options
 from runtime.errors import ProvisionError, first_line
 from runtime.graph import DEFAULT_DOMAINS, subgraphs
 

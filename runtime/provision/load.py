@@ -8,15 +8,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.batching import BatchingConfig
-from runtime.bundle.load import is_bundle, load_bundle
 from runtime.devices.device import Device
 from runtime.errors import PrismError
-from runtime.network import Network
+from runtime.host.batching import BatchingConfig
+from runtime.provision.from_bundle import is_bundle, load_bundle
+from runtime.provision.network import Network
 
 if TYPE_CHECKING:
-    from runtime.jit import ModelSource
-    from runtime.planning import PartitionSpec
+    from runtime.partition.planning import PartitionSpec
+    from runtime.provision.from_model import ModelSource
 
 
 def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
@@ -36,7 +36,7 @@ def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any,
     if remap:
         raise PrismError("remap applies to bundles (NAME.prism); a model is planned onto "
                          "the host's devices as they are named")
-    from runtime.jit import load_network
+    from runtime.provision.from_model import load_network
 
     return load_network(name, model, devices, bus, partition=partition or "balanced",
                         annotations=annotations, fallback=fallback,

@@ -35,10 +35,10 @@ import numpy as np
 from runtime.devices.device import Outputs, Runner, Tag, bad_result
 from runtime.devices.remote import local
 from runtime.errors import ExecutionError, described
+from runtime.executor.checks import OutputCheck
+from runtime.executor.requests import Request
 from runtime.inputs import Signature
-from runtime.outputs import OutputCheck
-from runtime.provision import LoadedPartition
-from runtime.requests import Request
+from runtime.provision.provisioner import LoadedPartition
 
 Done = Callable[[Request, Outputs | None, BaseException | None], None]
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from runtime.devices.ort_options import session_options
+from runtime.devices.ort.options import session_options
 from runtime.devices.timeline import Timeline
 from runtime.errors import first_line
 

@@ -16,21 +16,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.batching import Batcher, BatchingConfig
 from runtime.devices.device import Device, Program
 from runtime.errors import DeviceSpecError
-from runtime.executor import Executor
+from runtime.executor.checks import OutputCheck
+from runtime.executor.executor import Executor
+from runtime.executor.requests import Request
+from runtime.host.batching import Batcher, BatchingConfig
 from runtime.inputs import InputSpec, Signature
-from runtime.outputs import OutputCheck
 from runtime.partition.plan import Plan
 from runtime.partition.steps import Step
-from runtime.provision import LoadedPartition, provision, twin_groups, unload
-from runtime.requests import Request
+from runtime.provision.provisioner import LoadedPartition, provision, twin_groups, unload
 
 if TYPE_CHECKING:
-    from runtime.bundle.load import LoadedBundle
     from runtime.graph import Graph
-    from runtime.lean import LeanRun
+    from runtime.host.lean import LeanRun
+    from runtime.provision.from_bundle import LoadedBundle
 
 
 @dataclass(eq=False)

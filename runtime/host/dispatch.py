@@ -16,8 +16,6 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from functools import partial
 
-from runtime.batching import Batcher, Finish, alike_but_first, split
-from runtime.deadlines import Deadlines
 from runtime.devices.device import Outputs
 from runtime.errors import (
     DeviceLostError,
@@ -28,11 +26,13 @@ from runtime.errors import (
     RequestTimeoutError,
     described,
 )
-from runtime.events import EventBus
-from runtime.executor import Executor
-from runtime.futures import RequestFuture
-from runtime.network import Network
-from runtime.requests import Request, RequestQueue
+from runtime.executor.executor import Executor
+from runtime.executor.futures import RequestFuture
+from runtime.executor.requests import Request, RequestQueue
+from runtime.host.batching import Batcher, Finish, alike_but_first, split
+from runtime.host.deadlines import Deadlines
+from runtime.observe.events import EventBus
+from runtime.provision.network import Network
 
 CANCELLED = CancelledError("cancelled")
 

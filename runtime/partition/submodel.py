@@ -4,7 +4,7 @@
 
 The sub-model keeps declared types (symbolic dims too, so any batch size runs) and is
 stamped with an IR version and ai.onnx opset the installed onnxruntime accepts
-(`runtime.devices.ort.loadable`).
+(`runtime.devices.ort.sessions.loadable`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from runtime.devices.ort import loadable
+from runtime.devices.ort.sessions import loadable
 from runtime.errors import ProvisionError
 from runtime.graph import Graph
 from runtime.partition.plan import Partition

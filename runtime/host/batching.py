@@ -40,8 +40,8 @@ from runtime.errors import (
     PrismError,
     QueueFullError,
 )
+from runtime.executor.requests import Request, RequestQueue
 from runtime.inputs import InputSpec
-from runtime.requests import Request, RequestQueue
 
 Finish = Callable[[Request, dict | None, BaseException | None], None]
 

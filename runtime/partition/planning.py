@@ -11,8 +11,8 @@ from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition import MODES, Plan, partition_steps
 from runtime.partition.record import finish, tap
+from runtime.partition.replicas import planned_over
 from runtime.partition.steps import Step
-from runtime.replicas import planned_over
 
 PartitionSpec = str | Path | Mapping  # a mode, or a user map (file or mapping)
 

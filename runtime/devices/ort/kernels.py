@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from runtime.devices import ort as accepted  # by module: tests can narrow what it accepts
 from runtime.devices.backends import defines_function
+from runtime.devices.ort import sessions as accepted  # by module: tests can narrow what it accepts
 from runtime.graph import DEFAULT_DOMAINS, Graph, Node, subgraphs
 
 _CONSTANTS = frozenset({"Constant"})  # folded into initializers at load; no kernel needed

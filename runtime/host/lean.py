@@ -38,14 +38,14 @@ import numpy as np
 
 from runtime.devices.device import bad_result
 from runtime.errors import ExecutionError, RequestTimeoutError
-from runtime.futures import ReadyFuture
+from runtime.executor.futures import ReadyFuture
+from runtime.executor.requests import Request, checked_timeout
 from runtime.inputs import check_feeds
-from runtime.requests import Request, checked_timeout
 
 if TYPE_CHECKING:
-    from runtime.dispatch import Dispatcher
-    from runtime.executor import Executor
-    from runtime.network import Network
+    from runtime.executor.executor import Executor
+    from runtime.host.dispatch import Dispatcher
+    from runtime.provision.network import Network
 
 LEAN_WAIT = 1.0  # seconds a lean caller waits in its device's line before queueing instead
 

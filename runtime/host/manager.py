@@ -21,11 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.batching import BatchingConfig
 from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
-from runtime.dispatch import Dispatcher
 from runtime.errors import (
     HostClosedError,
     NetworkExistsError,
@@ -33,20 +31,22 @@ from runtime.errors import (
     PrismError,
     QueueFullError,
 )
-from runtime.events import EventBus
-from runtime.futures import answer_of
+from runtime.executor.futures import answer_of
+from runtime.executor.requests import DEFAULT_TIMEOUT, Request, checked_timeout
+from runtime.host.batching import BatchingConfig
+from runtime.host.dispatch import Dispatcher
+from runtime.host.lean import lean_run
 from runtime.inputs import InputSpec, check_feeds
-from runtime.lean import lean_run
-from runtime.loading import load
-from runtime.network import Network, device_pool, unload_network
+from runtime.observe.events import EventBus
 from runtime.partition.plan import Plan
-from runtime.requests import DEFAULT_TIMEOUT, Request, checked_timeout
+from runtime.provision.load import load
+from runtime.provision.network import Network, device_pool, unload_network
 
 if TYPE_CHECKING:
-    from runtime.bundle.load import LoadedBundle
     from runtime.graph import Graph
-    from runtime.jit import ModelSource
-    from runtime.planning import PartitionSpec
+    from runtime.partition.planning import PartitionSpec
+    from runtime.provision.from_bundle import LoadedBundle
+    from runtime.provision.from_model import ModelSource
 
 
 @dataclass(frozen=True)

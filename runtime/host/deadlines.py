@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from runtime.requests import Request
+from runtime.executor.requests import Request
 
 
 class Deadlines:

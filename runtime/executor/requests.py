@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import PrismError
-from runtime.futures import RequestFuture
+from runtime.executor.futures import RequestFuture
 
 _ids = itertools.count(1)
 DEFAULT_TIMEOUT = 300.0  # seconds: a request's timeout unless its host or network says

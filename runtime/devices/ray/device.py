@@ -30,12 +30,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from runtime.devices import ray_cluster
 from runtime.devices.backends import register
 from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import cpu_ops
 from runtime.devices.device import Device, DeviceStats, Done, Outputs, Program, Tag
-from runtime.devices.ray_actor import PartitionWorker, Status
+from runtime.devices.ray import cluster as ray_cluster
+from runtime.devices.ray.actor import PartitionWorker, Status
 from runtime.devices.remote import RemoteValue
 from runtime.errors import (
     DeviceLostError,

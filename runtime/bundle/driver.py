@@ -1,0 +1,321 @@
+"""The standalone driver: runs a bundle's schedule table with onnxruntime alone.
+
+    with open_bundle("gpt2.prism", policy="pipelined") as driver:
+        outputs = driver.run({"input_ids": ids, "attention_mask": mask})
+
+Table-driven: each schedule row names a partition, its device, the tensors it reads
+and writes and the rows it waits for; the policy, chosen at open, decides how rows run:
+
+- `serial`: one row after another, in table order, on the caller's thread.
+- `parallel`: one request at a time; rows whose inputs are ready run at once, each on
+  its device's worker thread (a device runs one row at a time).
+- `pipelined`: the same workers with many requests in flight, so one request's later
+  rows overlap the next one's earlier rows; `run` may be called from many threads.
+
+It imports only numpy, onnxruntime, the bundle reader and the session options it shares
+with the just-in-time path (no partitioner, no onnx, no events); tests/test_driver.py
+checks that in a fresh interpreter. `cpu` and `sim` rows
+run in onnxruntime (a `sim` row computes its values; the driver models no time);
+`reference` rows need onnx's evaluator and are refused.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
+from runtime.devices.ort.options import new_session
+from runtime.errors import (
+    BundleError,
+    ExecutionError,
+    InvalidInputError,
+    RequestTimeoutError,
+    drop_frames,
+    first_line,
+)
+
+POLICIES = ("serial", "parallel", "pipelined")
+RUNS_IN_ORT = ("cpu", "sim")
+DEFAULT_TIMEOUT = 300.0  # seconds `run` waits for an answer (parallel, pipelined)
+_POLL = 0.5  # bound on each idle worker wait
+
+
+class Stage:
+    """One schedule row, loaded: its session and the names it reads and writes."""
+
+    __slots__ = ("after", "device", "index", "names", "partition", "reads", "session", "weights")
+
+    def __init__(self, index: int, row: Mapping, session: ort.InferenceSession,
+                 weights: np.ndarray):
+        self.index, self.partition, self.device = index, row["partition"], row["device"]
+        self.reads, self.after = tuple(row["reads"]), tuple(row["after"])
+        self.session = session
+        self.weights = weights  # keeps the mapping alive while onnxruntime may read it
+        self.names = [o.name for o in session.get_outputs()]
+
+    def run(self, feeds: dict) -> dict:
+        return dict(zip(self.names, self.session.run(self.names, feeds), strict=True))
+
+
+def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
+    """A schedule row's partition as an onnxruntime session; BundleError if it will not."""
+    where = f"{bundle.path}: partition {row['partition']}"
+    if row["backend"] not in RUNS_IN_ORT:
+        raise BundleError(f"{where} runs on a {row['backend']} device; the driver runs "
+                          f"{' and '.join(RUNS_IN_ORT)} partitions only")
+    model, weights = bundle.member(row["model"]), bundle.weights()
+    try:
+        session = new_session(model, row["threads"], {EXTERNAL_LOCATION: weights})
+    except Exception as exc:
+        raise BundleError(f"{where} does not load in onnxruntime {ort.__version__}: "
+                          f"{first_line(exc)}") from None
+    return Stage(index, row, session, weights)
+
+
+class _Request:
+    __slots__ = ("future", "landed", "lock", "missing", "values")
+
+    def __init__(self, values: dict, missing: list[int]):
+        self.values, self.missing, self.landed = values, missing, 0
+        self.lock = threading.Lock()
+        self.future: Future = Future()
+
+
+class _Worker:
+    """A device's thread: runs its rows, one at a time, in arrival order."""
+
+    def __init__(self, driver: Driver, device: str):
+        self.driver = driver
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=f"prism-driver-{device}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = self.jobs.get(timeout=_POLL)
+            except queue.Empty:
+                if self.driver.closed:
+                    return
+                continue
+            if job is None:
+                return
+            self.driver._execute(*job)
+
+
+class Driver:
+    """Runs one bundle under one policy. Make it with `open_bundle`."""
+
+    def __init__(self, bundle: Bundle, stages: list[Stage], policy: str,
+                 timeout: float = DEFAULT_TIMEOUT):
+        manifest = bundle.manifest
+        self.bundle, self.stages, self.policy, self.timeout = bundle, stages, policy, timeout
+        self.network: str = manifest["network"]
+        self.inputs: list[dict] = manifest["inputs"]
+        self.outputs: list[str] = manifest["outputs"]
+        self.constants = bundle.constants()
+        # the table's dependencies: rows each row waits for, rows each row releases
+        index = {s.partition: s.index for s in stages}
+        self._waits = [len(s.after) for s in stages]
+        self._releases: list[list[Stage]] = [[] for _ in stages]
+        for stage in stages:
+            for name in stage.after:
+                self._releases[index[name]].append(stage)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._in_flight: set[_Request] = set()
+        self._one_at_a_time = threading.Lock() if policy == "parallel" else None
+        self._workers = {} if policy == "serial" else {
+            d: _Worker(self, d) for d in dict.fromkeys(s.device for s in stages)}
+
+    def __repr__(self) -> str:
+        return (f"Driver({self.network}, {len(self.stages)} partitions, {self.policy}"
+                f"{', closed' if self.closed else ''})")
+
+    # -- requests ----------------------------------------------------------------------
+
+    def run(self, feeds: Mapping[str, object], timeout: float | None = None
+            ) -> dict[str, np.ndarray]:
+        """One request: graph output name -> array. Raises InvalidInputError for bad feeds,
+        ExecutionError naming the partition and device that failed, RequestTimeoutError
+        after `timeout` seconds (the driver's default) under parallel and pipelined."""
+        if self.closed:
+            raise BundleError(f"the driver for {self.network} is closed")
+        values = {**self._check(feeds), **self.constants}
+        if self.policy == "serial":
+            for stage in self.stages:
+                values.update(self._call(stage, {t: values[t] for t in stage.reads}))
+            return {t: values[t] for t in self.outputs}
+        wait = self.timeout if timeout is None else timeout
+        if self._one_at_a_time is None:
+            return self._await(self._start(values), wait)
+        if not self._one_at_a_time.acquire(timeout=wait):
+            raise RequestTimeoutError(f"{self.network}: no turn to run within {wait:g} s")
+        try:
+            return self._await(self._start(values), wait)
+        finally:
+            self._one_at_a_time.release()
+
+    def _await(self, request: _Request, wait: float) -> dict[str, np.ndarray]:
+        try:
+            return request.future.result(timeout=wait)
+        except FutureTimeout:
+            self._end(request, error=RequestTimeoutError(
+                f"{self.network}: no answer within {wait:g} s"))
+            return request.future.result(timeout=0)
+
+    def _start(self, values: dict) -> _Request:
+        request = _Request(values, list(self._waits))
+        with self._lock:
+            if self.closed:
+                raise BundleError(f"the driver for {self.network} is closed")
+            self._in_flight.add(request)
+        if not self.stages:
+            self._end(request, {t: values[t] for t in self.outputs})
+        for stage in self.stages:
+            if request.missing[stage.index] == 0:
+                self._workers[stage.device].jobs.put((stage, request))
+        return request
+
+    def _execute(self, stage: Stage, request: _Request) -> None:
+        """A worker runs one row of one request, then hands on the rows it made ready."""
+        if self.closed or request.future.done():
+            return  # failed, timed out or closed meanwhile: the rest is abandoned
+        try:
+            with request.lock:
+                feeds = {t: request.values[t] for t in stage.reads}
+            outputs = self._call(stage, feeds)
+            ready = []
+            with request.lock:
+                request.values.update(outputs)
+                for nxt in self._releases[stage.index]:
+                    request.missing[nxt.index] -= 1
+                    if request.missing[nxt.index] == 0:
+                        ready.append(nxt)
+                request.landed += 1
+                finished = request.landed == len(self.stages)
+        except BaseException as exc:  # the first error wins; the request ends with it
+            self._end(request, error=exc)
+            return
+        for nxt in ready:
+            self._workers[nxt.device].jobs.put((nxt, request))
+        if finished:
+            self._end(request, {t: request.values[t] for t in self.outputs})
+
+    def _end(self, request: _Request, outputs: dict | None = None,
+             error: BaseException | None = None) -> None:
+        """Settle a request exactly once (later calls are ignored)."""
+        with self._lock:
+            if request not in self._in_flight:
+                return
+            self._in_flight.discard(request)
+        if error is None:
+            request.future.set_result(outputs)
+        else:
+            request.future.set_exception(error)
+
+    def _call(self, stage: Stage, feeds: dict) -> dict:
+        try:
+            return stage.run(feeds)
+        except Exception as exc:
+            error = ExecutionError(f"{self.network}/{stage.partition} on {stage.device}: "
+                                   f"{first_line(exc)}")
+            error.partition, error.device = stage.partition, stage.device
+            raise error from None
+
+    def _check(self, feeds: Mapping[str, object]) -> dict:
+        """Feeds by input name, each tensor checked for dtype, rank and fixed dimensions."""
+        if not isinstance(feeds, Mapping):
+            raise InvalidInputError(f"feeds for {self.network} must be a dict of input name "
+                                    f"-> array, got {type(feeds).__name__}")
+        names = [i["name"] for i in self.inputs]
+        extra = sorted(set(feeds) - set(names))
+        if extra:
+            raise InvalidInputError(f"{self.network} has no input {extra[0]!r}; inputs are "
+                                    f"{', '.join(map(repr, names))}")
+        out = {}
+        for spec in self.inputs:
+            name, dtype, dims = spec["name"], spec["dtype"], spec["dims"]
+            value = feeds.get(name)
+            if spec["kind"] != "tensor":
+                out[name] = value  # sequences and optionals: onnxruntime checks them
+                continue
+            if value is None:
+                raise InvalidInputError(f"input {name!r} of {self.network} is missing: "
+                                        f"expected {_describe(dtype, dims)}")
+            array = np.asarray(value)
+            if (dtype is not None and array.dtype != np.dtype(dtype)) or not _fits(dims,
+                                                                                array.shape):
+                raise InvalidInputError(
+                    f"input {name!r} of {self.network}: expected {_describe(dtype, dims)}, "
+                    f"got {array.dtype} [{', '.join(map(str, array.shape))}]")
+            out[name] = array
+        return out
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the workers (each waited for up to `timeout`), fail requests still in
+        flight, release every session and the bundle. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            pending = list(self._in_flight)
+        for worker in self._workers.values():
+            worker.jobs.put(None)
+        for worker in self._workers.values():
+            worker.thread.join(timeout)
+        for request in pending:
+            self._end(request, error=BundleError(f"the driver for {self.network} closed "
+                                                 f"before the request finished"))
+        self.stages, self._workers = [], {}
+        self.bundle.close()
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _fits(dims: list | None, shape: tuple[int, ...]) -> bool:
+    """Rank and every fixed dimension agree (symbolic or unknown ones take anything)."""
+    return dims is None or (len(dims) == len(shape) and all(
+        not isinstance(d, int) or d == n for d, n in zip(dims, shape, strict=True)))
+
+
+def _describe(dtype: str | None, dims: list | None) -> str:
+    shape = "?" if dims is None else ", ".join("?" if d is None else str(d) for d in dims)
+    return f"{dtype or '?'} [{shape}]"
+
+
+def open_bundle(path: str | Path, policy: str = "serial", *,
+                timeout: float = DEFAULT_TIMEOUT) -> Driver:
+    """Open a bundle and load every partition; BundleError (one line) with nothing left
+    open if the file is not a sound bundle or a partition does not load."""
+    if policy not in POLICIES:
+        raise BundleError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    bundle = read_bundle(path)
+    stages: list[Stage] = []
+    try:
+        for i, row in enumerate(bundle.manifest["schedule"]):
+            stages.append(load_stage(bundle, i, row))
+        return Driver(bundle, stages, policy, timeout)
+    except BaseException as exc:
+        stages.clear()  # sessions, and the frames that held the weights, go before the
+        drop_frames(exc)  # mapping they read, so it closes
+        bundle.close()
+        if isinstance(exc, KeyError | TypeError | ValueError):
+            raise BundleError(f"{bundle.path}: manifest is malformed: {first_line(exc)}"
+                              ) from None
+        raise
