@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime.bundle.match import parse_remap
+from runtime.bundle.reader import is_bundle
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.partition import MODES
-from runtime.provision.from_bundle import is_bundle
 
 if TYPE_CHECKING:
     from runtime.graph import Graph

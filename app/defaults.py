@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from runtime.bundle.reader import read_bundle
+from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.config import DeviceConfig
-from runtime.provision.from_bundle import is_bundle
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 DEFAULT_MODEL = SAMPLES / "cnn.onnx"

@@ -24,6 +24,7 @@ from app.dashboard.source import (
 from app.defaults import DEFAULT_MODEL, DEFAULT_RATE, default_devices
 from app.loadgen import LoadGenerator
 from runtime.bundle.contents import open_contents
+from runtime.bundle.reader import is_bundle
 from runtime.devices import parse_devices
 from runtime.devices.device import DeviceStats
 from runtime.errors import DeviceMemoryError, PrismError
@@ -31,7 +32,6 @@ from runtime.host import HostManager
 from runtime.observe.events import Event, JsonlRecorder, write_jsonl
 from runtime.partition import Plan
 from runtime.partition.dot import Outline
-from runtime.provision.from_bundle import is_bundle
 
 MAX_QUEUE = 1000
 EVENTS_KEPT = 100_000  # events the dashboard's subscription holds between two polls

@@ -23,13 +23,13 @@ from app.dashboard.source import (
 from app.defaults import DEFAULT_DEVICES, DEFAULT_MODEL
 from runtime.bundle.contents import open_contents
 from runtime.bundle.plan_io import rename_devices
+from runtime.bundle.reader import is_bundle
 from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
 from runtime.graph import load_graph
 from runtime.observe.events import Event, read_jsonl
 from runtime.partition import Plan
 from runtime.partition.dot import Outline
-from runtime.provision.from_bundle import is_bundle
 
 
 class Recording(ReadOnly):

@@ -20,7 +20,7 @@ from rich.table import Table
 from app.arguments import load_options, output_file, writing
 from app.console import plain_console
 from app.loadgen import LoadGenerator, LoadStats
-from runtime.bundle.reader import read_bundle
+from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices import parse_devices
 from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
@@ -29,7 +29,6 @@ from runtime.inputs import InputSpec, check_feeds, input_specs
 from runtime.observe.events import JsonlRecorder
 from runtime.observe.metrics import Metrics, MetricsSnapshot
 from runtime.observe.trace import ChromeTrace
-from runtime.provision.from_bundle import is_bundle
 from runtime.units import human_bytes, human_seconds
 
 

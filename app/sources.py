@@ -17,10 +17,9 @@ from app.defaults import default_devices
 from app.live import LiveRuntime
 from app.replay import Recording
 from runtime.bundle.match import match_devices, parse_remap
-from runtime.bundle.reader import read_bundle
+from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices import parse_devices
 from runtime.errors import BundleError, PrismError
-from runtime.provision.from_bundle import is_bundle
 
 ENV_PREFIX = "PRISM_WEB_"
 

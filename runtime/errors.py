@@ -1,5 +1,7 @@
 """Typed errors. Every message is one line that names the thing at fault."""
 
+from __future__ import annotations
+
 
 class PrismError(Exception):
     """Base of every error Prism raises on purpose."""
@@ -48,6 +50,10 @@ class InvalidInputError(PrismError):
 
 class QueueFullError(PrismError):
     """The host's request queue is at `max_queue`."""
+
+    @classmethod
+    def at(cls, limit: int) -> QueueFullError:
+        return cls(f"request queue is full ({limit} waiting); retry later or raise max_queue")
 
 
 class NetworkNotFoundError(PrismError):

@@ -27,10 +27,10 @@ from onnx import TensorProto, helper
 
 from runtime.devices import Device, DeviceManager, DeviceStats, Program
 from runtime.devices.cpu import compile_cpu
-from runtime.devices.device import Done, Outputs, Tag
 from runtime.devices.ort.sessions import cpu_session
 from runtime.devices.sim import SimDevice
 from runtime.errors import ExecutionError, described, first_line
+from runtime.types import Outputs, RunDone, Tag
 from serving import MARKS, WAIT
 
 Mangle = Callable[[int, dict, Outputs], Outputs]
@@ -169,7 +169,7 @@ class FakeDevice(Faults, Device):
     def _uninstall(self, key: str) -> None:
         self._sessions.pop(key, None)
 
-    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
+    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: RunDone
              ) -> None:
         with self._lock:
             closed = self._closed

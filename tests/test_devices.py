@@ -213,16 +213,12 @@ def test_call_runs_in_arrival_order_under_many_callers(managers):
     assert m.stats().runs == 200
 
 
-@pytest.fixture(params=["run_now", "runner"])
-def inline(request):
-    """A run on the caller's thread, both ways a device offers one: `run_now`, and the
-    `runner` the lean path holds on a device that hands out no `InlineProgram`."""
-    if request.param == "run_now":
-        return lambda device, key, feeds, wait=0.0: device.run_now(key, feeds, None, wait)
-    return lambda device, key, feeds, wait=0.0: device.runner(key)(feeds, wait)
+def inline(device, key, feeds, wait=0.0):
+    """A run on the caller's thread: the device's one fast path."""
+    return device.run_now(key, feeds, None, wait)
 
 
-def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers, inline):
+def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
     gate = threading.Event()
     pa, pb, busy = Probe(), Probe(), Probe(gate=gate)
     a = managers("a", functions={"k": pa, "busy": busy})
@@ -249,7 +245,7 @@ def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers, i
     assert nested == [None, {"y": 2}] and pb.calls[-1] == (2, "prism-b")
 
 
-def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers, inline):
+def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers):
     gate = threading.Event()
     probe, busy = Probe(), Probe(gate=gate)
     a = managers("a", functions={"k": probe, "busy": busy})
@@ -271,7 +267,7 @@ def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(manager
     assert a.stats().runs == 2
 
 
-def test_close_lets_a_waiting_caller_go(managers, inline):
+def test_close_lets_a_waiting_caller_go(managers):
     gate = threading.Event()
     busy = Probe(gate=gate)
     a = managers("a", functions={"k": Probe(), "busy": busy})
@@ -307,7 +303,7 @@ class Forward:
         return {"y": feeds["x"]}
 
 
-def test_an_inline_run_counts_as_a_device_thread(managers, inline):
+def test_an_inline_run_counts_as_a_device_thread(managers):
     pb = Probe()
     b = managers("b", functions={"k": pb})
     forward = Forward(b)
@@ -318,7 +314,7 @@ def test_an_inline_run_counts_as_a_device_thread(managers, inline):
     assert not on_device_thread()
 
 
-def test_a_failing_run_fails_only_that_call(managers, inline):
+def test_a_failing_run_fails_only_that_call(managers):
     bus = Bus()
     m = managers("cpu1", bus=bus, functions={"bert/p2": Raiser(), "ok": Probe()})
     with pytest.raises(ExecutionError) as info:
@@ -339,27 +335,25 @@ def test_a_failing_run_fails_only_that_call(managers, inline):
     assert finished[0]["queue_wait"] >= 0 and finished[0]["run_seconds"] >= 0
 
 
-@pytest.mark.parametrize("backend", ["cpu", "sim"])  # sim keeps time: the general run
-def test_a_runner_checks_what_it_returns_and_counts_its_runs(managers, backend):
+@pytest.mark.parametrize("backend", ["cpu", "sim"])  # sim keeps time: its own `_invoke`
+def test_run_now_computes_counts_its_runs_and_declines_once_unloaded_or_closed(managers,
+                                                                               backend):
     m = managers("d0", backend)
     model, w = matmul_relu()
-    m.load("net/p0", Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000))
-    checked: list = []
-
-    def check(outputs):
-        checked.append(outputs)
-        return "y is all zeros" if not outputs["y"].any() else None
-
-    run = m.runner("net/p0", check)
-    feeds = {"x": RNG.standard_normal((5, 8)).astype(np.float32) + 1}
-    out = run(feeds)
+    program = Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000)
+    m.load("net/p0", program)
+    feeds = {"x": RNG.standard_normal((5, 8)).astype(np.float32)}
+    out = m.run_now("net/p0", feeds)
     np.testing.assert_allclose(out["y"], np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
-    assert checked == [out]
-    with pytest.raises(ExecutionError) as bad:
-        run({"x": np.zeros((2, 8), np.float32)})
-    assert str(bad.value) == "d0 returned a bad result for net/p0: y is all zeros"
-    assert run(feeds, 0.5) is not None  # the device was given back
-    assert m.stats().runs == 3 and m.stats().busy_seconds > 0
+    assert m.run_now("net/p0", feeds, None, 0.5) is not None  # the device was given back
+    assert m.stats().runs == 2 and m.stats().busy_seconds > 0
+    m.unload("net/p0")
+    with pytest.raises(ExecutionError, match="d0 failed running net/p0: net/p0 is not loaded"):
+        m.run_now("net/p0", feeds)
+    m.load("net/p0", program)
+    m.close(1.0)
+    assert m.run_now("net/p0", feeds) is None and m.run_now("net/p0", feeds, None, 0.5) is None
+    assert m.stats().runs == 2  # what never ran is not counted
 
 
 class Interrupting(Bus):
@@ -500,39 +494,3 @@ def test_supported_ops():
     assert ref is not None and {"Add", "MatMul", "Gelu"} <= ref and "OpRun" not in ref
     assert supported_ops("sim") is None
     assert supported_ops("cpu") is cpu  # cached
-
-
-def test_inline_program_is_the_devices_lock_binding_and_tally_while_loaded(managers):
-    """What the lean path runs in its own frame: the device's run lock (a caller holding it
-    keeps every other run out), onnxruntime's binding, and the device's own run count; no
-    longer live once unloaded or closed. A device that keeps time, or a function with no
-    binding, hands out none."""
-    m = managers("d0")
-    model, w = matmul_relu()
-    program = Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000)
-    m.load("net/p0", program)
-    inline = m.inline_program("net/p0")
-    assert inline is not None and inline is m.inline_program("net/p0") and inline.live
-    feeds = {"x": RNG.standard_normal((3, 8)).astype(np.float32)}
-    with inline.lock:
-        assert m.run_now("net/p0", feeds) is None  # the device is held
-        (y,) = inline.call(["y"], feeds, None)
-        inline.account.runs += 1
-    np.testing.assert_allclose(y, np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
-    assert m.stats().runs == 1
-    blocking(m, "net/p0", feeds)
-    assert inline.account.runs == m.stats().runs == 2
-    with pytest.raises(ExecutionError, match="d0 failed running net/p0: boom"):
-        raise inline.failed(ValueError("boom"))
-    m.unload("net/p0")
-    assert not inline.live and m.inline_program("net/p0") is None
-    m.load("net/p0", program)
-    again = m.inline_program("net/p0")
-    assert again is not None and again is not inline and again.live
-    m.close(1.0)
-    assert not again.live and m.inline_program("net/p0") is None
-
-    sim = managers("s0", "sim")
-    sim.load("net/p0", program)
-    assert sim.inline_program("net/p0") is None  # its runs keep modelled time
-    assert managers("h0", functions={"k": Probe()}).inline_program("k") is None

@@ -17,7 +17,7 @@ from runtime.executor.requests import Request
 from runtime.host import HostManager
 from runtime.observe.events import EventBus
 from runtime.provision.from_model import load_network
-from runtime.provision.network import Network
+from runtime.provision.network import LoadedNetwork
 from serving import MLP, TRANSFORMER, WAIT, assert_same, expected
 
 
@@ -42,7 +42,7 @@ def loaded():
     """(network, its devices) on fake cpu devices; closed afterwards."""
     made: list[dict] = []
 
-    def load(model, spec: str, **kw) -> tuple[Network, dict[str, FakeDevice]]:
+    def load(model, spec: str, **kw) -> tuple[LoadedNetwork, dict[str, FakeDevice]]:
         devices = {c.name: FakeDevice(c) for c in parse_devices(spec)}
         made.append(devices)
         return load_network("t", model, devices, EventBus(), **kw), devices

@@ -19,9 +19,9 @@ from app.dashboard.rows import DeviceRow, PartitionRow, device_rows, partition_r
 from app.dashboard.series import WINDOW, Series, binned, padded
 from app.dashboard.source import MODES, BundleInfo, LoadSetting, RuntimeSource, Status
 from app.dashboard.stepper import Stepper
+from runtime.bundle.reader import is_bundle
 from runtime.observe.metrics import Metrics, Percentiles
 from runtime.partition import Plan
-from runtime.provision.from_bundle import is_bundle
 
 FASTER = 1.5  # one press of faster (slower divides)
 

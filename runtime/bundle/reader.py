@@ -31,6 +31,23 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 EXTERNAL_LOCATION = WEIGHTS  # what sub-models name as their external data file
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
+SUFFIX = ".prism"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def is_bundle(source: object) -> bool:
+    """A path to a bundle: named `*.prism`, or a file that starts as a zip does (an ONNX
+    file never does)."""
+    if not isinstance(source, str | Path):
+        return False
+    path = Path(source)
+    if path.suffix == SUFFIX:
+        return True
+    try:
+        with open(path, "rb") as fp:
+            return fp.read(4) == _ZIP_MAGIC
+    except OSError:
+        return False
 
 
 class Bundle:

@@ -36,13 +36,13 @@ from runtime.devices.ort.options import session_options
 from runtime.devices.ort.sessions import loadable, supported_ir_version
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, load_graph
-from runtime.host.batching import BatchingConfig, check_batchable
 from runtime.inputs import input_specs
 from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.plan import Plan
 from runtime.partition.planning import plan_network
 from runtime.partition.steps import Step
 from runtime.partition.submodel import extract
+from runtime.types import BatchingConfig, check_batchable
 from runtime.versions import versions
 
 # Initializers this size and up go to weights.bin; smaller ones (shape vectors, axes)

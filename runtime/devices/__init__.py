@@ -1,4 +1,7 @@
-"""Devices: their configuration, the Device interface, backends and the in-process device.
+"""Devices: their configuration (`config`, `spec`), the Device interface (`device`), the
+backend registry (`backends`), the in-process device (`manager`) and one module per
+backend (`cpu`, `sim`, `reference`; `ray/` for devices that are Ray actors), with
+onnxruntime's part in `ort/`.
 
 Names load on first use (PEP 562): importing `runtime.devices.config` alone must not
 pull in the devices and their backends.

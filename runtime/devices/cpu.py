@@ -24,18 +24,16 @@ class OrtFunction:
         self.external = program.external if program is not None else {}
         self.output_names = tuple(o.name for o in session.get_outputs())
         self._names = list(self.output_names)
+        self._one = self._names[0] if len(self._names) == 1 else None  # the usual case
         # The binding under InferenceSession.run: its Python wrapper re-checks feeds we
         # have already checked, which costs microseconds a small model notices.
-        self._run = getattr(session, "_sess", None)
-        self.raw = self._run.run if self._run is not None else None  # for `inline_program`
+        binding = getattr(session, "_sess", None)
+        self._call = binding.run if binding is not None else session.run
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._run is not None:
-            outputs = self._run.run(self._names, feeds, None)
-        else:
-            outputs = self.session.run(self._names, feeds)
-        if len(outputs) == 1:  # the usual case, without a zip
-            return {self._names[0]: outputs[0]}
+        outputs = self._call(self._names, feeds, None)
+        if self._one is not None:
+            return {self._one: outputs[0]}
         return dict(zip(self.output_names, outputs, strict=True))
 
 

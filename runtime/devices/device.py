@@ -1,21 +1,27 @@
-"""The device interface: all the host, the provisioner and the executor use of a device.
+"""The device interface: all the host, the provisioner and the executor use of a device,
+and all a backend author writes.
 
     device.load("net/p0", program)           # account its bytes, then compile; or refuse
-    device.call("net/p0", feeds, tag, done)  # queue a run; done(outputs, error) once
-    device.run_now("net/p0", feeds)          # run on this thread if idle, else None
-    device.runner("net/p0", check)           # run_now bound to one program, outputs checked
-    device.inline_program("net/p0")          # its parts, for a caller's own frame, or None
+    device.call("net/p0", feeds, tag, done)  # the way to run: queue; done(outputs, error) once
+    device.run_now("net/p0", feeds)          # optional fast path: run on this thread, or None
     device.unload("net/p0"); device.stats(); device.close()
 
-An abstract base class rather than a Protocol: the memory account (weights add up,
-activations share one arena as large as the largest) and its refusal before anything is
-compiled are the same on every device, and the provisioner's rollback relies on them, so
-`load` and `unload` are written once here around two hooks (`_install`, `_uninstall`).
-What differs between devices is only how a program is compiled and kept, and how a run
-happens: `DeviceManager` (devices/manager.py) compiles in this process and runs on a
-worker thread of its own; a device in another process would ship `Program.model` (bytes)
-to its worker in `_install`, answer `call` asynchronously, and call `done` with an
-ExecutionError when the worker is lost. `run_now` is an optional fast path: the default
+A backend writes `_install` and `_uninstall` (compile and keep a program, drop it), `call`,
+`stats` and `close`. An abstract base class rather than a Protocol: the memory account
+(weights add up, activations share one arena as large as the largest) and its refusal
+before anything is compiled are the same on every device, and the provisioner's rollback
+relies on them, so `load` and `unload` are written once here around the two hooks.
+`DeviceManager` (devices/manager.py) compiles in this process and runs on a worker thread
+of its own; a device in another process (devices/ray/) ships `Program.model` (bytes) to
+its worker in `_install`, answers `call` asynchronously, and calls `done` with an
+ExecutionError when the worker is lost.
+
+`run_now` is the one optional fast path, and its contract is the whole of it: run on the
+caller's thread when the device is idle (or, given `wait`, once it is free within that
+many seconds) and the caller is not a device's own thread; return the outputs, or None
+having run nothing; raise an ExecutionError naming the device when the run fails; publish
+what `call` publishes for a `tag`; leave the device idle whatever passes through (a
+KeyboardInterrupt landing in the run goes on up the caller's thread). The default
 declines, and the executor then queues with `call`.
 """
 
@@ -24,58 +30,21 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runtime.devices.config import DeviceConfig
-from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from runtime.errors import DeviceMemoryError, ProvisionError
+from runtime.types import Outputs, RunDone, Tag
 from runtime.units import human_bytes
 
 if TYPE_CHECKING:
     import onnx
 
 log = logging.getLogger(__name__)
-
-Outputs = dict[str, np.ndarray]
-Done = Callable[[Outputs | None, ExecutionError | None], None]
-Tag = dict[str, Any]  # the fields a run's events carry (network, request, partition)
-Check = Callable[[Outputs], "str | None"]  # what is wrong with a run's outputs, or None
-Runner = Callable[[dict[str, np.ndarray], float], "Outputs | None"]  # `Device.runner`
-
-
-@dataclass(slots=True)
-class RunAccount:
-    """A device's runs and the seconds they took, counted with its run lock held."""
-
-    runs: int = 0
-    busy_seconds: float = 0.0
-
-
-@dataclass(eq=False)
-class InlineProgram:
-    """One loaded program in parts, for a caller that runs it on its own thread inside its
-    own frame: the lean path does for every request, where under 64 client threads each
-    Python call saved is ~2.5 % of a request. What `run_now` does, the caller does: hold
-    `lock` for the run (the device's: one run at a time); run only if `live` and not
-    `thread.device` (a device's own thread must queue, not run here), setting
-    `thread.device` meanwhile; `call(names, feeds, None)` returns those outputs as a list
-    (the compiled program's binding, no Python in between); count the run in `account`;
-    what it raised becomes `failed(exc)`."""
-
-    lock: Any
-    call: Callable[[Sequence[str], dict[str, np.ndarray], None], list]
-    thread: Any  # a threading.local: `device` is True on a thread running a device's job
-    account: RunAccount
-    failed: Callable[[Exception], ExecutionError]
-    live: bool = True  # False once unloaded or the device closed
-
-
-def bad_result(device: str, key: str, problem: str) -> ExecutionError:
-    return ExecutionError(f"{device} returned a bad result for {key}: {problem}")
-
 
 @dataclass(frozen=True)
 class Program:
@@ -220,7 +189,7 @@ class Device(ABC):
     # -- runs ----------------------------------------------------------------------------
 
     @abstractmethod
-    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
+    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: RunDone
              ) -> None:
         """Queue one run. `done(outputs, error)` is called exactly once, on any thread
         (possibly this one, at once, when the device cannot take it), whatever happens to
@@ -231,33 +200,9 @@ class Device(ABC):
 
     def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
                 wait: float = 0.0) -> Outputs | None:
-        """Run on the caller's thread if the device is idle and this thread may (the
-        executor's fast path: a thread hand-off costs tens of microseconds), else None;
-        raises ExecutionError if the run fails. With `wait`, a busy device lets the caller
-        wait for it up to that many seconds, then run. A BaseException that is not an
-        Exception (KeyboardInterrupt landing meanwhile) passes through, the device idle
-        again. A device that cannot (another process) keeps this default and always
-        declines."""
-        return None
-
-    def runner(self, key: str, check: Check | None = None) -> Runner:
-        """`run_now(key, feeds, None, wait)` bound to one loaded program, as
-        `runner(feeds, wait)`: what a caller running it again and again holds (the lean
-        path's executor). Outputs it returns have passed `check` (what is wrong with them,
-        or None); a problem raises ExecutionError naming the device."""
-
-        def run(feeds: dict[str, np.ndarray], wait: float = 0.0) -> Outputs | None:
-            outputs = self.run_now(key, feeds, None, wait)
-            if outputs is not None and check is not None and \
-                    (problem := check(outputs)) is not None:
-                raise bad_result(self.name, key, problem)
-            return outputs
-
-        return run
-
-    def inline_program(self, key: str) -> InlineProgram | None:
-        """The loaded program `key` in parts for a caller's own frame, or None (the default:
-        take `runner`)."""
+        """The optional fast path (its contract: this module's docstring): the outputs of a
+        run on this thread, or None. A thread hand-off costs tens of microseconds, which a
+        small model notices. This default declines."""
         return None
 
     @abstractmethod

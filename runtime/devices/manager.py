@@ -8,9 +8,6 @@ behind a lock, where a run on the worker costs two wake-ups and a Future. Like a
 is not fair: a caller back at once may take the device before a woken one, which keeps
 the device busy instead of idle through a wake-up.
 
-`inline_program` hands a program's parts (the run lock, onnxruntime's binding, the account) to
-the lean path, which does what `run_now` does inside its own frame.
-
 A thread running a job, worker or inline caller, counts as a device thread meanwhile, so
 work chained onward from inside a run queues on the next device instead of running the
 whole chain on one thread.
@@ -30,23 +27,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 
 from runtime.devices.config import DeviceConfig
-from runtime.devices.device import (
-    Device,
-    DeviceStats,
-    Done,
-    InlineProgram,
-    Outputs,
-    Program,
-    RunAccount,
-    Tag,
-)
+from runtime.devices.device import Device, DeviceStats, Program
 from runtime.errors import ExecutionError, ProvisionError, described, first_line
+from runtime.types import Outputs, RunDone, Tag
 
 __all__ = ["Compiler", "DeviceManager", "DeviceStats", "Function", "on_device_thread"]
 
@@ -72,11 +60,19 @@ class Function(Protocol):
 
     def run(self, feeds: dict[str, np.ndarray]) -> Outputs: ...
 
-    # optional: `raw(output names, feeds, None)` -> those outputs as a list, with no Python
-    # in between (onnxruntime's binding), for `DeviceManager.inline_program`
-
 
 Compiler = Callable[[Program, DeviceConfig], Function]
+# a loaded function's run, the device held: (feeds, tag, arrived) -> (outputs, error)
+_Run = Callable[[dict[str, np.ndarray], "Tag | None", "float | None"],
+                "tuple[Outputs | None, ExecutionError | None]"]
+
+
+@dataclass(slots=True)
+class RunAccount:
+    """A device's runs and the seconds they took, counted with its run lock held."""
+
+    runs: int = 0
+    busy_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -84,7 +80,7 @@ class _Job:
     key: str
     feeds: dict[str, np.ndarray]
     tag: Tag | None
-    done: Done
+    done: RunDone
     arrived: float
 
 
@@ -92,74 +88,49 @@ class DeviceManager(Device):
     def __init__(self, config: DeviceConfig, compile: Compiler, bus: Any = None):
         super().__init__(config, bus)
         self._compile = compile
-        self._functions: dict[str, Function] = {}
+        self._runs: dict[str, _Run] = {}  # key -> how its function runs (`_runner`)
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Job] = deque()
         self._running = threading.Lock()  # held through each run: the device is busy
         self._closed = False
         self._worker: threading.Thread | None = None
         self._tally = RunAccount()
-        self._inline: dict[str, InlineProgram] = {}  # handed out by `inline_program`
-        self._plain = type(self)._invoke is DeviceManager._invoke  # a modelled device's is not
 
     def _install(self, key: str, program: Program) -> None:
         if self._closed:
             raise ProvisionError(f"cannot load {key}: device {self.name} is closed")
-        function = self._compile(program, self.config)
+        run = self._runner(key, self._compile(program, self.config))
         with self._cond:
-            self._functions[key] = function
+            self._runs[key] = run
 
     def _uninstall(self, key: str) -> None:
         with self._cond:
-            self._functions.pop(key, None)
-            if (program := self._inline.pop(key, None)) is not None:
-                program.live = False
+            self._runs.pop(key, None)
 
     # -- runs ----------------------------------------------------------------------------
 
     def run_now(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None = None,
                 wait: float = 0.0) -> Outputs | None:
-        if not self._hold(wait):
+        """The device is taken at once when it is idle and nothing is queued, or within
+        `wait` seconds in its line; never on a device's own thread (a function that
+        forwards to another device must queue there)."""
+        local, running = _local, self._running
+        if local.device or not (running.acquire(True, wait) if wait > 0 else
+                                not self._queue and running.acquire(False)):
             return None
         try:  # from the moment the device is held: Ctrl-C may land on any line
             if self._closed:
                 return None
-            _local.device = True
-            outputs, error = self._run(key, feeds, tag, time.perf_counter())
+            local.device = True
+            outputs, error = (self._runs.get(key) or self._unloaded(key))(feeds, tag, None)
         finally:
-            _local.device = False
-            self._running.release()
+            local.device = False
+            running.release()
         if error is not None:
             raise error
         return outputs
 
-    def _hold(self, wait: float) -> bool:
-        """Take the device for a run on this thread: at once when it is idle and nothing
-        is queued, or within `wait` seconds in its line; never on a device's own thread (a
-        function that forwards to another device must queue there)."""
-        if self._closed or _local.device:
-            return False
-        if wait > 0:
-            return self._running.acquire(True, wait)
-        return not self._queue and self._running.acquire(blocking=False)
-
-    def inline_program(self, key: str) -> InlineProgram | None:
-        """For a device that keeps no time of its own, running a function with a `raw`
-        binding (onnxruntime's)."""
-        function = self._functions.get(key)
-        call = getattr(function, "raw", None)
-        if not self._plain or call is None:
-            return None
-        with self._cond:
-            if self._closed:
-                return None
-            program = self._inline.get(key)
-            if program is None:
-                program = self._inline[key] = InlineProgram(
-                    self._running, call, _local, self._tally, partial(self._failed, key))
-        return program
-
-    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: Done
+    def call(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, done: RunDone
              ) -> None:
         """Queue for the worker thread, which calls `done` (no Future: the executor chains
         its stages this way, a Future's locks costing microseconds per stage)."""
@@ -180,8 +151,6 @@ class DeviceManager(Device):
         deadline = time.monotonic() + timeout
         with self._cond:
             self._closed = True
-            for program in self._inline.values():
-                program.live = False
             dropped = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
@@ -213,7 +182,8 @@ class DeviceManager(Device):
                     job = self._queue.popleft()
                 self._running.acquire()  # held by a run on a caller's thread, at most
                 try:
-                    outputs, error = self._run(job.key, job.feeds, job.tag, job.arrived)
+                    run = self._runs.get(job.key) or self._unloaded(job.key)
+                    outputs, error = run(job.feeds, job.tag, job.arrived)
                 finally:
                     self._running.release()
                 answer, job = job, None  # answered from here on: never twice
@@ -237,33 +207,46 @@ class DeviceManager(Device):
             _settle(job, None, ExecutionError(f"{self.name} failed running {job.key}: {what} "
                                               f"(its worker thread died and was replaced)"))
 
-    def _run(self, key: str, feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float
-             ) -> tuple[Outputs | None, ExecutionError | None]:
-        """Run with `_running` held (its caller releases it) and publish the run's events.
-        Whatever passes through here (an interrupt while an event is published, say), the
-        run's figures and its finished event are kept."""
-        tagged = tag if tag is not None and self.publishing else None
-        start = time.perf_counter()
-        error: ExecutionError | None = None
-        outputs: Outputs | None = None
-        try:
-            if tagged is not None:
-                self.publish("partition.run.started", **tagged, device=self.name)
-            function = self._functions.get(key)
-            if function is None:
-                raise LookupError(f"{key} is not loaded")
-            outputs = self._invoke(key, function, feeds, arrived)
-        except Exception as exc:
-            error = self._failed(key, exc)
-        finally:  # also when a BaseException passes: the device must not stay busy
-            end = time.perf_counter()
-            self._tally.runs += 1  # under `_running`, as every run
-            self._tally.busy_seconds += end - start
-            if tagged is not None:
-                self.publish("partition.run.finished", **tagged, device=self.name,
-                             queue_wait=start - arrived, run_seconds=end - start,
-                             ok=outputs is not None)
-        return outputs, error
+    def _unloaded(self, key: str) -> _Run:
+        """The run of a key not loaded: it fails, naming the key."""
+        return lambda feeds, tag, arrived: (None, self._failed(
+            key, LookupError(f"{key} is not loaded")))
+
+    def _runner(self, key: str, function: Function) -> _Run:
+        """How `function` runs, the device held (its caller releases it), on the worker or
+        a caller's thread alike: counted, a failure an ExecutionError naming the device,
+        and with a `tag`, its events published. `arrived`: when it was queued (None: now).
+        Whatever passes through (an interrupt while an event is published, say), the run's
+        figures and its finished event are kept. A closure over what every run reads."""
+        tally, failed, clock = self._tally, self._failed, time.perf_counter
+        # A device that keeps no time of its own runs the function straight: a frame less
+        invoke = None if type(self)._invoke is DeviceManager._invoke else self._invoke
+        call = function.run
+
+        def run(feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float | None
+                ) -> tuple[Outputs | None, ExecutionError | None]:
+            tagged = tag if tag is not None and self.publishing else None
+            start = clock()
+            error: ExecutionError | None = None
+            outputs: Outputs | None = None
+            try:
+                if tagged is not None:
+                    self.publish("partition.run.started", **tagged, device=self.name)
+                outputs = call(feeds) if invoke is None else invoke(
+                    key, function, feeds, start if arrived is None else arrived)
+            except Exception as exc:
+                error = failed(key, exc)
+            finally:  # also when a BaseException passes: the device must not stay busy
+                end = clock()
+                tally.runs += 1  # under `_running`, as every run
+                tally.busy_seconds += end - start
+                if tagged is not None:
+                    self.publish("partition.run.finished", **tagged, device=self.name,
+                                 queue_wait=0.0 if arrived is None else start - arrived,
+                                 run_seconds=end - start, ok=outputs is not None)
+            return outputs, error
+
+        return run
 
     def _failed(self, key: str, exc: Exception) -> ExecutionError:
         error = ExecutionError(f"{self.name} failed running {key}: {first_line(exc)}")

@@ -16,9 +16,10 @@ import numpy as np
 from runtime.devices.backends import register
 from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import ort_function
-from runtime.devices.device import Outputs, Program
+from runtime.devices.device import Program
 from runtime.devices.manager import DeviceManager, Function
 from runtime.devices.timeline import Timeline
+from runtime.types import Outputs
 
 
 class SimDevice(DeviceManager):

@@ -11,36 +11,47 @@ real copy would cost (and `sim` devices are held for it). The first error wins a
 the request; its other partitions are abandoned.
 
 Guarded, whatever the device: a partition's outputs are checked against its declared
-ones before anything reads them (`outputs.OutputCheck`), and any failure of a run, an
+ones before anything reads them (`checks.OutputCheck`), and any failure of a run, an
 exception from the device included, ends the request with an ExecutionError naming the
 partition, the device and what went wrong. A BaseException that is not an Exception
 (KeyboardInterrupt during an inline run) ends the request the same way and then goes on
 up the caller's thread, where it was meant to land.
 
-`run_inline(feeds, wait)` is the lean path's run (one partition) on a device that hands
-out no `InlineProgram` (runtime/lean.py runs one itself): the device's runner on the
-caller's thread, its outputs checked there, or None when the device stays busy; `run_now`
-is the same with the run's events published.
+`run_now(feeds, wait)` runs a plan of one partition (`single`) on the caller's thread
+with no request record: the host's lean path (runtime/host/lean.py). It is the device's
+own fast path (`Device.run_now`) and the same output check every stage passes.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from runtime.devices.device import Outputs, Runner, Tag, bad_result
+from runtime.devices.device import Device
 from runtime.devices.remote import local
 from runtime.errors import ExecutionError, described
 from runtime.executor.checks import OutputCheck
-from runtime.executor.requests import Request
+from runtime.executor.requests import Request, RequestDone
 from runtime.inputs import Signature
-from runtime.provision.provisioner import LoadedPartition
+from runtime.partition.plan import Partition
+from runtime.types import Outputs, Tag
 
-Done = Callable[[Request, Outputs | None, BaseException | None], None]
+# run_now(feeds, wait=0.0, request=None): a one-partition plan run on the caller's thread
+SingleRun = Callable[..., "Outputs | None"]
+
+
+@dataclass(frozen=True)
+class LoadedPartition:
+    """A partition as the provisioner loaded it: on `device`, under `key`."""
+
+    partition: Partition
+    key: str
+    device: Device
 
 
 class _Run:
@@ -82,37 +93,36 @@ class Executor:
             self.parts[0].partition.inputs) == fed and set(self.outputs) <= set(
             self.parts[0].partition.outputs)
         self._reorder = self.single and list(self.parts[0].partition.outputs) != self.outputs
-        # The lean path's run without an InlineProgram: the device's runner, outputs checked
-        self.run_inline: Runner | None = None
-        if self.single:
-            lp = self.parts[0]
-            run = lp.device.runner(lp.key, self.checks[0].problem)
-            self.run_inline = partial(_in_order, run, self.outputs) if self._reorder else run
+        # A `single` plan on this thread, with no request record (the host's lean path)
+        self.run_now: SingleRun | None = self._single_run() if self.single else None
 
-    def failure(self, exc: BaseException) -> ExecutionError:
-        """What `run_inline` raised, as an ExecutionError naming the partition."""
-        return _failure(exc, self.parts[0])
-
-    def run_now(self, feeds: dict[str, np.ndarray], wait: float = 0.0,
-                request: int | None = None) -> Outputs | None:
-        """A `single` plan on this thread: the graph outputs, or None if its device stayed
-        busy (`wait`: seconds to wait in its line). Raises ExecutionError naming the
-        partition and the device. With a `request` id, the run publishes its events (with
-        none, `run_inline` is the same run in fewer frames)."""
+    def _single_run(self) -> SingleRun:
+        """`run_now` for a `single` plan, a closure over what each run reads."""
         lp = self.parts[0]
-        tag = None if request is None else {"network": self.network, "request": request,
-                                            "partition": lp.partition.name}
-        try:
-            outputs = lp.device.run_now(lp.key, feeds, tag, wait)
-        except Exception as exc:
-            raise _failure(exc, lp)  # noqa: B904 (its cause is kept)
-        if outputs is None:
-            return None
-        if (problem := self.checks[0].problem(outputs)) is not None:
-            raise _bad_result(problem, lp)
-        return {t: outputs[t] for t in self.outputs} if self._reorder else outputs
+        device_run, key, problem, network = lp.device.run_now, lp.key, self.checks[0].problem, \
+            self.network
+        order = self.outputs if self._reorder else None
 
-    def start(self, request: Request, done: Done) -> None:
+        def run_now(feeds: dict[str, np.ndarray], wait: float = 0.0,
+                    request: int | None = None) -> Outputs | None:
+            """The graph outputs, or None if its device stayed busy (`wait`: seconds to wait
+            in its line). Raises ExecutionError naming the partition and the device. With
+            a `request` id, the run publishes its events."""
+            tag = None if request is None else {"network": network, "request": request,
+                                                "partition": lp.partition.name}
+            try:
+                outputs = device_run(key, feeds, tag, wait)
+            except Exception as exc:
+                raise _failure(exc, lp)  # noqa: B904 (its cause is kept)
+            if outputs is None:
+                return None
+            if (wrong := problem(outputs)) is not None:
+                raise _bad_result(wrong, lp)
+            return outputs if order is None else {t: outputs[t] for t in order}
+
+        return run_now
+
+    def start(self, request: Request, done: RequestDone) -> None:
         """Run `request`; `done(request, outputs, error)` is called once when it ends."""
         run = _Run({**request.feeds, **self.constants}, list(self.missing))
         if not self.parts:
@@ -127,7 +137,7 @@ class Executor:
             return None
         return {"network": self.network, "request": request.id, "partition": lp.partition.name}
 
-    def _launch(self, run: _Run, request: Request, i: int, done: Done) -> None:
+    def _launch(self, run: _Run, request: Request, i: int, done: RequestDone) -> None:
         if run.failed or request.ended:
             return
         lp = self.parts[i]
@@ -153,7 +163,7 @@ class Executor:
                 return
         lp.device.call(lp.key, feeds, tag, partial(self._landed, run, request, done, i))
 
-    def _landed(self, run: _Run, request: Request, done: Done, i: int,
+    def _landed(self, run: _Run, request: Request, done: RequestDone, i: int,
                 outputs: Outputs | None, error: ExecutionError | None) -> None:
         if error is None and outputs is not None:
             self._advance(run, request, i, outputs, done)
@@ -162,12 +172,12 @@ class Executor:
             self._fail(run, request, done, _named(error or ExecutionError(
                 f"{lp.device.name} returned nothing for {lp.key}"), lp))
 
-    def _fail(self, run: _Run, request: Request, done: Done, error: BaseException) -> None:
+    def _fail(self, run: _Run, request: Request, done: RequestDone, error: BaseException) -> None:
         if not run.failed and not request.ended:
             run.failed = True
             done(request, None, error)
 
-    def _advance(self, run: _Run, request: Request, i: int, outputs: Outputs, done: Done
+    def _advance(self, run: _Run, request: Request, i: int, outputs: Outputs, done: RequestDone
                  ) -> None:
         if run.failed or request.ended:
             return
@@ -212,11 +222,5 @@ def _failure(exc: BaseException, lp: LoadedPartition) -> ExecutionError:
 
 
 def _bad_result(problem: str, lp: LoadedPartition) -> ExecutionError:
-    return _named(bad_result(lp.device.name, lp.key, problem), lp)
-
-
-def _in_order(run: Runner, names: list[str], feeds: dict[str, np.ndarray], wait: float = 0.0
-              ) -> Outputs | None:
-    """A runner's outputs in the graph's order (a partition may make them in another)."""
-    outputs = run(feeds, wait)
-    return None if outputs is None else {t: outputs[t] for t in names}
+    return _named(ExecutionError(f"{lp.device.name} returned a bad result for {lp.key}: "
+                                 f"{problem}"), lp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -13,6 +14,7 @@ import numpy as np
 
 from runtime.errors import PrismError
 from runtime.executor.futures import RequestFuture
+from runtime.types import Outputs
 
 _ids = itertools.count(1)
 DEFAULT_TIMEOUT = 300.0  # seconds: a request's timeout unless its host or network says
@@ -76,6 +78,10 @@ class Request:
     @property
     def ended(self) -> bool:
         return not self._token
+
+
+# a request (or a batch) ended: with its outputs, or an error; called once
+RequestDone = Callable[[Request, Outputs | None, BaseException | None], None]
 
 
 class RequestQueue:

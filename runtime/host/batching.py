@@ -27,7 +27,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -37,48 +36,11 @@ from runtime.errors import (
     ExecutionError,
     HostClosedError,
     InvalidInputError,
-    PrismError,
     QueueFullError,
 )
-from runtime.executor.requests import Request, RequestQueue
+from runtime.executor.requests import Request, RequestDone, RequestQueue
 from runtime.inputs import InputSpec
-
-Finish = Callable[[Request, dict | None, BaseException | None], None]
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    max_batch_size: int = 8
-    max_queue_delay_ms: float = 1.0
-    preferred_batch_sizes: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_queue_delay_ms < 0:
-            raise PrismError(f"batching needs max_batch_size >= 1 and max_queue_delay_ms >= "
-                             f"0, got {self.max_batch_size} and {self.max_queue_delay_ms}")
-        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(
-            {int(s) for s in self.preferred_batch_sizes if 0 < int(s) <= self.max_batch_size})))
-
-    @classmethod
-    def of(cls, value: BatchingConfig | Mapping | None) -> BatchingConfig | None:
-        if value is None or isinstance(value, BatchingConfig):
-            return value
-        unknown = set(value) - {"max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes"}
-        if unknown:
-            raise PrismError(f"batching: unknown setting(s) {sorted(unknown)}")
-        return cls(**value)
-
-
-def check_batchable(network: str, inputs: Mapping[str, Sequence | None],
-                    outputs: Mapping[str, Sequence | None]) -> None:
-    """Every input and output (name -> declared dims, None when unknown) must have a
-    symbolic first dimension, or batching is refused."""
-    for kind, tensors in (("input", inputs), ("output", outputs)):
-        for name, dims in tensors.items():
-            if not dims or isinstance(dims[0], int):
-                first = "no shape" if not dims else f"a fixed first dimension {dims[0]}"
-                raise PrismError(f"{network} cannot batch: {kind} {name!r} has {first}; "
-                                 f"dynamic batching needs a symbolic batch dimension")
+from runtime.types import BatchingConfig
 
 
 def alike_but_first(specs: Sequence[InputSpec]) -> bool:
@@ -134,8 +96,8 @@ class Batcher:
     queued on the device, so the device never waits for the batcher."""
 
     def __init__(self, name: str, config: BatchingConfig, in_flight: int, *,
-                 take_slot: Callable[[], bool], begin: Callable[[Request, Finish], None],
-                 finish: Finish, bus: Any = None, uniform: bool = False):
+                 take_slot: Callable[[], bool], begin: Callable[[Request, RequestDone], None],
+                 finish: RequestDone, bus: Any = None, uniform: bool = False):
         self.name, self.config, self.bus = name, config, bus
         self._uniform = uniform  # feeds always agree but in the first dimension: one key
         self._take_slot, self._begin, self._finish = take_slot, begin, finish
@@ -169,8 +131,7 @@ class Batcher:
             if self._closed:
                 raise HostClosedError("host is closed; it takes no more requests")
             if limit is not None and queue.size >= limit:
-                raise QueueFullError(f"request queue is full ({limit} waiting); retry later "
-                                     f"or raise max_queue")
+                raise QueueFullError.at(limit)
             queue.push(request)
             size = queue.size
             # Wake the batcher only when it has something to do: start the delay clock,

@@ -1,45 +1,64 @@
 """The host's slots: at most `max_active` requests run at once, each holding one slot from
 start to end; the rest wait in a priority queue (or in their network's batcher).
 
-`Dispatcher` starts requests on their network's least busy replica and is the one place
-where a request ends (`finish`): its future answered once, its end reported, its slot
-(or its place in line) given back, and whatever that slot lets start, started. One lock
-(`cv`) covers the slots, the queue, the deadlines and the host's registry of networks, so
-admitting a request costs one lock, and ending it one more.
+`Dispatcher` holds the registry of networks being served, admits requests (`refused`:
+the one admission check, on every path, the lean one included), starts them on their
+network's least busy replica, and is the one place where a request ends (`finish`): its
+future answered once, its end reported, its slot (or its place in line) given back, and
+whatever that slot lets start, started. One lock covers the slots, the queue, the
+deadlines and the registry, so admitting a request costs one lock, and ending it one
+more. `stop` and `retire` wait on it for requests to end; whatever ends one calls `wake`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError
-from functools import partial
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
 
-from runtime.devices.device import Outputs
 from runtime.errors import (
     DeviceLostError,
     ExecutionError,
     HostClosedError,
     NetworkBusyError,
+    NetworkExistsError,
     NetworkNotFoundError,
+    PrismError,
+    QueueFullError,
     RequestTimeoutError,
     described,
 )
 from runtime.executor.executor import Executor
 from runtime.executor.futures import RequestFuture
-from runtime.executor.requests import Request, RequestQueue
-from runtime.host.batching import Batcher, Finish, alike_but_first, split
+from runtime.executor.requests import Request, RequestDone, RequestQueue
+from runtime.host.batching import Batcher, alike_but_first, split
 from runtime.host.deadlines import Deadlines
+from runtime.host.serving import ServedNetwork
 from runtime.observe.events import EventBus
-from runtime.provision.network import Network
+from runtime.provision.network import LoadedNetwork
+from runtime.types import Outputs
+
+
+@dataclass(frozen=True)
+class HostStats:
+    slots: int  # max_active: requests that may be in flight at once
+    slots_used: int  # slots held, plus lean runs (they hold none, but run or wait to)
+    queued: int  # waiting for a slot, in the host's queue or a batcher
+    outstanding: dict[str, int]  # network -> requests accepted and not yet ended
+
 
 CANCELLED = CancelledError("cancelled")
+CLOSED = "host is closed; it takes no more requests"
+LOOK_AGAIN = 0.005  # seconds between looks of a waiting `stop` or `retire` (lean runs end unseen)
 
 
 class Dispatcher:
-    def __init__(self, networks: dict[str, Network | None], bus: EventBus, max_active: int):
-        self.networks, self.bus, self.max_active = networks, bus, max_active
+    def __init__(self, bus: EventBus, max_active: int):
+        self.networks: dict[str, ServedNetwork | None] = {}  # None: reserved while it loads
+        self.bus, self.max_active = bus, max_active
         lock = self.lock = threading.RLock()  # taken bare on hot paths: a Condition's
         self.cv = threading.Condition(lock)    # `with` is a Python call, the RLock's is not
         self.queue = RequestQueue()
@@ -52,12 +71,90 @@ class Dispatcher:
         self.waiting = 0  # threads in wait_for
         self.on_cancel = self._cancelled  # bound once
 
-    def batcher(self, net: Network) -> Batcher:
+    def batcher(self, net: LoadedNetwork) -> Batcher:
         """A batcher for `net`, lent this dispatcher's slots, replicas and ending."""
         assert net.batching is not None
         return Batcher(net.name, net.batching, 2 * net.stages, take_slot=self.take_for_batch,
-                       begin=partial(self.begin_batch, net), finish=self.finish, bus=self.bus,
+                       begin=self.begin_batch, finish=self.finish, bus=self.bus,
                        uniform=alike_but_first(net.specs))
+
+    # -- admission -----------------------------------------------------------------------
+
+    def refused(self, net: ServedNetwork, waiting: int | None = None, limit: float = math.inf
+                ) -> PrismError | None:
+        """Why `net` takes no request now, or None: the one admission check, on every path.
+        The host closing, `net` being removed, or (`waiting` given: it would queue behind
+        that many) the queue at `limit`. Read without the lock by the lean and batched
+        paths, whose tokens make the read safe (`stop` and `retire` set their flag, then
+        wait for the tokens to go)."""
+        if self.closing:
+            return HostClosedError(CLOSED)
+        if net.removing:
+            return NetworkNotFoundError(f"network {net.name!r} is being removed")
+        if waiting is not None and waiting >= limit:
+            return QueueFullError.at(int(limit))
+        return None
+
+    def wake(self) -> None:
+        """Wake `stop` or `retire` if they wait (`wait_for`), for a request to end."""
+        if self.waiting:
+            with self.lock:
+                self.cv.notify_all()
+
+    def submit(self, net: ServedNetwork, request: Request, limit: int, inline: bool
+               ) -> Future:
+        """Admit `request` to a slot, started now (its first stage on this thread when
+        `inline` and its device is idle) if one is free and nothing waits, else queued
+        behind at most `limit` others."""
+        with self.lock:
+            waiting = self.queue.size
+            start_now = self.slots_used < self.max_active and not waiting
+            if (refusal := self.refused(net, None if start_now else waiting, limit)) is not None:
+                raise refusal
+            net.accepted.append(None)
+            if request.deadline is not None:
+                self.deadlines.add_locked(request, request.deadline)
+            if start_now:
+                self.take_locked(request, net)
+                request.inline = inline
+            else:
+                self.queue.push(request)
+        if self.bus.active:
+            self.bus.publish("request.queued", network=net.name, request=request.id,
+                             priority=request.priority, queue_depth=waiting + (not start_now))
+        if start_now:
+            self.begin(request)
+            return request.future
+        self.cancellable(request)
+        if self.bus.active:
+            self.bus.publish("queue.depth", depth=waiting + 1, active=self.slots_used)
+        return request.future
+
+    def submit_batched(self, net: ServedNetwork, batcher: Batcher, request: Request,
+                       limit: int) -> Future:
+        """Admit `request` to its network's batcher, taking no lock of the host's (the
+        batcher's own admits it, `Batcher.push`). It is counted by a token in
+        `net.accepted`, put there before the check, as a lean run's is: `retire` either sees
+        it or it sees `removing`; `stop` closes the batchers, failing what they hold, so it
+        is either failed there or refused."""
+        tokens = net.accepted
+        tokens.append(None)
+        try:
+            if (refusal := self.refused(net)) is not None:
+                raise refusal
+            self.cancellable(request)
+            waiting = batcher.push(request, limit)
+        except BaseException:
+            tokens.pop()
+            self.wake()  # retire may be waiting for this token
+            raise
+        if request.deadline is not None:  # after the push: a request refused has none
+            self.deadlines.add(request, request.deadline)
+        if self.bus.active:
+            self.bus.publish("request.queued", network=net.name, request=request.id,
+                             priority=request.priority, queue_depth=waiting)
+            self.bus.publish("queue.depth", depth=waiting, active=self.slots_used)
+        return request.future
 
     def stop(self, timeout: float) -> bool:
         """Take no more requests, let accepted ones finish for up to `timeout`, fail the
@@ -84,21 +181,68 @@ class Dispatcher:
 
     # -- the registry --------------------------------------------------------------------
 
-    def network(self, name: str) -> Network:
-        """Under the lock: a loaded network by name, or NetworkNotFoundError."""
-        net = self.networks.get(name)
-        if net is None or net.removing:
-            state = "is being removed" if net else "is not loaded"
-            known = ", ".join(n for n, v in self.networks.items() if v) or "none"
-            raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
-        return net
+    def network(self, name: str) -> ServedNetwork:
+        """A network being served, by name, or NetworkNotFoundError naming those loaded."""
+        with self.lock:
+            net = self.networks.get(name)
+            if net is None or net.removing:
+                state = "is being removed" if net else "is not loaded"
+                known = ", ".join(n for n, v in self.networks.items() if v) or "none"
+                raise NetworkNotFoundError(f"network {name!r} {state} (loaded: {known})")
+            return net
 
-    def batchers_changed(self) -> None:
+    def admitting(self, name: str) -> ServedNetwork:
+        """The network a request to `name` goes to, or why there is none: the host closed,
+        or no such network (admission itself is `refused`, where the request is taken)."""
+        if self.closing:
+            raise HostClosedError(CLOSED)
+        return self.network(name)
+
+    def stats(self) -> HostStats:
+        with self.lock:
+            nets = [n for n in self.networks.values() if n is not None]
+            batched = sum(len(n.batcher) for n in nets if n.batcher is not None)
+            return HostStats(self.max_active,
+                             self.slots_used + sum(len(n.lean_runs) for n in nets),
+                             self.queue.size + batched, {n.name: n.in_flight for n in nets})
+
+    def clear(self) -> list[ServedNetwork]:
+        """Once stopped: every network, taken out of the registry (for unloading)."""
+        with self.lock:
+            nets = [n for n in self.networks.values() if n is not None]
+            self.networks.clear()
+            return nets
+
+    def served(self) -> list[ServedNetwork]:
+        with self.lock:
+            return [n for n in self.networks.values() if n is not None]
+
+    def reserve(self, name: str) -> None:
+        """Hold `name` while its network loads: a second add of it is refused at once."""
+        with self.lock:
+            if self.closing:
+                raise HostClosedError("host is closed")
+            if name in self.networks:
+                raise NetworkExistsError(f"a network named {name!r} is already added")
+            self.networks[name] = None
+
+    def release(self, name: str) -> None:
+        """Give up a reserved name (its load failed)."""
+        with self.lock:
+            del self.networks[name]
+
+    def register(self, net: ServedNetwork) -> None:
+        """Serve `net` under the name reserved for it."""
+        with self.lock:
+            self.networks[net.name] = net
+            self._batchers_changed()
+
+    def _batchers_changed(self) -> None:
         """Under the lock: the batchers to tell of freed slots, after a network came or went."""
         self.batchers = tuple(n.batcher for n in self.networks.values()
                               if n and n.batcher is not None)
 
-    def retire(self, name: str, wait: bool, timeout: float) -> Network:
+    def retire(self, name: str, wait: bool, timeout: float) -> ServedNetwork:
         """Take a network out of the registry once its requests have ended (up to
         `timeout`), or refuse (NetworkBusyError) and leave it serving."""
         with self.lock:
@@ -112,12 +256,12 @@ class Dispatcher:
                 raise NetworkBusyError(f"{name} still has {net.in_flight} requests after "
                                        f"{timeout:g} s; not removed")
             del self.networks[name]
-            self.batchers_changed()
+            self._batchers_changed()
         return net
 
     # -- slots ---------------------------------------------------------------------------
 
-    def take_locked(self, request: Request, net: Network) -> None:
+    def take_locked(self, request: Request, net: ServedNetwork) -> None:
         """Under the lock: a slot, and the least busy replica."""
         self.slots_used += 1
         request.slot = True
@@ -132,7 +276,7 @@ class Dispatcher:
             self.slots_used += 1
             return True
 
-    def _least_busy(self, net: Network) -> Executor:
+    def _least_busy(self, net: ServedNetwork) -> Executor:
         """Under the lock: fewest outstanding requests, least recently used on ties."""
         replica = min(net.replicas, key=lambda r: (r.outstanding, r.last_used))
         replica.outstanding += 1
@@ -153,8 +297,7 @@ class Dispatcher:
                 assert net is not None
                 self.take_locked(nxt, net)
                 ready.append(nxt)
-        if self.waiting:
-            self.cv.notify_all()
+        self.wake()
         return ready
 
     def _after_free(self, ready: list[Request]) -> None:
@@ -166,10 +309,18 @@ class Dispatcher:
             batcher.slot_freed()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Under the lock: wait for `predicate`, at most `timeout` seconds."""
+        """Under the lock: wait for `predicate`, at most `timeout` seconds. A request that
+        ends wakes this (`wake`); a lean run ends waking no one (it is the hot path), so
+        the predicate is also looked at every `LOOK_AGAIN` seconds."""
+        deadline = time.monotonic() + timeout
         self.waiting += 1
         try:
-            return self.cv.wait_for(predicate, timeout)
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(min(left, LOOK_AGAIN))
+            return True
         finally:
             self.waiting -= 1
 
@@ -237,12 +388,14 @@ class Dispatcher:
                 return
         self.finish(request, outputs, error)
 
-    def begin_batch(self, net: Network, batch: Request, done: Finish) -> None:
+    def begin_batch(self, batch: Request, done: RequestDone) -> None:
         """Run a batch (its members started by its batcher) on the least busy replica. Its
         deadline is its last member's: a batch stuck on its device gives its slot back
         once every member has ended (`_expire`)."""
         members = batch.members or ()
         with self.lock:
+            net = self.networks[batch.network]  # its members' tokens keep it registered
+            assert net is not None
             batch.replica = self._least_busy(net)
             net.running.update(members)
         deadlines = [m.deadline for m in members if m.deadline is not None]
@@ -286,8 +439,7 @@ class Dispatcher:
             ready = self._free_locked(request.replica) if freed else []
             if not freed:
                 self.queue.discard(request)
-                if self.waiting:  # remove_network waits for its last request to end
-                    self.cv.notify_all()
+                self.wake()  # remove_network waits for its last request to end
         if freed:
             self._after_free(ready)
         elif (not request.started_at or request.alone) and net is not None and \

@@ -5,8 +5,9 @@ in their network's batcher, until one of `max_active` slots is free; then a repl
 executor runs them. Every accepted request ends exactly once (`Dispatcher.finish`):
 outputs, an error, a timeout, a cancellation, or HostClosedError. Every request has a
 timeout unless one is turned off by name (math.inf), so a stuck device holds no request,
-and no slot, for ever. Loading is `network.py`'s job, slots and ending `dispatch.py`'s,
-batching `batching.py`'s, running a request over a plan `executor.py`'s.
+and no slot, for ever. Loading is the provisioner's (runtime/provision/), admission,
+slots and ending the dispatcher's (`dispatch`), the one-partition fast path `lean`'s,
+batching `batching`'s, running a request over a plan the executor's (runtime/executor/).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,37 +25,24 @@ import numpy as np
 from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
-from runtime.errors import (
-    HostClosedError,
-    NetworkExistsError,
-    NetworkNotFoundError,
-    PrismError,
-    QueueFullError,
-)
+from runtime.errors import PrismError
 from runtime.executor.futures import answer_of
 from runtime.executor.requests import DEFAULT_TIMEOUT, Request, checked_timeout
-from runtime.host.batching import BatchingConfig
-from runtime.host.dispatch import Dispatcher
-from runtime.host.lean import lean_run
-from runtime.inputs import InputSpec, check_feeds
+from runtime.host.dispatch import Dispatcher, HostStats
+from runtime.host.lean import lean_path
+from runtime.host.serving import ServedNetwork
+from runtime.inputs import InputSpec
 from runtime.observe.events import EventBus
 from runtime.partition.plan import Plan
 from runtime.provision.load import load
-from runtime.provision.network import Network, device_pool, unload_network
+from runtime.provision.network import device_pool, unload_network
+from runtime.types import BatchingConfig
 
 if TYPE_CHECKING:
+    from runtime.bundle.placed import LoadedBundle
     from runtime.graph import Graph
     from runtime.partition.planning import PartitionSpec
-    from runtime.provision.from_bundle import LoadedBundle
     from runtime.provision.from_model import ModelSource
-
-
-@dataclass(frozen=True)
-class HostStats:
-    slots: int  # max_active: requests that may be in flight at once
-    slots_used: int  # slots held, plus lean runs (they hold none, but run or wait to)
-    queued: int  # waiting for a slot, in the host's queue or a batcher
-    outstanding: dict[str, int]  # network -> requests accepted and not yet ended
 
 
 class HostManager:
@@ -79,9 +67,7 @@ class HostManager:
         self.max_queue = max_queue
         self.timeout = checked_timeout(timeout, "HostManager timeout")
         self.max_active = max_active or max(2, 2 * len(devices))
-        self._networks: dict[str, Network | None] = {}  # None: reserved while it loads
-        self._slots = Dispatcher(self._networks, self.bus, self.max_active)
-        self._lock = self._slots.lock  # one lock: the registry, admission and the slots
+        self._slots = Dispatcher(self.bus, self.max_active)  # the registry, admission, slots
 
     # -- networks ----------------------------------------------------------------------
 
@@ -111,82 +97,64 @@ class HostManager:
         `devices`: the names of the host's devices it may use (default: all of them).
         """
         pool = self.devices if devices is None else device_pool(self.devices, devices)
-        with self._lock:
-            if self._slots.closing:
-                raise HostClosedError("host is closed")
-            if name in self._networks:
-                raise NetworkExistsError(f"a network named {name!r} is already added")
-            limit = self.timeout if timeout is None else checked_timeout(
-                timeout, f"timeout of {name}")
-            self._networks[name] = None
+        limit = self.timeout if timeout is None else checked_timeout(timeout, f"timeout of {name}")
+        self._slots.reserve(name)
         try:
-            net = load(name, model, pool, self.bus, partition=partition,
-                       annotations=annotations, fallback=fallback, replicas=replicas,
-                       batching=BatchingConfig.of(batching), bindings=bindings, remap=remap)
+            loaded = load(name, model, pool, self.bus, partition=partition,
+                          annotations=annotations, fallback=fallback, replicas=replicas,
+                          batching=BatchingConfig.of(batching), bindings=bindings, remap=remap)
         except BaseException:
-            with self._lock:
-                del self._networks[name]
+            self._slots.release(name)
             raise
-        net.timeout = limit
-        if net.batching is not None:
-            net.batcher = self._slots.batcher(net)
-        net.lean_run = lean_run(net, self._slots)
-        with self._lock:
-            self._networks[name] = net
-            self._slots.batchers_changed()
-        origin = {} if net.bundle is None else {"bundle": net.bundle.path,
-                                                "placed": net.bundle.devices}
-        self.bus.publish("network.loaded", network=name, mode=net.plan.mode,
-                         partitions=len(net.plan.partitions),
-                         nodes=sum(len(p.nodes) for p in net.plan.partitions),
-                         devices=sorted({p.device for p in net.plan.partitions}), **origin)
-        return net.plan
+        try:
+            served = ServedNetwork(loaded, limit, self._slots.batcher,
+                                   partial(lean_path, slots=self._slots))
+        except BaseException:
+            unload_network(loaded, self.bus)
+            self._slots.release(name)
+            raise
+        self._slots.register(served)
+        origin = {} if loaded.bundle is None else {"bundle": loaded.bundle.path,
+                                                   "placed": loaded.bundle.devices}
+        plan = loaded.plan
+        self.bus.publish("network.loaded", network=name, mode=plan.mode,
+                         partitions=len(plan.partitions),
+                         nodes=sum(len(p.nodes) for p in plan.partitions),
+                         devices=sorted({p.device for p in plan.partitions}), **origin)
+        return plan
 
     def remove_network(self, name: str, wait: bool = True, timeout: float = 30.0) -> None:
         """Unload a network. Waits up to `timeout` for its requests, or refuses at once."""
         net = self._slots.retire(name, wait, timeout)
         if net.batcher is not None:
             net.batcher.close()
-        unload_network(net, self.bus)
+        unload_network(net.loaded, self.bus)
 
     def replicas(self, name: str) -> int:
         """How many replicas of the network's plan are loaded."""
-        with self._lock:
-            return len(self._slots.network(name).replicas)
+        return len(self._slots.network(name).replicas)
 
     def plan(self, name: str) -> Plan:
-        with self._lock:
-            return self._slots.network(name).plan
+        return self._slots.network(name).loaded.plan
 
     def graph(self, name: str) -> Graph:
         """The network's graph (a bundle's is loaded from it on the first call)."""
-        with self._lock:
-            net = self._slots.network(name)
-        return net.graph
+        return self._slots.network(name).loaded.graph
 
     def inputs(self, name: str) -> list[InputSpec]:
         """What the network takes as feeds."""
-        with self._lock:
-            return self._slots.network(name).specs
+        return self._slots.network(name).specs
 
     def bundle(self, name: str) -> LoadedBundle | None:
         """The bundle the network was loaded from (its manifest and schedule, on this
         host's devices), or None for one loaded from an ONNX model."""
-        with self._lock:
-            return self._slots.network(name).bundle
+        return self._slots.network(name).loaded.bundle
 
     def networks(self) -> list[str]:
-        with self._lock:
-            return [n for n, net in self._networks.items() if net is not None]
+        return [net.name for net in self._slots.served()]
 
     def stats(self) -> HostStats:
-        with self._lock:
-            nets = [n for n in self._networks.values() if n is not None]
-            batched = sum(len(n.batcher) for n in nets if n.batcher is not None)
-            return HostStats(self.max_active,
-                             self._slots.slots_used + sum(len(n.lean_runs) for n in nets),
-                             self._slots.queue.size + batched,
-                             {n.name: n.in_flight for n in nets})
+        return self._slots.stats()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -202,73 +170,21 @@ class HostManager:
         out). `inline=False` never runs anything on this thread: for callers that must not
         block, like load generators and servers.
         """
-        net = self._networks.get(name)
+        net = self._slots.networks.get(name)
         if inline and net is not None and (lean := net.lean_run) is not None:
             ready = lean(feeds, timeout, priority)  # it checks the host and the network
             if ready is not None:
                 return ready
-        if net is None or net.removing or self._slots.closing:
-            with self._lock:
-                if self._slots.closing:
-                    raise HostClosedError("host is closed; it takes no more requests")
-                net = self._slots.network(name)
-        checked = check_feeds(name, net.specs, feeds)
+        if net is None:
+            net = self._slots.admitting(name)  # raises why not (admission is the slots')
+        checked = net.check_feeds(feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
         now = time.monotonic()
         request = Request(name, checked, priority, now + timeout if timeout < math.inf else None,
                           now)  # positional: keywords cost a tenth of making it
-        slots, future = self._slots, request.future
         if (batcher := net.batcher) is not None:
-            # Into its network's batcher, in this frame (each call is ~2.5 % of a request
-            # under 64 threads), taking no lock of the host's: the batcher's own admits it
-            # (`Batcher.push`). It is counted by a token in `net.accepted`, put there before
-            # the checks, as a lean run is: `retire` either sees it or it sees `removing`;
-            # `stop` closes the batchers, failing what they hold, so it is either failed
-            # there or refused.
-            tokens = net.accepted
-            tokens.append(None)
-            try:
-                if slots.closing:
-                    raise HostClosedError("host is closed; it takes no more requests")
-                if net.removing:
-                    raise NetworkNotFoundError(f"network {name!r} was removed meanwhile")
-                future.on_cancel, future.request = slots.on_cancel, request  # `cancellable`
-                waiting = batcher.push(request, self.max_queue)
-            except BaseException:
-                tokens.pop()
-                if slots.waiting:  # retire may be waiting for this token
-                    with slots.lock:
-                        slots.cv.notify_all()
-                raise
-            if request.deadline is not None:  # after the push: a request refused has none
-                slots.deadlines.add(request, request.deadline)
-            if self.bus.active:
-                self.bus.publish("request.queued", network=name, request=request.id,
-                                 priority=priority, queue_depth=waiting)
-                self.bus.publish("queue.depth", depth=waiting, active=slots.slots_used)
-            return future
-        with self._lock:
-            waiting = slots.queue.size
-            start_now = slots.slots_used < self.max_active and not waiting
-            self._admit_locked(net, None if start_now else waiting)
-            net.accepted.append(None)
-            if request.deadline is not None:
-                slots.deadlines.add_locked(request, request.deadline)
-            if start_now:
-                slots.take_locked(request, net)
-                request.inline = inline
-            else:
-                slots.queue.push(request)
-        if self.bus.active:
-            self.bus.publish("request.queued", network=name, request=request.id,
-                             priority=priority, queue_depth=waiting + (not start_now))
-        if start_now:
-            slots.begin(request)
-            return future
-        slots.cancellable(request)
-        if self.bus.active:
-            self.bus.publish("queue.depth", depth=waiting + 1, active=slots.slots_used)
-        return future
+            return self._slots.submit_batched(net, batcher, request, self.max_queue)
+        return self._slots.submit(net, request, self.max_queue, inline)
 
     def infer(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
               timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -282,18 +198,6 @@ class HostManager:
         request if it has not started."""
         return await answer_of(self.run(name, feeds, priority, timeout, inline=False))
 
-    def _admit_locked(self, net: Network, waiting: int | None) -> None:
-        """Under the lock, just before a request is accepted: is the host, and `net`, still
-        taking requests (both were looked up without the lock), and is there room for one
-        more behind `waiting` queued ones (None: it starts at once)?"""
-        if self._slots.closing:
-            raise HostClosedError("host is closed; it takes no more requests")
-        if net.removing or self._networks.get(net.name) is not net:
-            raise NetworkNotFoundError(f"network {net.name!r} was removed meanwhile")
-        if waiting is not None and waiting >= self.max_queue:
-            raise QueueFullError(f"request queue is full ({self.max_queue} waiting); "
-                                 f"retry later or raise max_queue")
-
     # -- life cycle ----------------------------------------------------------------------
 
     def close(self, timeout: float = 30.0) -> None:
@@ -304,10 +208,8 @@ class HostManager:
             return  # closed already
         for device in self.devices.values():
             device.close(max(0.0, deadline - time.monotonic()))
-        for net in list(self._networks.values()):
-            if net is not None:
-                unload_network(net, self.bus)
-        self._networks.clear()
+        for net in self._slots.clear():
+            unload_network(net.loaded, self.bus)
 
     def __enter__(self) -> HostManager:
         return self

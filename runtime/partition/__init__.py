@@ -4,6 +4,11 @@
     for step in steps: ...           # each decision, with its reason
     plan = partition(graph, devices, "balanced")   # or run it to the end
 
+It owns placement (which backend may run which node), the split modes (`greedy` for
+memory, `balanced`, `user`), the plan records and their validation, memory plans, the
+drawings (`dot`), the plan a host makes for a network with its replicas (`planning`,
+`replicas`), and each partition extracted as an ONNX sub-model (`submodel`).
+
 Names load on first use (PEP 562): the plan records (`plan.py`) import lightly, so a host
 loading a bundle has its Plan without the partitioner, the graph IR or networkx.
 """

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from runtime.graph import Graph
 from runtime.units import human_bytes, human_seconds
-
-if TYPE_CHECKING:
-    from runtime.partition.plan import Plan
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 COPY = "#c0392b"  # copies between devices: dashed, in this colour
@@ -33,6 +30,42 @@ HEADER = (
     '  edge [fontname="Helvetica", fontsize=9, fontcolor="#444444", color="#666666", '
     "arrowsize=0.6];",
 )
+
+
+class _Part(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def est_seconds(self) -> float: ...
+
+
+class _Copy(Protocol):
+    @property
+    def tensor(self) -> str: ...
+    @property
+    def src(self) -> str: ...
+    @property
+    def dst(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+class Plan(Protocol):
+    """A plan as a drawing reads it (a `partition.plan.Plan`): named by what it reads, since
+    plan.py imports this module for `Plan.to_dot`."""
+
+    @property
+    def network(self) -> str: ...
+    @property
+    def partitions(self) -> Sequence[_Part]: ...
+    @property
+    def transfers(self) -> Sequence[_Copy]: ...
 
 
 @dataclass(frozen=True)

@@ -16,69 +16,30 @@ loaded from the bundle's `network.onnx` only when someone asks for it (`host.gra
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.bundle.match import match_devices
+from runtime.bundle.placed import LoadedBundle
 from runtime.bundle.plan_io import plan_from_dict, rename_devices
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
 from runtime.devices.device import Device, Program
 from runtime.errors import BundleError, PrismError, drop_frames, first_line
-from runtime.host.batching import BatchingConfig, check_batchable
 from runtime.inputs import InputSpec, Signature
 from runtime.partition.plan import Plan
 from runtime.partition.replicas import further, twin_maps
 from runtime.partition.steps import Step
-from runtime.provision.network import Network, place, publish_plan
+from runtime.provision.network import LoadedNetwork, place_replicas, publish_plan
+from runtime.types import BatchingConfig, check_batchable
 
 if TYPE_CHECKING:
     from runtime.graph import Graph
 
-SUFFIX = ".prism"
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
-def is_bundle(source: object) -> bool:
-    """A path to a bundle: named `*.prism`, or a file that starts as a zip does (an ONNX
-    file never does)."""
-    if not isinstance(source, str | Path):
-        return False
-    path = Path(source)
-    if path.suffix == SUFFIX:
-        return True
-    try:
-        with open(path, "rb") as fp:
-            return fp.read(4) == _ZIP_MAGIC
-    except OSError:
-        return False
-
-
-@dataclass(frozen=True)
-class LoadedBundle:
-    """The bundle a network came from, as loaded: its manifest, where its devices went on
-    this host, and the open file its programs' weights are mapped from."""
-
-    path: str
-    file: Bundle
-    manifest: dict
-    devices: dict[str, str]  # bundle device -> host device
-
-    @property
-    def schedule(self) -> list[dict]:
-        """The schedule table (one row per partition: device, reads, writes, after) with
-        this host's device names."""
-        return [{**row, "device": self.devices.get(row["device"], row["device"])}
-                for row in self.manifest["schedule"]]
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def load_bundle(name: str, path: str | Path, devices: Mapping[str, Device], bus: Any, *,
                 remap: Mapping[str, str] | None = None, replicas: int | str | None = None,
                 batching: BatchingConfig | None = None, partition: object = None
-                ) -> Network:
+                ) -> LoadedNetwork:
     """The bundle at `path` loaded as network `name`; BundleError (one line) or a device's
     refusal with nothing left loaded and the file closed. `replicas` and `batching`
     override the bundle's serving settings; `partition`, if given, must be its mode."""
@@ -97,7 +58,7 @@ def load_bundle(name: str, path: str | Path, devices: Mapping[str, Device], bus:
 
 def _load(name: str, bundle: Bundle, devices: Mapping[str, Device], bus: Any,
           remap: Mapping[str, str] | None, replicas: int | str | None,
-          batching: BatchingConfig | None, partition: object) -> Network:
+          batching: BatchingConfig | None, partition: object) -> LoadedNetwork:
     manifest = bundle.manifest
     if partition is not None and partition != manifest["mode"]:
         raise BundleError(f"{bundle.path} was partitioned ({manifest['mode']}) when it was "
@@ -125,11 +86,11 @@ def _load(name: str, bundle: Bundle, devices: Mapping[str, Device], bus: Any,
         publish_plan(bus, name, steps, plan)
     face = Signature([InputSpec.from_dict(i) for i in manifest["inputs"]],
                      tuple(manifest["outputs"]), bundle.constants())
-    loaded, executors = place(name, plan, _programs(bundle, plan, name), devices, bus,
-                              twin_sets, face)
+    loaded, executors = place_replicas(name, plan, _programs(bundle, plan, name), devices,
+                                       bus, twin_sets, face)
     origin = LoadedBundle(bundle.path, bundle, manifest, names)
-    return Network(name, plan, face, loaded, executors, serving,
-                   graph_source=lambda: bundle_graph(origin, name), bundle=origin)
+    return LoadedNetwork(name, plan, face, loaded, executors, serving,
+                         graph_source=lambda: bundle_graph(origin, name), bundle=origin)
 
 
 def bundle_graph(origin: LoadedBundle, name: str) -> Graph:

@@ -11,14 +11,14 @@ import onnx
 
 from runtime.devices.device import Device, Program
 from runtime.graph import Graph, load_graph
-from runtime.host.batching import BatchingConfig, check_batchable
 from runtime.inputs import signature
 from runtime.partition.plan import Plan
 from runtime.partition.planning import PartitionSpec, plan_network
 from runtime.partition.replicas import further, twin_maps
 from runtime.partition.submodel import extract
-from runtime.provision.network import Network, place, publish_plan
+from runtime.provision.network import LoadedNetwork, place_replicas, publish_plan
 from runtime.provision.provisioner import one_line_errors
+from runtime.types import BatchingConfig, check_batchable
 
 ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded already
 
@@ -35,7 +35,7 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
                  partition: PartitionSpec = "balanced",
                  annotations: str | Path | Mapping | None = None, fallback: str | None = None,
                  replicas: int | str = 1, batching: BatchingConfig | None = None,
-                 bindings: Mapping[str, int] | None = None) -> Network:
+                 bindings: Mapping[str, int] | None = None) -> LoadedNetwork:
     """Load, plan (publishing every step), provision each replica. Raises with nothing
     left loaded."""
     graph = load_graph(model, bindings=bindings, name=name)
@@ -50,6 +50,6 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
     if replicas != 1:
         twin_sets += twin_maps(plan, configs, further(replicas))
     face = signature(graph)
-    loaded, executors = place(name, plan, programs(graph, plan), devices, bus, twin_sets, face,
-                              graph)
-    return Network(name, plan, face, loaded, executors, batching, graph_source=graph)
+    loaded, executors = place_replicas(name, plan, programs(graph, plan), devices, bus,
+                                       twin_sets, face, graph)
+    return LoadedNetwork(name, plan, face, loaded, executors, batching, graph_source=graph)

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.bundle.reader import is_bundle
 from runtime.devices.device import Device
 from runtime.errors import PrismError
-from runtime.host.batching import BatchingConfig
-from runtime.provision.from_bundle import is_bundle, load_bundle
-from runtime.provision.network import Network
+from runtime.provision.from_bundle import load_bundle
+from runtime.provision.network import LoadedNetwork
+from runtime.types import BatchingConfig
 
 if TYPE_CHECKING:
     from runtime.partition.planning import PartitionSpec
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
          partition: PartitionSpec | None, annotations: str | Path | Mapping | None,
          fallback: str | None, replicas: int | str | None, batching: BatchingConfig | None,
-         bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None) -> Network:
+         bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None) -> LoadedNetwork:
     """The network, loaded onto `devices`; raises with nothing left loaded."""
     if is_bundle(model):
         assert isinstance(model, str | Path)

@@ -10,23 +10,16 @@ per replica.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device, Program
 from runtime.errors import DeviceMemoryError, PrismError, ProvisionError, first_line
+from runtime.executor.executor import LoadedPartition
 from runtime.partition.plan import Partition, Plan
 from runtime.units import human_bytes
-
-
-@dataclass(frozen=True)
-class LoadedPartition:
-    partition: Partition
-    key: str
-    device: Device
 
 
 def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
@@ -110,7 +103,7 @@ def _load(part: Partition, program: Program, devices: Mapping[str, Device],
     return LoadedPartition(part, key, device)
 
 
-def unload(loaded: list[LoadedPartition], *, network: str, bus: Any = None) -> None:
+def unload(loaded: Sequence[LoadedPartition], *, network: str, bus: Any = None) -> None:
     for item in reversed(loaded):
         freed = item.device.unload(item.key)
         if bus is not None and bus.active:

@@ -33,7 +33,7 @@ import numpy as np
 from runtime.devices.backends import register
 from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import cpu_ops
-from runtime.devices.device import Device, DeviceStats, Done, Outputs, Program, Tag
+from runtime.devices.device import Device, DeviceStats, Program
 from runtime.devices.ray import cluster as ray_cluster
 from runtime.devices.ray.actor import PartitionWorker, Status
 from runtime.devices.remote import RemoteValue
@@ -44,6 +44,7 @@ from runtime.errors import (
     ProvisionError,
     first_line,
 )
+from runtime.types import Outputs, RunDone, Tag
 
 START_TIMEOUT = 30.0  # an actor's process up and answering
 LOAD_TIMEOUT = 120.0  # one program compiled in the actor
@@ -78,7 +79,7 @@ class _Call:
     key: str
     feeds: dict[str, Any]
     tag: Tag | None
-    done: Done | None  # None: a ping
+    done: RunDone | None  # None: a ping
     arrived: float
     names: list[str] = field(default_factory=list)  # its outputs
     refs: list[Any] = field(default_factory=list)  # the status, then one per output
@@ -198,7 +199,7 @@ class RayDevice(Device):
 
     # -- runs --------------------------------------------------------------------------
 
-    def call(self, key: str, feeds: dict[str, Any], tag: Tag | None, done: Done) -> None:
+    def call(self, key: str, feeds: dict[str, Any], tag: Tag | None, done: RunDone) -> None:
         job = _Call(key, feeds, tag, done, time.perf_counter())
         with self._cond:
             refusal = self._refusal()

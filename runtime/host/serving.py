@@ -1,0 +1,50 @@
+"""A network as the host serves it: the loaded network, frozen, wrapped in the state its
+requests change and the paths they take, all made once, when the network is added.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+
+from runtime.executor.requests import Request
+from runtime.host.batching import Batcher
+from runtime.inputs import FeedCheck
+from runtime.provision.network import LoadedNetwork
+
+# A network's lean path: run(feeds, timeout, priority) -> a finished future, or None to
+# take the general path (runtime/host/lean.py).
+LeanRun = Callable[[Mapping[str, object], "float | None", int], "Future | None"]
+
+
+class ServedNetwork:
+    """`loaded` and its serving state. Requests read `name`, `specs`, `check_feeds`,
+    `replicas`, `timeout`, `batcher` and `lean_run` (here: one attribute each on the hot
+    path); `accepted`
+    holds a token per request accepted and not yet ended (lean runs aside), `lean_runs` one
+    per lean run in flight: deque appends and pops are atomic, so neither needs a lock.
+    `removing` is set once `remove_network` begins; `running` holds requests started."""
+
+    __slots__ = ("accepted", "batcher", "check_feeds", "lean_run", "lean_runs", "loaded", "name",
+                 "removing", "replicas", "running", "specs", "timeout")
+
+    def __init__(self, loaded: LoadedNetwork, timeout: float,
+                 batcher: Callable[[LoadedNetwork], Batcher],
+                 lean_path: Callable[[ServedNetwork], LeanRun | None]):
+        """`timeout`: a request's seconds when it names none (math.inf: none). `batcher`
+        makes its batcher when it batches, `lean_path` its lean path if it has one."""
+        self.loaded, self.name, self.timeout = loaded, loaded.name, timeout
+        self.specs, self.replicas = loaded.specs, loaded.replicas
+        self.check_feeds = FeedCheck(loaded.name, loaded.specs).check
+        self.accepted: deque[None] = deque()
+        self.lean_runs: deque[None] = deque()
+        self.running: set[Request] = set()
+        self.removing = False
+        self.batcher = batcher(loaded) if loaded.batching is not None else None
+        self.lean_run = lean_path(self)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet ended, lean runs included."""
+        return len(self.accepted) + len(self.lean_runs)
