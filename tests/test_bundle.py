@@ -37,6 +37,7 @@ from runtime.bundle.writer import EXTERNAL_MIN_BYTES
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.driver import open_bundle
 from runtime.errors import BundleError
+from runtime.host import HostManager
 from runtime.partition import partition, partition_steps
 from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.record import finish, tap
@@ -249,10 +250,35 @@ def test_foreign_newer_and_incomplete_bundles_are_refused(tmp_path):
     _refused(rewrite(c.path, tmp_path / "gone.prism", {row["model"]: None}),
              f"no {row['model']}")
     _refused(rewrite(c.path, tmp_path / "junk.prism", {row["model"]: b"not a model"}),
-             f"partition {row['partition']} does not load")
+             f"{row['model']} is not a model")
     _refused(rewrite(c.path, tmp_path / "noweights.prism", {WEIGHTS: None}), "no weights.bin")
     _refused(model_path("mlp"), "not a Prism bundle")
     _refused(tmp_path / "missing.prism", "cannot open")
+
+
+def test_a_bundle_whose_members_disagree_with_its_tables_is_refused_before_loading(tmp_path):
+    """Two sub-models swapped (each a valid model, with valid checksums), or an input
+    declaring more than an array holds: refused in one line when opened, by the driver
+    and by a host alike, before any device loads anything."""
+    c = case("gpt2", 4, "balanced")
+    manifest = c.compiled.manifest
+    first, second = manifest["schedule"][0], manifest["schedule"][1]
+    with read_bundle(c.path) as bundle:
+        a, b = bundle.member(first["model"]), bundle.member(second["model"])
+    swapped = rewrite(c.path, tmp_path / "swapped.prism", {first["model"]: b, second["model"]: a})
+    spec = manifest["inputs"][0]
+    huge = json.dumps({**manifest, "inputs": [{**spec, "dims": [2**21, 2**21]},
+                                              *manifest["inputs"][1:]]}).encode()
+    vast = rewrite(c.path, tmp_path / "vast.prism", {MANIFEST: huge})
+    for path, words in ((swapped, (first["model"], f"({first['partition']}) says")),
+                        (vast, (repr(spec["name"]), "more than an array holds"))):
+        _refused(path, *words)
+        with HostManager(cpus(4)) as host:
+            with pytest.raises(BundleError) as err:
+                host.add_network("m", path)
+            assert "\n" not in str(err.value) and all(w in str(err.value) for w in words)
+            assert all(d.used_bytes == 0 for d in host.devices.values())
+        assert not file_is_open(path)
 
 
 # -- matching a bundle's devices to a host's -----------------------------------------------

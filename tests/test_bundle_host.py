@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from bundles import (
@@ -22,7 +23,7 @@ from bundles import (
     model_path,
     rewrite,
 )
-from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, WEIGHTS
+from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, WEIGHTS, read_bundle
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.driver import open_bundle
@@ -176,10 +177,13 @@ def test_a_failed_load_leaves_every_device_as_it_was(fault, tmp_path):
     c = case("gpt2", 4, "balanced")
     devs, last = _memory_hog(c)
     path = rewrite(c.path, tmp_path / "copy.prism", {})  # "first" holds c.path open
-    if fault == "junk partition":
-        devs = cpus(4)
+    if fault == "junk partition":  # it reads and writes what its row says: it only fails
+        devs = cpus(4)               # to compile, once the partitions before it have loaded
         row = c.compiled.manifest["schedule"][-1]
-        path = rewrite(c.path, tmp_path / "junk.prism", {row["model"]: b"not a model"})
+        with read_bundle(c.path) as bundle:
+            junk = onnx.load_from_string(bundle.member(row["model"]))
+        junk.graph.node[0].op_type = "NoSuchOp"
+        path = rewrite(c.path, tmp_path / "junk.prism", {row["model"]: junk.SerializeToString()})
     elif fault == "no such device":
         devs = [d for d in devs if d.name != last]
     elif fault == "too small":

@@ -48,7 +48,8 @@ def test_driver_imports_only_numpy_onnxruntime_and_the_reader(policy, tmp_path):
     ours = {m for m in report["new"] if m.split(".")[0] == "runtime"}
     assert ours == {"runtime", "runtime.lazy", "runtime.driver", "runtime.bundle.driver",
                     "runtime.errors",
-                    "runtime.bundle", "runtime.bundle.reader", "runtime.devices",
+                    "runtime.bundle", "runtime.bundle.reader", "runtime.bundle.proto",
+                    "runtime.devices",
                     "runtime.devices.ort", "runtime.devices.ort.options"}
     others = {m.split(".")[0] for m in report["new"]} - {"runtime", "numpy", "onnxruntime"}
     assert others <= set(sys.stdlib_module_names) | {"_distutils_hack"}, others

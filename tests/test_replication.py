@@ -19,7 +19,7 @@ from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.partition.replicas import twin_maps
 from runtime.provision.provisioner import twins
-from serving import CNN, MLP, WAIT, assert_same, expected
+from serving import CNN, MLP, WAIT, Events, assert_same, expected
 
 
 def image(rng, batch: int = 1) -> dict:
@@ -130,6 +130,36 @@ def test_replicas_with_batching_serve_on_every_replica():
         assert any(e["batch_size"] > 1 for e in events if e.kind == "request.started")
         host.remove_network("m")
         assert all(b == 0 for b in used(host).values())
+
+
+def test_batches_of_one_network_run_at_once_on_its_replicas():
+    """Batching with replicas: while one replica runs a batch, the batcher sends the next
+    to the other, so batches overlap in time on the two devices (sim devices hold each
+    run for its modelled time). A batcher that runs each batch on its own thread makes
+    them take turns, and no two runs ever overlap."""
+    with HostManager(sims(2, peak_flops=2e7), max_queue=500, max_active=16) as host:
+        host.add_network("m", MLP, replicas=2, partition="memory",
+                         batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
+        assert host.replicas("m") == 2
+        events = Events(host, kinds=("partition.run.started", "partition.run.finished"))
+        rng = np.random.default_rng()
+        feeds = [vector(rng) for _ in range(64)]
+        with cf.ThreadPoolExecutor(16) as pool:
+            futures = list(pool.map(lambda f: host.run("m", f), feeds))
+        for f, fut in zip(feeds, futures, strict=True):
+            assert_same(fut.result(timeout=WAIT), expected(MLP, f))
+        spans: dict[str, list[tuple[float, float]]] = {}
+        began = {}
+        for e in events.all():
+            key = (e["device"], e["request"])
+            if e.kind == "partition.run.started":
+                began[key] = e.ts
+            else:
+                spans.setdefault(e["device"], []).append((began.pop(key), e.ts))
+        assert set(spans) == {"sim0", "sim1"}, spans
+        overlapping = [(a, b) for a in spans["sim0"] for b in spans["sim1"]
+                       if a[0] < b[1] and b[0] < a[1]]
+        assert overlapping, "the replicas took turns: no two batches ran at once"
 
 
 # -- where replicas go ------------------------------------------------------------------------

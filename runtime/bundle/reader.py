@@ -7,8 +7,10 @@
 
 The driver imports this module, so it needs only the standard library and numpy. The
 file is memory-mapped; each member's CRC-32 is checked against the zip directory when
-the bundle is opened, so a corrupted or truncated file is refused, in one line, before
-anything is loaded from it.
+the bundle is opened, and so is what the manifest says against what the members hold
+(`Bundle.check`: each schedule row's sub-model reads and writes what the row says, each
+declared input fits in an array), so a corrupted, truncated or edited file is refused, in
+one line, before anything is loaded from it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.bundle.proto import ProtoError, graph_io
 from runtime.errors import BundleError, first_line
 
 FORMAT = "prism-bundle"
@@ -31,6 +34,7 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 EXTERNAL_LOCATION = WEIGHTS  # what sub-models name as their external data file
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
+MAX_RANK, MAX_ELEMENTS = 32, 1 << 40  # the most a declared input may ask of an array
 SUFFIX = ".prism"
 _ZIP_MAGIC = b"PK\x03\x04"
 
@@ -66,6 +70,28 @@ class Bundle:
         if version > FORMAT_VERSION:
             raise BundleError(f"{path} has bundle format {version}, newer than this Prism "
                               f"reads ({FORMAT_VERSION}); recompile it or upgrade Prism")
+
+    def check(self) -> None:
+        """BundleError (one line) unless every schedule row's sub-model reads exactly the
+        tensors the row says and writes at least those, and every declared input's fixed
+        dimensions fit in an array (`MAX_RANK`, `MAX_ELEMENTS`)."""
+        try:
+            for row in self.manifest["schedule"]:
+                try:
+                    reads, writes = graph_io(self.member(row["model"]))
+                except ProtoError as exc:
+                    raise BundleError(f"{self.path}: {row['model']} is not a model: {exc}"
+                                      ) from None
+                if set(reads) != set(row["reads"]) or not set(row["writes"]) <= set(writes):
+                    raise BundleError(
+                        f"{self.path}: {row['model']} reads {sorted(reads)} and writes "
+                        f"{sorted(writes)}, but its schedule row ({row['partition']}) says "
+                        f"it reads {sorted(row['reads'])} and writes {sorted(row['writes'])}")
+            for spec in self.manifest["inputs"]:
+                _check_dims(self.path, spec["name"], spec["dims"])
+        except (KeyError, TypeError) as exc:
+            raise BundleError(f"{self.path}: manifest is malformed: {first_line(exc)}"
+                              ) from None
 
     @property
     def name(self) -> str:
@@ -120,6 +146,20 @@ class Bundle:
         self.close()
 
 
+def _check_dims(path: str, name: str, dims: list | None) -> None:
+    fixed = [d for d in dims or () if not isinstance(d, str) and d is not None]
+    if any(not isinstance(d, int) or d < 0 for d in fixed):
+        raise BundleError(f"{path}: input {name!r} declares dims {dims}: a dimension must be "
+                          f"a whole number or a name")
+    count = 1
+    for d in fixed:
+        count *= d
+    if len(dims or ()) > MAX_RANK or count > MAX_ELEMENTS:
+        raise BundleError(f"{path}: input {name!r} declares dims {dims}, more than an array "
+                          f"holds here (at most {MAX_RANK} dimensions, {MAX_ELEMENTS} "
+                          f"elements)")
+
+
 def _members(path: str, mapped: mmap.mmap, infos: list[zipfile.ZipInfo]
              ) -> dict[str, tuple[int, int]]:
     """name -> (offset, size) of each member's bytes, each checked against its CRC-32."""
@@ -165,7 +205,9 @@ def read_bundle(path: str | Path) -> Bundle:
         if MANIFEST not in {i.filename for i in infos}:
             raise BundleError(f"{path} is not a Prism bundle: it has no {MANIFEST}")
         mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        return Bundle(path, file, mapped, _members(path, mapped, infos))
+        bundle = Bundle(path, file, mapped, _members(path, mapped, infos))
+        bundle.check()
+        return bundle
     except BaseException:
         if mapped is not None:
             mapped.close()

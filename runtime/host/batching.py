@@ -227,10 +227,6 @@ class Batcher:
                 batch.members, batch.batch_size, batch.started_at = live, size, now
                 batch.queued_at = oldest
                 batch.rows, batch.feeds = rows, concatenate(live)
-                # Its first stage may run right here when its device is idle: the clients
-                # are answered a hand-off sooner, and the batcher forms the next batch as
-                # soon as this one is answered.
-                batch.inline = True
                 self._begin(batch, self._finished)
                 return
         # The batcher must outlive any one batch, also an interrupt-like BaseException out

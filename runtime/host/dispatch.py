@@ -398,6 +398,11 @@ class Dispatcher:
             assert net is not None
             batch.replica = self._least_busy(net)
             net.running.update(members)
+        # With one replica its first stage may run right on the batcher's thread when its
+        # device is idle: the clients are answered a hand-off sooner, and the batcher forms
+        # the next batch as soon as this one is answered. With more, the batcher must stay
+        # free to send the next batch to another replica meanwhile, or they take turns.
+        batch.inline = len(net.replicas) == 1
         deadlines = [m.deadline for m in members if m.deadline is not None]
         if members and len(deadlines) == len(members):
             batch.deadline = max(deadlines)
