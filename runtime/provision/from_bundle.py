@@ -6,8 +6,9 @@ The bundle's devices are matched to the host's by requirement (`match.match_devi
 kind, memory, ops; `remap` pins one), its plan is rebuilt from `plan.json` and moved onto
 the matched devices, and each partition's program is the stored model (optimized at
 compile time) with the bundle's `weights.bin` as in-memory external data. Provisioning,
-replicas and rollback are the host's own (`network.place`). The file stays open, mapped,
-while the network is loaded: the devices' sessions read their weights from it.
+replicas and rollback are the provisioner's own (`network.place_replicas`). The file
+stays open, mapped, while the network is loaded: the devices' sessions read their weights
+from it.
 
 Light: the host reaches it without the graph IR, onnx or the partitioner; the graph is
 loaded from the bundle's `network.onnx` only when someone asks for it (`host.graph`).

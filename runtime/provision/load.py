@@ -1,6 +1,6 @@
-"""One way in for a network: an ONNX model is planned and extracted now (`jit`), a bundle
-compiled ahead of time is read as it was placed (`bundle.load`). The graph IR, onnx and the
-partitioner load only for a model."""
+"""One way in for a network: an ONNX model is planned and extracted now (`from_model`), a
+bundle compiled ahead of time is read as it was placed (`from_bundle`). The graph IR, onnx
+and the partitioner load only for a model."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A partition goes to the device its plan names when that device has room; otherwise to
 another device with the same backend and figures. Any failure unloads everything this
 call loaded, so a failed add leaves every device as it was. Programs are made once per
-plan (extracted just in time by `jit.programs`, or read from a bundle) and loaded once
+plan (extracted just in time by `from_model.programs`, or read from a bundle) and loaded once
 per replica.
 """
 

@@ -9,7 +9,7 @@ queries.
 - `GET /v2/prism/networks`: each network's plan, graph outline, mode, devices and bundle.
 - `GET /v2/prism/networks/{network}/steps?mode=M`: the partitioner's steps in mode `M`.
 - `GET /v2/prism/devices`: each device's counts, and the server's clock (`now`).
-- `POST /v2/prism/trace/start`, `.../trace/stop`: take a Chrome trace (`runtime/trace.py`)
+- `POST /v2/prism/trace/start`, `.../trace/stop`: take a Chrome trace (`runtime/observe/trace.py`)
   of what is served in between; stop answers with the trace's JSON.
 """
 

@@ -1,7 +1,7 @@
 """Can onnxruntime's CPU provider run this node, in this model? Asked before placement.
 
 A node runs on onnxruntime when, after the sub-model is re-stamped to an opset the
-installed onnxruntime reads (`devices.ort.loadable`), a CPU kernel is registered for its
+installed onnxruntime reads (`sessions.loadable`), a CPU kernel is registered for its
 op at the version the model's opset selects and for the types its tensors have (or the
 op is a function onnxruntime inlines), every tensor it exchanges with the rest of the
 plan has a dtype onnxruntime's Python API can take, and a session of the node alone

@@ -3,7 +3,7 @@
     model = loadable(model)              # an IR version and ai.onnx opset it reads
     session = cpu_session(model, threads=2)
 
-The backends (`cpu`, `sim`), the node checks (`ort_kernels`), the sub-model extractor and
+The backends (`cpu`, `sim`), the node checks (`kernels`), the sub-model extractor and
 the plain-onnxruntime baselines all share these, so they live with the devices and know
 nothing of partitions.
 """

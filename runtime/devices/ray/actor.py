@@ -1,7 +1,7 @@
 """What runs inside a `ray` device's actor process: onnxruntime sessions, one per loaded
 partition, run one at a time in arrival order.
 
-Plain Python: `ray_device.py` wraps the class with `ray.remote` when it starts an actor,
+Plain Python: `device.py` wraps the class with `ray.remote` when it starts an actor,
 so this module imports no Ray, and like the standalone driver only numpy, onnxruntime,
 the session options every cpu partition runs under, and the modelled clock: a worker
 process starts in well under a second. Expected failures come back as a message (the
