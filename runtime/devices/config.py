@@ -16,7 +16,7 @@ MAX_THREADS = 256
 # onnxruntime 1.31 and one intra-op thread: 512x512 MatMul 107 GFLOP/s (we take 80,
 # since real layers are smaller), streaming Add 38 GB/s (we take 25), 4.8 us per
 # single-Relu run, memcpy 22 GB/s. A copy between host devices also pays a thread
-# hand-off (~20 us). See docs/architecture.md, "Cost model".
+# hand-off (~20 us). See docs/performance.md, "Cost model defaults".
 CPU_FLOPS_PER_THREAD = 80e9
 CPU_MEM_BANDWIDTH = 25e9
 CPU_LAUNCH_SECONDS = 5e-6
@@ -27,7 +27,7 @@ HOST_LINK_LATENCY = 20e-6
 INT8_SPEEDUP = {"cpu": 3.0, "reference": 1.0, "sim": 4.0, "ray": 3.0}
 # A `ray` device is an actor process: a copy to or from it is a Ray call, measured at
 # about 1 ms per hop and some 1 GB/s for 1 MB tensors on the 2-core machine kind
-# (benchmarks/ray_hops.py).
+# (benchmarks/ray_devices.py).
 RAY_LINK_BANDWIDTH = 1e9
 RAY_LINK_LATENCY = 1e-3
 PRECISIONS = ("float", "int8")

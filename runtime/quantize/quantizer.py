@@ -9,7 +9,7 @@ a BatchNormalization is folded into its Conv first), so the names in a profile a
 those of the prepared model.
 
 Defaults, chosen by measurement on this kind of machine (AVX-512 VNNI, one thread,
-see docs/architecture.md): QDQ format, uint8 activations, int8 weights per channel, and
+see docs/performance.md): QDQ format, uint8 activations, int8 weights per channel, and
 convolutions on fewer than 8 input channels left in float (`narrow.py`), the int8
 tensor after such a float region handed on channels-last (`layout.py`). int8
 activations ran at about half the float speed here, uint8 ones 1.6-1.8x faster;

@@ -15,7 +15,7 @@ import onnxruntime as ort
 # A quantized model's float region ends in a QuantizeLinear. onnxruntime's QDQ
 # propagation copies that one above a MaxPool, which then runs on uint8 in NCHW, a
 # generic kernel 30x slower than the float one; off, a float stem keeps its float pool
-# (outputs equal either way: max commutes with quantizing). docs/architecture.md.
+# (outputs equal either way: max commutes with quantizing). docs/performance.md.
 SESSION_CONFIG = {"optimization.disable_specified_optimizers": "QDQPropagationTransformer"}
 
 
