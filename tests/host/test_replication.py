@@ -4,21 +4,21 @@ routing, and the memory account when replicas come and go."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import threading
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from runtime.devices import DeviceConfig, parse_devices
+from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.partition.replicas import twin_maps
 from runtime.provision.provisioner import twins
-from tests.support.fakes import FakeDevice, Gate, relu_program
+from tests.support.fakes import FakeDevice, Gate
+from tests.support.hosts import replicas_by_device, sims, used
 from tests.support.serving import CNN, MLP, WAIT, assert_same, expected
 
 
@@ -28,25 +28,6 @@ def image(rng, batch: int = 1) -> dict:
 
 def vector(rng, batch: int = 1) -> dict:
     return {"x": rng.standard_normal((batch, 256)).astype(np.float32)}
-
-
-def sims(n: int, **kw) -> list[DeviceConfig]:
-    return [DeviceConfig(name=f"sim{i}", backend="sim", **kw) for i in range(n)]
-
-
-def replicas_by_device(host: HostManager, network: str) -> dict[str, set[str]]:
-    """replica tag ('' for the first, '#1', ...) -> the devices holding its partitions."""
-    out: dict[str, set[str]] = {}
-    for name, manager in host.devices.items():
-        for key in manager.keys:
-            head = key.split("/")[0]
-            if head == network or head.startswith(network + "#"):
-                out.setdefault(head[len(network):], set()).add(name)
-    return out
-
-
-def used(host: HostManager) -> dict[str, int]:
-    return {name: m.used_bytes for name, m in host.devices.items()}
 
 
 # -- all replicas serve -----------------------------------------------------------------------
@@ -324,64 +305,3 @@ def test_bad_replicas_value_is_refused(replicas):
         assert "replicas" in str(info.value)
         assert host.networks() == []
         assert all(b == 0 for b in used(host).values())
-
-
-def test_a_replica_that_cannot_fit_leaves_nothing_loaded():
-    config = sims(1)[0]
-    graph = load_graph(CNN)
-    need = sum(p.memory_bytes for p in partition(graph, [config], "balanced").partitions)
-    memory = int(need * 1.5)  # one replica fits a device, two do not
-    with HostManager(sims(2, memory_bytes=memory)) as host:
-        host.devices["sim1"].load("filler", relu_program(weight_bytes=memory - need // 2))
-        before = used(host)
-        sub = host.bus.subscribe(maxlen=10_000, kinds=("provision.",))
-        with pytest.raises(PrismError) as info:
-            host.add_network("c", CNN, replicas=2)
-        message = str(info.value)
-        assert "\n" not in message, message
-        assert "c/" in message and "needs" in message and "sim1" in message, message
-        assert used(host) == before
-        assert host.devices["sim0"].keys == () and host.devices["sim1"].keys == ("filler",)
-        assert host.networks() == []
-        events = sub.drain()
-        assert len([e for e in events if e.kind == "provision.loaded"]) == len(
-            [e for e in events if e.kind == "provision.evicted"])
-        host.devices["sim1"].unload("filler")
-        host.add_network("c", CNN, replicas=2)  # the name is free; with room it loads
-        assert host.replicas("c") == 2
-        assert replicas_by_device(host, "c") == {"": {"sim0"}, "#1": {"sim1"}}
-
-
-def test_twins_are_devices_alike_in_every_compared_field_but_the_name():
-    """`figures()` is the key devices are grouped by; a field it left out would make twins
-    of devices that differ. The fields are read from DeviceConfig itself."""
-    base = DeviceConfig(name="a", backend="sim")
-    assert twins(base, base.with_name("b")) and base.figures() == base.with_name("b").figures()
-    changed = {"backend": "cpu", "memory_bytes": base.memory_bytes + 1, "threads": 2,
-               "supported_ops": frozenset({"Add"}), "precisions": frozenset({"float"})}
-    ray_only = {"timing": "sim", "node": "10.0.0.5", "resources": {"GPU": 1}}  # ray's own
-    compared = [f.name for f in dataclasses.fields(DeviceConfig) if f.compare and f.name != "name"]
-    for name in compared:
-        one = DeviceConfig(name="a", backend="ray") if name in ray_only else base
-        value = {**changed, **ray_only}.get(name) or getattr(one, name) * 2
-        other = dataclasses.replace(one, name="b", **{name: value})
-        assert not twins(one, other), name
-    assert twins(base, dataclasses.replace(base, name="b", extra={"note": 1}))  # not compared
-
-
-def test_a_partition_whose_device_is_full_goes_to_a_twin_with_the_most_room():
-    """The plan names sim0; sim0 is full, so the partition goes to a twin (the one with
-    more room), never to a device of other figures, however roomy."""
-    graph = load_graph(MLP)
-    need = sum(p.memory_bytes for p in partition(graph, sims(1), "memory").partitions)
-    memory = int(need * 1.5)
-    devices = [*sims(3, memory_bytes=memory), DeviceConfig(name="big", backend="sim",
-                                                           memory_bytes=memory * 10)]
-    with HostManager(devices) as host:
-        host.devices["sim0"].load("filler", relu_program(weight_bytes=memory - need // 2))
-        host.devices["sim1"].load("filler", relu_program(weight_bytes=need // 4))
-        host.add_network("m", MLP, partition={"default": "sim0"})
-        assert replicas_by_device(host, "m") == {"": {"sim2"}}
-        rng = np.random.default_rng()
-        f = vector(rng, 2)
-        assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))
