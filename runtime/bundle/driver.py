@@ -13,7 +13,7 @@ and writes and the rows it waits for; the policy, chosen at open, decides how ro
   rows overlap the next one's earlier rows; `run` may be called from many threads.
 
 It imports only numpy, onnxruntime, the bundle reader and the session options it shares
-with the just-in-time path (no partitioner, no onnx, no events); tests/test_driver.py
+with the just-in-time path (no partitioner, no onnx, no events); tests/bundle/test_driver.py
 checks that in a fresh interpreter. `cpu` and `sim` rows
 run in onnxruntime (a `sim` row computes its values; the driver models no time);
 `reference` rows need onnx's evaluator and are refused.

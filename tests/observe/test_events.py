@@ -1,3 +1,8 @@
+"""The event bus (runtime/observe/events.py): read-only events that pickle, the kinds'
+catalogue, publish order across threads, bounded subscribers that drop the oldest and say
+how many were lost, kind filters, nothing built without a subscriber, and JSON lines
+written, read back and recorded from another thread."""
+
 from __future__ import annotations
 
 import copy

@@ -1,3 +1,8 @@
+"""Metrics from the event stream (runtime/observe/metrics.py), checked against streams made
+here with known figures: latency, queue wait and batch percentiles, throughput and its
+series, per partition and per device figures, utilisation, queue depth, errors and lost
+events, the slowest partition, and a replayed recording giving the same snapshot."""
+
 from __future__ import annotations
 
 import io
