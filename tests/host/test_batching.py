@@ -31,6 +31,7 @@ from runtime.host import HostManager
 from runtime.host.batching import Batcher, BatchingConfig, alike_but_first
 from runtime.inputs import InputSpec, ValueType
 from tests.support.fakes import FakeDevice, FaultySim, Gate, inject_marked
+from tests.support.hosts import faked
 from tests.support.serving import (
     FAULTS,
     MLP,
@@ -116,11 +117,6 @@ def seq_model(width: int = 8, out: int = 4) -> tuple[onnx.ModelProto, np.ndarray
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     return model, w
-
-
-def faked(spec: str = "cpu:1", **kw) -> HostManager:
-    """A host on fake devices with the figures of `spec` (values from onnxruntime)."""
-    return HostManager(parse_devices(spec), device_factory=FakeDevice, **kw)
 
 
 def run_rows(host: HostManager) -> list[int]:

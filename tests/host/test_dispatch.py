@@ -70,6 +70,13 @@ class Slots:
         request = Request(net.name, net.check_feeds(feeds), 0, None, time.monotonic())
         return self.dispatcher.submit(net, request, limit, inline=False)
 
+    def hold(self, net: ServedNetwork, feeds: dict) -> tuple[cf.Future, Gate]:
+        """A request to `net` held running on the device, at the gate returned."""
+        gate = self.device.gate = Gate()
+        future = self.submit(net, feeds)
+        assert gate.entered.wait(5), "the request never reached the device"
+        return future, gate
+
     def close(self) -> None:
         self.dispatcher.stop(WAIT)
         for loaded in self.loaded:
@@ -127,10 +134,8 @@ def test_retire_without_waiting_refuses_a_busy_network_and_leaves_it_serving(slo
     rng = np.random.default_rng()
     net = slots.serve("m")
     dispatcher = slots.dispatcher
-    gate = slots.device.gate = Gate()
     held_feeds = mlp_feeds(rng, 2)
-    held = slots.submit(net, held_feeds)
-    assert gate.entered.wait(5)
+    held, gate = slots.hold(net, held_feeds)
     assert net.in_flight == 1
     with pytest.raises(NetworkBusyError, match="m has 1 requests outstanding"):
         dispatcher.retire("m", wait=False, timeout=WAIT)
@@ -155,9 +160,7 @@ def test_finish_ends_a_request_once_and_gives_its_slot_back_once(slots):
     rng = np.random.default_rng()
     net = slots.serve("m")
     dispatcher = slots.dispatcher
-    gate = slots.device.gate = Gate()
-    first = slots.submit(net, mlp_feeds(rng, 1))
-    assert gate.entered.wait(5)
+    first, gate = slots.hold(net, mlp_feeds(rng, 1))
     [running] = net.running
     queued_feeds = mlp_feeds(rng, 2)
     queued = slots.submit(net, queued_feeds)

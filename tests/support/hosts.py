@@ -47,8 +47,9 @@ def toy_expected(feeds: dict) -> np.ndarray:
     return -np.maximum(feeds["x"], 0)
 
 
-def faked(spec: str, **kw) -> HostManager:
-    """A host on fake devices with the figures of `spec`: real values, injectable faults."""
+def faked(spec: str = "cpu:1", **kw) -> HostManager:
+    """A host on fake devices with the figures of `spec`: real values (from onnxruntime),
+    injectable faults."""
     return HostManager(parse_devices(spec), device_factory=FakeDevice, **kw)
 
 
