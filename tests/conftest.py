@@ -1,4 +1,11 @@
-"""Shared fixtures: sample models and hypothesis profiles.
+"""Shared fixtures: sample models and hypothesis profiles, for every folder of tests.
+
+`tests` is a package (each folder has an `__init__.py`), so a test module is imported by
+its full dotted name (`tests.host.test_dispatch`), two folders may hold modules of the
+same name, and the helpers in `tests/support/` are imported as any package is:
+`from tests.support.fakes import FakeDevice`. The repository root, where `tests` lives,
+is on `sys.path` through pytest's `pythonpath = ["."]` (pyproject.toml's
+`[tool.pytest.ini_options]`), however pytest is started; nothing inserts a path here.
 
 Profiles: `dev` (default) explores new examples on every run; `ci` is derandomized so a
 run is repeatable. Pick one with HYPOTHESIS_PROFILE=ci.
@@ -7,17 +14,12 @@ run is repeatable. Pick one with HYPOTHESIS_PROFILE=ci.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from dags import SAMPLE_NAMES, SAMPLES_DIR, sample_graph
-
-__all__ = ["sample_graph"]  # also importable from here: `from conftest import sample_graph`
+from tests.support.dags import SAMPLE_NAMES, SAMPLES_DIR
 
 _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow,
                                                         HealthCheck.data_too_large]}

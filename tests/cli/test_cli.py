@@ -1,0 +1,269 @@
+"""`prism partition` and `prism run`, called in-process, plus the console script once."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import app.run_cmd
+from app.cli import main
+from runtime.devices import parse_devices
+from runtime.graph import load_graph
+from runtime.inputs import input_specs
+from runtime.observe.events import read_jsonl
+from runtime.partition import partition_steps
+from runtime.partition.steps import STEP_KINDS
+from tests.support.dags import SAMPLES_DIR
+
+TRANSFORMER = str(SAMPLES_DIR / "transformer.onnx")
+MLP = str(SAMPLES_DIR / "mlp.onnx")
+CNN = str(SAMPLES_DIR / "cnn.onnx")
+PRISM = Path(sys.executable).with_name("prism")
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich must not wrap the lines we read
+
+
+def one_line_error(capsys, argv: list[str], status: int = 1) -> str:
+    """Run the CLI; it must fail with `status` (2: a bad flag) and one line on stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as done:  # argparse
+        code = done.code
+    out, err = capsys.readouterr()
+    assert code == status, (out, err)
+    assert "Traceback" not in out + err and "internal error" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# -- prism partition ---------------------------------------------------------------------------
+
+
+def test_partition_json_holds_every_node_once(capsys):
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:4", "--partition", "balanced",
+                 "--json"]) == 0
+    out, _ = capsys.readouterr()
+    plan = json.loads(out)
+    assert len(plan["partitions"]) == 4
+    nodes = [n for p in plan["partitions"] for n in p["nodes"]]
+    graph_nodes = [n.name for n in load_graph(TRANSFORMER).nodes]
+    assert Counter(nodes) == Counter(graph_nodes)
+    assert {p["device"] for p in plan["partitions"]} <= {"cpu0", "cpu1", "cpu2", "cpu3"}
+    for p in plan["partitions"]:
+        for field in ("name", "nodes", "device", "backend", "inputs", "outputs",
+                      "weight_bytes", "activation_bytes", "est_seconds"):
+            assert field in p
+    assert plan["bottleneck_seconds"] > 0 and plan["transfers"]
+
+
+def test_partition_table(capsys):
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:2", "--partition", "memory"]) == 0
+    out, _ = capsys.readouterr()
+    assert "memory plan" in out and "bottleneck" in out
+
+
+@pytest.mark.parametrize("case", ["missing", "not_onnx", "bad_devices", "too_big",
+                                  "unknown_mode"])
+def test_partition_errors_are_one_line(capsys, tmp_path, case):
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("this is not a model\n")
+    argv = {
+        "missing": ["partition", str(tmp_path / "missing.onnx"), "--devices", "cpu:2"],
+        "not_onnx": ["partition", str(junk), "--devices", "cpu:2"],
+        "bad_devices": ["partition", MLP, "--devices", "gpu:2"],
+        "too_big": ["partition", MLP, "--devices", "cpu:2:mem=100KB"],
+        "unknown_mode": ["partition", MLP, "--devices", "cpu:2", "--partition", "fastest"],
+    }[case]
+    line = one_line_error(capsys, argv)
+    assert "error" in line
+    expect = {"missing": "missing.onnx", "not_onnx": "junk.onnx", "bad_devices": "gpu",
+              "too_big": "needs", "unknown_mode": "fastest"}[case]
+    assert expect in line, line
+    assert "internal error" not in line
+
+
+def test_partition_dot_has_a_cluster_per_partition(capsys, tmp_path):
+    dot = tmp_path / "plan.dot"
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:3", "--json", "--dot",
+                 str(dot)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    text = dot.read_text()
+    assert text.startswith("digraph") and text.rstrip().endswith("}")
+    clusters = re.findall(r'subgraph "cluster_([^"]+)"', text)
+    assert sorted(clusters) == sorted(p["name"] for p in plan["partitions"])
+    assert len(clusters) == 3
+    for p in plan["partitions"]:
+        for n in p["nodes"]:
+            assert json.dumps(n) in text
+
+
+def test_partition_steps_prints_every_step(capsys):
+    devices = parse_devices("cpu:3")
+    steps = list(partition_steps(load_graph(TRANSFORMER), devices, "balanced"))
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:3", "--steps"]) == 0
+    out, _ = capsys.readouterr()
+    pattern = re.compile(rf"^\s*(\d+)\s+({'|'.join(STEP_KINDS)})\b", re.MULTILINE)
+    printed = pattern.findall(out)
+    assert [(int(i), k) for i, k in printed] == [(s.index, s.kind) for s in steps]
+    assert printed[-1][1] == "planned"
+
+
+# -- prism run ---------------------------------------------------------------------------------
+
+
+def test_run_check_prints_tables(capsys):
+    code = main(["run", TRANSFORMER, "--devices", "cpu:3", "--requests", "200",
+                 "--concurrency", "8", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Traceback" not in out + err
+    for title in ("requests", "partitions", "devices"):
+        assert title in out
+    for device in ("cpu0", "cpu1", "cpu2"):
+        assert device in out
+    assert re.search(r"^\s*200\s+0\s+0\b", out, re.MULTILINE), out  # done, failed, rejected
+    assert re.search(r"^check:", out, re.MULTILINE)
+
+
+def test_run_record_writes_every_request(capsys, tmp_path):
+    record = tmp_path / "events.jsonl"
+    code = main(["run", MLP, "--devices", "cpu:2", "--requests", "100", "--concurrency", "4",
+                 "--record", str(record)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    events = list(read_jsonl(record))
+    assert events
+    queued = {e["request"] for e in events if e.kind == "request.queued"}
+    finished = Counter(e["request"] for e in events if e.kind == "request.finished")
+    assert len(queued) == 100
+    assert set(finished) == queued and set(finished.values()) == {1}
+    assert any(e.kind == "partition.run.finished" for e in events)
+
+
+def test_run_failed_check_names_output_and_error(capsys, monkeypatch):
+    real = app.run_cmd.cpu_session
+
+    class Perturbed:
+        def __init__(self, session):
+            self.session = session
+
+        def get_outputs(self):
+            return self.session.get_outputs()
+
+        def run(self, names, feeds):
+            return [np.asarray(v) + 0.5 for v in self.session.run(names, feeds)]
+
+    monkeypatch.setattr(app.run_cmd, "cpu_session", lambda *a, **k: Perturbed(real(*a, **k)))
+    code = main(["run", TRANSFORMER, "--devices", "cpu:2", "--requests", "10",
+                 "--concurrency", "2", "--check"])
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert "Traceback" not in out + err
+    assert "'hidden'" in err and "0.5" in err, err
+    assert not re.search(r"^check:", out, re.MULTILINE)
+
+
+def test_run_bad_devices_is_one_line(capsys):
+    line = one_line_error(capsys, ["run", MLP, "--devices", "cpu:0x"])
+    assert "error" in line
+
+
+# -- the console script ------------------------------------------------------------------------
+
+
+def test_console_script(tmp_path):
+    assert PRISM.exists()
+    done = subprocess.run([str(PRISM), "partition", MLP, "--devices", "cpu:2", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert sorted(n for p in plan["partitions"] for n in p["nodes"]) == sorted(
+        n.name for n in load_graph(MLP).nodes)
+    bad = subprocess.run([str(PRISM), "partition", str(tmp_path / "nope.onnx"), "--devices",
+                          "cpu:2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+    assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    helped = subprocess.run([str(PRISM), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0
+    assert "partition" in helped.stdout and "run" in helped.stdout
+
+
+def test_bench_compares_prism_with_plain_onnxruntime(capsys):
+    args = ["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--requests", "200",
+            "--concurrency", "8", "--max-batch", "8", "--json"]
+    assert main(args) == 0
+    figures = json.loads(capsys.readouterr().out)
+    prism, plain = figures["prism"], figures["onnxruntime"]
+    assert prism["requests_per_second"] > 0 and plain["requests_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(
+        prism["requests_per_second"] / plain["requests_per_second"])
+    assert 0 < prism["p50_seconds"] <= prism["p99_seconds"]
+    with pytest.raises(SystemExit) as done:
+        main(["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--replicas", "two"])
+    assert done.value.code == 2 and "--replicas" in capsys.readouterr().err
+
+
+# -- first contact -----------------------------------------------------------------------------
+
+
+def _cnn_inputs(tmp_path: Path, **arrays) -> str:
+    path = tmp_path / "inputs.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["dtype", "name", "shape"])
+def test_run_refuses_bad_inputs_before_anything_starts(capsys, tmp_path, monkeypatch, case):
+    """A feeds file that does not fit the model is refused in one line on stderr, before a
+    host exists: no run starts, no table is printed."""
+    [spec] = input_specs(load_graph(CNN))
+    shape = tuple(d if isinstance(d, int) else 1 for d in spec.dims)
+    good = np.random.default_rng().standard_normal(shape).astype(spec.dtype)
+    arrays = {"dtype": {spec.name: good.astype(np.int32)},
+              "name": {"picture": good},
+              "shape": {spec.name: good[..., :-1]}}[case]
+    started = []
+    monkeypatch.setattr(app.run_cmd, "HostManager", lambda *a, **k: started.append(1))
+    line = one_line_error(capsys, ["run", CNN, "--devices", "cpu:1", "--requests", "5",
+                                   "--inputs", _cnn_inputs(tmp_path, **arrays)])
+    out = capsys.readouterr().out
+    assert not started and not out
+    assert "inputs.npz" in line and {"dtype": "int32", "name": "'picture'",
+                                     "shape": spec.name}[case] in line
+
+
+def test_run_with_good_inputs_uses_them(capsys, tmp_path):
+    [spec] = input_specs(load_graph(CNN))
+    shape = tuple(d if isinstance(d, int) else 1 for d in spec.dims)
+    feeds = {spec.name: np.random.default_rng().standard_normal(shape).astype(spec.dtype)}
+    code = main(["run", CNN, "--devices", "cpu:2", "--requests", "6", "--concurrency", "2",
+                 "--check", "--inputs", _cnn_inputs(tmp_path, **feeds)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^\s*6\s+0\s+0\b", out, re.MULTILINE), out
+
+
+def test_version_names_prism_and_its_dependencies(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    found = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert set(found) == {"prism", "python", "onnx", "onnxruntime", "numpy", "textual",
+                          "streamlit"}
+    assert found["onnxruntime"] == ort.__version__ and found["onnx"] == onnx.__version__
+    assert found["python"] == platform.python_version()

@@ -1,0 +1,496 @@
+"""Devices: the in-process DeviceManager through the Device interface (load/unload with the
+memory account, `call` with a completion callback, `run_now` on the caller's thread),
+every backend on real small models, ordering, errors, events and close."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime.devices import DeviceConfig, DeviceManager, Program, open_device, supported_ops
+from runtime.devices.manager import on_device_thread
+from runtime.devices.sim import SimDevice
+from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from tests.support.fakes import blocking
+
+MB = 1_000_000
+RNG = np.random.default_rng()
+
+
+def matmul_relu(k: int = 8, n: int = 4) -> tuple[onnx.ModelProto, np.ndarray]:
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "mm_relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model, w
+
+
+def bad_model() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"])], "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+class Probe:
+    """A hand-made Function recording where and in which order it ran."""
+
+    output_names = ("y",)
+
+    def __init__(self, hold: float = 0.0, gate: threading.Event | None = None):
+        self.hold, self.gate = hold, gate
+        self.calls: list[tuple[int, str]] = []
+        self.entered = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self, feeds):
+        with self.lock:
+            self.calls.append((int(feeds["x"]), threading.current_thread().name))
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(5.0)
+        if self.hold:
+            time.sleep(self.hold)
+        return {"y": feeds["x"]}
+
+
+class Raiser:
+    output_names = ("y",)
+
+    def run(self, feeds):
+        raise ValueError("boom\nsecond line")
+
+
+class Bus:
+    active = True
+
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+        self.lock = threading.Lock()
+
+    def publish(self, kind, **fields):
+        with self.lock:
+            self.events.append((kind, fields))
+
+    def of(self, kind):
+        return [f for k, f in self.events if k == kind]
+
+
+def device(name="d0", backend="cpu", bus=None, **kw):
+    """A real device of the backend's own kind (what a host opens)."""
+    return open_device(DeviceConfig(name=name, backend=backend, **kw), bus)
+
+
+def handmade(name="d0", bus=None, **functions) -> DeviceManager:
+    """A DeviceManager whose programs compile to the hand-made functions given by name:
+    `load("k", named("k"))` installs functions["k"]."""
+    return DeviceManager(DeviceConfig(name=name), lambda program, config:
+                         functions[program.name], bus)
+
+
+def named(name: str, weight_bytes: int = 0) -> Program:
+    return Program(b"", frozenset(), weight_bytes, 0, name=name)
+
+
+def x(n: int) -> dict:
+    return {"x": np.array(n)}
+
+
+@pytest.fixture
+def managers():
+    made: list = []
+
+    def make(*args, functions=None, **kw):
+        made.append(handmade(*args, **kw, **functions) if functions is not None
+                    else device(*args, **kw))
+        for key in functions or ():
+            made[-1].load(key, named(key))
+        return made[-1]
+
+    yield make
+    for m in made:
+        m.close(1.0)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "sim"])
+def test_backend_runs_real_model_through_call_and_run_now(managers, backend):
+    m = managers("d0", backend)
+    assert isinstance(m, SimDevice) == (backend == "sim")  # each backend opens its kind
+    model, w = matmul_relu()
+    m.load("net/p0", Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000))
+    assert m.keys == ("net/p0",) and m.used_bytes == w.nbytes + 1000
+    for run in (lambda feeds: blocking(m, "net/p0", feeds), lambda feeds: m.run_now(
+            "net/p0", feeds)) * 2:
+        feeds = {"x": RNG.standard_normal((5, 8)).astype(np.float32)}
+        out = run(feeds)
+        assert list(out) == ["y"]
+        np.testing.assert_allclose(out["y"], np.maximum(feeds["x"] @ w, 0), rtol=1e-5,
+                                   atol=1e-5)
+    stats = m.stats()
+    assert (stats.name, stats.backend, stats.runs, stats.queue_length) == ("d0", backend, 4, 0)
+    assert stats.busy_seconds > 0 and stats.total_bytes == m.config.memory_bytes
+    assert stats.used_bytes == m.used_bytes
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_unloadable_model_is_provision_error_and_frees(managers, backend):
+    m = managers("d0", backend)
+    with pytest.raises(ProvisionError) as info:
+        m.load("net/bad", Program.of(bad_model(), 100, 0))
+    assert "\n" not in str(info.value) and "d0" in str(info.value)
+    assert m.used_bytes == 0 and m.keys == ()
+
+
+def test_config_op_list_is_enforced(managers):
+    m = managers("s0", "sim", supported_ops={"MatMul"})
+    with pytest.raises(ProvisionError, match="Relu"):
+        m.load("net/p0", Program.of(matmul_relu()[0], 10, 0))
+    assert m.used_bytes == 0
+
+
+def test_memory_refusal_before_compile_and_account_unchanged(managers):
+    bus = Bus()
+    m = managers("cpu0", memory_bytes=64 * MB, bus=bus)
+    m.load("bert/p0", Program.of(matmul_relu()[0], 40 * MB, 12 * MB))
+    before = (m.used_bytes, m.free_bytes, m.keys)
+    # a model that would fail to compile: the memory refusal must come first
+    with pytest.raises(DeviceMemoryError) as info:
+        m.load("bert/p1", Program.of(bad_model(), 80 * MB, 4 * MB))
+    # its 4 MB of activations fit in the 12 MB arena p0 already holds: 80 MB more
+    assert str(info.value) == "bert/p1 needs 80.0 MB on cpu0, 12.0 MB free of 64.0 MB"
+    assert (m.used_bytes, m.free_bytes, m.keys) == before
+    with pytest.raises(ProvisionError, match="already loaded"):
+        m.load("bert/p0", Program.of(matmul_relu()[0], 1, 0))
+    assert m.unload("bert/p0") == 52 * MB
+    assert m.unload("bert/p0") == 0
+    assert (m.used_bytes, m.free_bytes, m.keys) == (0, 64 * MB, ())
+    assert bus.of("device.memory") == [
+        {"device": "cpu0", "used_bytes": 52 * MB, "total_bytes": 64 * MB},
+        {"device": "cpu0", "used_bytes": 0, "total_bytes": 64 * MB}]
+
+
+def test_call_runs_in_arrival_order_under_many_callers(managers):
+    probe = Probe(hold=0.0005)
+    m = managers("d0", functions={"k": probe})
+    order_lock = threading.Lock()
+    seq = iter(range(10_000))
+    answered: list[int] = []
+    all_in = threading.Event()
+
+    def done(outputs, error):
+        assert error is None
+        answered.append(int(outputs["y"]))  # done runs on the device's one worker
+        if len(answered) == 200:
+            all_in.set()
+
+    def caller():
+        for _ in range(25):
+            with order_lock:  # arrival order = sequence order
+                m.call("k", x(next(seq)), None, done)
+
+    threads = [threading.Thread(target=caller) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert all_in.wait(10)
+    assert [n for n, _ in probe.calls] == answered == list(range(200))
+    assert {name for _, name in probe.calls} == {"prism-d0"}
+    assert m.stats().runs == 200
+
+
+def inline(device, key, feeds, wait=0.0):
+    """A run on the caller's thread: the device's one fast path."""
+    return device.run_now(key, feeds, None, wait)
+
+
+def test_run_now_runs_here_only_when_idle_and_not_on_a_device_thread(managers):
+    gate = threading.Event()
+    pa, pb, busy = Probe(), Probe(), Probe(gate=gate)
+    a = managers("a", functions={"k": pa, "busy": busy})
+    b = managers("b", functions={"k": pb})
+    assert inline(b, "k", x(0)) == {"y": 0}
+    assert pb.calls == [(0, threading.current_thread().name)]
+    assert not on_device_thread()
+
+    a.call("busy", x(0), None, lambda *_: None)  # a's worker holds it at the gate
+    assert busy.entered.wait(5)
+    assert inline(a, "k", x(9)) is None  # busy: the caller must queue instead
+    nested, chained = [], threading.Event()
+
+    def chain(outputs, error):  # on a's worker: b is idle, yet must not run here
+        nested.append(inline(b, "k", {"x": outputs["y"] + 1}))
+        b.call("k", {"x": outputs["y"] + 1}, None, lambda out, err: (
+            nested.append(out), chained.set()))
+
+    a.call("k", x(1), None, chain)
+    assert a.stats().queue_length == 1
+    gate.set()
+    assert chained.wait(5)
+    assert pa.calls[-1] == (1, "prism-a")
+    assert nested == [None, {"y": 2}] and pb.calls[-1] == (2, "prism-b")
+
+
+def test_a_waiting_caller_runs_on_its_own_thread_once_the_device_is_free(managers):
+    gate = threading.Event()
+    probe, busy = Probe(), Probe(gate=gate)
+    a = managers("a", functions={"k": probe, "busy": busy})
+    a.call("busy", x(0), None, lambda *_: None)  # the worker holds it at the gate
+    assert busy.entered.wait(5)
+    started = time.monotonic()
+    assert inline(a, "k", x(1), wait=0.05) is None  # still busy when the wait ran out
+    assert time.monotonic() - started >= 0.04 and probe.calls == []  # it did wait
+
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(inline(a, "k", x(2), wait=5)),
+                              name="waiter")
+    waiter.start()
+    time.sleep(0.05)
+    assert got == []  # waiting for the device, not declined
+    gate.set()
+    waiter.join(5)
+    assert got == [{"y": 2}] and probe.calls == [(2, "waiter")]
+    assert a.stats().runs == 2
+
+
+def test_close_lets_a_waiting_caller_go(managers):
+    gate = threading.Event()
+    busy = Probe(gate=gate)
+    a = managers("a", functions={"k": Probe(), "busy": busy})
+    a.call("busy", x(0), None, lambda *_: None)
+    assert busy.entered.wait(5)  # the worker holds the device at the gate
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(inline(a, "k", x(1), wait=30)))
+    waiter.start()
+    time.sleep(0.05)
+    closer = threading.Thread(target=a.close, args=(5.0,))
+    closer.start()
+    time.sleep(0.2)  # close has begun (its first step) and waits for the run in hand
+    gate.set()
+    waiter.join(5)
+    closer.join(5)
+    assert got == [None]  # declined: the device closed while it waited
+
+
+class Forward:
+    """Runs on the caller, and from inside sends onward to another device."""
+
+    output_names = ("y",)
+
+    def __init__(self, target: DeviceManager):
+        self.target, self.nested = target, []
+        self.landed = threading.Event()
+
+    def run(self, feeds):
+        assert on_device_thread()
+        self.nested.append(self.target.run_now("k", feeds))  # declines: a device thread
+        self.target.call("k", feeds, None, lambda out, err: (self.nested.append(out),
+                                                             self.landed.set()))
+        return {"y": feeds["x"]}
+
+
+def test_an_inline_run_counts_as_a_device_thread(managers):
+    pb = Probe()
+    b = managers("b", functions={"k": pb})
+    forward = Forward(b)
+    a = managers("a", functions={"k": forward})
+    assert inline(a, "k", x(5)) == {"y": 5}  # on this thread
+    assert forward.landed.wait(5)
+    assert forward.nested == [None, {"y": 5}] and pb.calls == [(5, "prism-b")]
+    assert not on_device_thread()
+
+
+def test_a_failing_run_fails_only_that_call(managers):
+    bus = Bus()
+    m = managers("cpu1", bus=bus, functions={"bert/p2": Raiser(), "ok": Probe()})
+    with pytest.raises(ExecutionError) as info:
+        blocking(m, "bert/p2", x(0), tag={"network": "bert", "request": 7})
+    assert str(info.value) == "cpu1 failed running bert/p2: boom"
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(ExecutionError, match="boom"):
+        inline(m, "bert/p2", x(0))
+    with pytest.raises(ExecutionError, match=r"cpu1 .*nope"):
+        inline(m, "nope", x(0))
+    assert inline(m, "ok", x(4)) == {"y": 4} and blocking(m, "ok", x(3)) == {"y": 3}
+    with pytest.raises(ExecutionError) as missing:
+        blocking(m, "nope", x(0))
+    assert "cpu1" in str(missing.value) and "nope" in str(missing.value)
+    started, finished = bus.of("partition.run.started"), bus.of("partition.run.finished")
+    assert started == [{"network": "bert", "request": 7, "device": "cpu1"}]
+    assert finished[0]["ok"] is False and finished[0]["device"] == "cpu1"
+    assert finished[0]["queue_wait"] >= 0 and finished[0]["run_seconds"] >= 0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "sim"])  # sim keeps time: its own `_invoke`
+def test_run_now_computes_counts_its_runs_and_declines_once_unloaded_or_closed(managers,
+                                                                               backend):
+    m = managers("d0", backend)
+    model, w = matmul_relu()
+    program = Program.of(model, weight_bytes=w.nbytes, activation_bytes=1000)
+    m.load("net/p0", program)
+    feeds = {"x": RNG.standard_normal((5, 8)).astype(np.float32)}
+    out = m.run_now("net/p0", feeds)
+    np.testing.assert_allclose(out["y"], np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
+    assert m.run_now("net/p0", feeds, None, 0.5) is not None  # the device was given back
+    assert m.stats().runs == 2 and m.stats().busy_seconds > 0
+    m.unload("net/p0")
+    with pytest.raises(ExecutionError, match="d0 failed running net/p0: net/p0 is not loaded"):
+        m.run_now("net/p0", feeds)
+    m.load("net/p0", program)
+    m.close(1.0)
+    assert m.run_now("net/p0", feeds) is None and m.run_now("net/p0", feeds, None, 0.5) is None
+    assert m.stats().runs == 2  # what never ran is not counted
+
+
+class Interrupting(Bus):
+    """A bus on which publishing `kind` raises KeyboardInterrupt once: Ctrl-C landing while
+    a run publishes its events (a signal can land on any line of the thread it is for)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.fired = kind, False
+
+    def publish(self, kind, **fields):
+        super().publish(kind, **fields)
+        if kind == self.kind and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind", ["partition.run.started", "partition.run.finished"])
+def test_an_interrupt_while_a_run_publishes_leaves_the_device_free(managers, kind):
+    """Inline, the interrupt reaches the caller; on the worker, it fails that run and a new
+    worker takes over. Either way the device is free for the next run, which a run still
+    holding it would refuse (run_now) or never start (call)."""
+    m = managers("d0", bus=Interrupting(kind), functions={"k": Probe()})
+    with pytest.raises(KeyboardInterrupt):
+        m.run_now("k", x(1), tag={"request": 1})
+    assert m.run_now("k", x(2), tag={"request": 2}) == {"y": 2}
+    m.bus.fired = False
+    with pytest.raises(ExecutionError, match="KeyboardInterrupt"):
+        blocking(m, "k", x(3), tag={"request": 3})
+    assert blocking(m, "k", x(4), tag={"request": 4}) == {"y": 4}
+    assert m.run_now("k", x(5)) == {"y": 5}
+    assert [f["request"] for f in m.bus.of("partition.run.finished")] == [1, 2, 3, 4]
+    assert len(m.bus.of("device.worker.replaced")) == 1
+
+
+def test_a_broken_callback_does_not_stop_the_device(managers):
+    m = managers("d0", functions={"k": Probe()})
+    m.call("k", x(1), None, lambda *_: 1 / 0)
+    assert blocking(m, "k", x(2)) == {"y": 2}
+
+
+def test_events_published_only_when_bus_active(managers):
+    bus = Bus()
+    bus.active = False
+    m = managers("d0", bus=bus, functions={"k": Probe()})
+    m.run_now("k", x(1), tag={"request": 1})
+    blocking(m, "k", x(1), tag={"request": 1})
+    assert bus.events == []
+
+
+def test_sim_holds_for_est_seconds(managers):
+    m = managers("s0", "sim")
+    model, _ = matmul_relu()
+    m.load("k", Program.of(model, 0, 0, est_seconds=0.02))
+    batch = {"x": RNG.standard_normal((2, 8)).astype(np.float32)}
+    for run in (lambda: m.run_now("k", batch), lambda: blocking(m, "k", batch)) * 2:
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+        assert 0.02 <= wall < 0.06
+
+
+def test_sim_devices_overlap(managers):
+    est = 0.1
+    devs = [managers(f"s{i}", "sim") for i in range(4)]
+    model, _ = matmul_relu()
+    for d in devs:
+        d.load("k", Program.of(model, 0, 0, est_seconds=est))
+    batch = {"x": RNG.standard_normal((2, 8)).astype(np.float32)}
+    with ThreadPoolExecutor(4) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(lambda d: blocking(d, "k", batch), devs))
+        wall = time.perf_counter() - t0
+    assert est <= wall < 1.6 * est
+
+
+def test_chained_callbacks_across_devices(managers):
+    devs = [managers(f"d{i}", functions={"k": Probe(hold=0.0002)}) for i in range(4)]
+    finals = []
+    all_done = threading.Event()
+
+    def hop(i):
+        def done(outputs, error):
+            assert error is None
+            if i + 1 < len(devs):
+                devs[i + 1].call("k", {"x": outputs["y"]}, None, hop(i + 1))
+            else:
+                finals.append(int(outputs["y"]))
+                if len(finals) == 64:
+                    all_done.set()
+        return done
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: devs[0].call("k", x(n), None, hop(0)), range(64)))
+    assert all_done.wait(10)
+    assert sorted(finals) == list(range(64))
+
+
+def test_close_fails_queued_and_is_bounded(managers):
+    gate = threading.Event()
+    slow = Probe(gate=gate)
+    m = managers("d0", functions={"k": slow})
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(m.run_now, "k", x(0))  # inline, on the pool's thread
+        assert slow.entered.wait(5)
+        queued = [pool.submit(blocking, m, "k", x(i)) for i in (1, 2)]
+        threading.Timer(0.1, gate.set).start()
+        t0 = time.perf_counter()
+        m.close(timeout=2.0)
+        assert time.perf_counter() - t0 < 1.0
+        assert first.result(5) == {"y": 0}  # the running job finished
+        for f in queued:
+            assert str(f.exception(5)) == "device d0 closed"
+    with pytest.raises(ExecutionError, match="closed"):
+        blocking(m, "k", x(3))
+    assert m.run_now("k", x(3)) is None
+    assert [n for n, _ in slow.calls] == [0]
+
+
+def test_close_returns_within_bound_when_job_hangs(managers):
+    gate = threading.Event()
+    stuck = Probe(gate=gate)
+    m = managers("d0", functions={"k": stuck})
+    landed = threading.Event()
+    m.call("k", x(1), None, lambda *_: landed.set())  # the worker runs the stuck job
+    assert stuck.entered.wait(5)
+    t0 = time.perf_counter()
+    m.close(timeout=0.2)
+    assert time.perf_counter() - t0 < 0.5
+    gate.set()
+    assert landed.wait(5)
+
+
+def test_supported_ops():
+    cpu = supported_ops("cpu")
+    assert cpu is not None and {"Conv", "MatMul", "Relu", "Constant", "Gelu"} <= cpu
+    ref = supported_ops("reference")
+    assert ref is not None and {"Add", "MatMul", "Gelu"} <= ref and "OpRun" not in ref
+    assert supported_ops("sim") is None
+    assert supported_ops("cpu") is cpu  # cached

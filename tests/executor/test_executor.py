@@ -1,0 +1,151 @@
+"""The executor's own paths, driven directly over fake devices: a request's first stage on
+the caller's thread and the rest through the devices' queues (`call`), the lean `run_now`,
+errors that name their partition and device, and a request that ends mid-flight."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+
+import numpy as np
+import pytest
+
+from runtime.devices import parse_devices
+from runtime.errors import ExecutionError
+from runtime.executor.requests import Request
+from runtime.host import HostManager
+from runtime.observe.events import EventBus
+from runtime.provision.from_model import load_network
+from runtime.provision.network import LoadedNetwork
+from tests.support.fakes import FakeDevice, Gate
+from tests.support.serving import MLP, TRANSFORMER, WAIT, assert_same, expected
+
+
+class Outcome:
+    """A `done` callback that records each call and signals the first."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.event = threading.Event()
+
+    def __call__(self, request, outputs, error):
+        self.calls.append((request, outputs, error))
+        self.event.set()
+
+    def wait(self) -> tuple:
+        assert self.event.wait(WAIT), "done was never called"
+        return self.calls[0]
+
+
+@pytest.fixture
+def loaded():
+    """(network, its devices) on fake cpu devices; closed afterwards."""
+    made: list[dict] = []
+
+    def load(model, spec: str, **kw) -> tuple[LoadedNetwork, dict[str, FakeDevice]]:
+        devices = {c.name: FakeDevice(c) for c in parse_devices(spec)}
+        made.append(devices)
+        return load_network("t", model, devices, EventBus(), **kw), devices
+
+    yield load
+    for devices in made:
+        for device in devices.values():
+            device.close()
+
+
+def tokens(rng) -> dict:
+    return {"tokens": rng.standard_normal((2, 16, 64)).astype(np.float32)}
+
+
+def test_first_stage_runs_on_the_caller_and_the_rest_on_device_threads(loaded):
+    net, devices = loaded(TRANSFORMER, "cpu:3")
+    [executor] = net.replicas
+    assert len(executor.parts) == 3 and not executor.single
+    rng = np.random.default_rng()
+    feeds = tokens(rng)
+    request, outcome = Request("t", feeds, inline=True), Outcome()
+    executor.start(request, outcome)
+    got, outputs, error = outcome.wait()
+    assert got is request and error is None
+    assert_same(outputs, expected(TRANSFORMER, feeds))
+    threads = {p.partition.name: devices[p.device.name].runs[-1][2] for p in executor.parts}
+    first, *rest = (p.partition.name for p in executor.parts)
+    assert threads[first] == threading.current_thread().name
+    assert all(threads[name].startswith("fake-") for name in rest), threads
+    assert len(outcome.calls) == 1
+    # not inline: every stage through the queues, none on this thread
+    queued, outcome = Request("t", feeds := tokens(rng)), Outcome()
+    executor.start(queued, outcome)
+    assert_same(outcome.wait()[1], expected(TRANSFORMER, feeds))
+    assert all(d.runs[-1][2].startswith("fake-") for d in devices.values())
+
+
+def test_an_error_names_its_partition_and_device_and_abandons_the_rest(loaded):
+    net, devices = loaded(TRANSFORMER, "cpu:3")
+    [executor] = net.replicas
+    middle, last = executor.parts[1], executor.parts[2]
+    devices[middle.device.name].fail = lambda n, feeds: True
+    outcome = Outcome()
+    executor.start(Request("t", tokens(np.random.default_rng()), inline=True), outcome)
+    _, outputs, error = outcome.wait()
+    assert outputs is None and isinstance(error, ExecutionError)
+    assert (error.partition, error.device) == (middle.partition.name, middle.device.name)
+    assert "injected fault" in str(error)
+    assert devices[last.device.name].runs == []
+    assert len(outcome.calls) == 1
+
+
+def test_a_request_ended_mid_flight_runs_no_further_stage(loaded):
+    net, devices = loaded(TRANSFORMER, "cpu:3")
+    [executor] = net.replicas
+    first, second = executor.parts[0], executor.parts[1]
+    gate = devices[first.device.name].gate = Gate()
+    request, outcome = Request("t", tokens(np.random.default_rng())), Outcome()
+    executor.start(request, outcome)
+    assert gate.entered.wait(5)
+    assert request.end(error=TimeoutError("gone"))  # as the host's deadline would
+    gate.opened.set()
+    assert not outcome.event.wait(0.2)
+    assert devices[second.device.name].runs == [] and outcome.calls == []
+
+
+def test_run_now_is_the_lean_path_of_a_one_partition_plan(loaded):
+    net, devices = loaded(MLP, "cpu:1")
+    [executor] = net.replicas
+    assert executor.single and net.lean is executor
+    [device] = devices.values()
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((3, 256)).astype(np.float32)}
+    assert_same(executor.run_now(feeds), expected(MLP, feeds))
+    assert device.runs[-1][2] == threading.current_thread().name
+    gate = device.gate = Gate()
+    outcome = Outcome()
+    executor.start(Request("t", feeds), outcome)  # holds the device on its thread
+    assert gate.entered.wait(5)
+    assert executor.run_now(feeds) is None  # busy: the host takes the general path
+    gate.opened.set()
+    assert_same(outcome.wait()[1], expected(MLP, feeds))
+    device.gate, device.fail = None, lambda n, feeds: True
+    with pytest.raises(ExecutionError) as info:
+        executor.run_now(feeds)
+    part = executor.parts[0]
+    assert (info.value.partition, info.value.device) == (part.partition.name, "cpu0")
+
+
+def test_a_host_on_devices_that_never_run_inline_still_serves():
+    """A device in another process cannot run on the caller's thread: its run_now always
+    declines, and the host must serve through `call` alone."""
+    rng = np.random.default_rng()
+    factory = partial(FakeDevice, inline=False)
+    with HostManager(parse_devices("cpu:2"), device_factory=factory) as host:
+        for model, make in ((MLP, lambda: {"x": rng.standard_normal((2, 256)).astype(
+                np.float32)}), (TRANSFORMER, lambda: tokens(rng))):
+            host.add_network(model.stem, model)
+            feeds = [make() for _ in range(20)]
+            futures = [host.run(model.stem, f) for f in feeds]
+            for f, fut in zip(feeds, futures, strict=True):
+                assert_same(fut.result(timeout=WAIT), expected(model, f))
+        threads = {run[2] for d in host.devices.values() for run in d.runs}
+        assert threading.current_thread().name not in threads
+        assert sum(d.stats().runs for d in host.devices.values()) == sum(
+            len(d.runs) for d in host.devices.values())

@@ -1,0 +1,357 @@
+"""load_graph: sources, node naming, symbolic dims, outer-scope reads, load errors."""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime.cost import node_cost
+from runtime.errors import ModelLoadError
+from runtime.graph import Graph, load_graph
+from tests.support.dags import SAMPLE_NAMES, SAMPLES_DIR, dag_models, random_dag_model, reads_of
+
+
+def summary(g: Graph) -> list[tuple]:
+    return [(n.name, n.op_type, n.inputs, n.outputs, n.outer_inputs, n.index) for n in g.nodes]
+
+
+def shapes(g: Graph) -> dict[str, tuple]:
+    return {t: (v.shape, v.dims, v.dtype) for t, v in g.tensors.items()}
+
+
+# ------------------------------------------------------------------------------------
+# Sources
+# ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_path_bytes_and_proto_give_the_same_graph(name):
+    path = SAMPLES_DIR / f"{name}.onnx"
+    proto = onnx.load(str(path))
+    graphs = [load_graph(path), load_graph(str(path)), load_graph(path.read_bytes()),
+              load_graph(proto)]
+    first = graphs[0]
+    assert first.nodes, "a sample model has nodes"
+    for g in graphs[1:]:
+        assert summary(g) == summary(first)
+        assert shapes(g) == shapes(first)
+        assert g.inputs == first.inputs and g.outputs == first.outputs
+        assert set(g.initializers) == set(first.initializers)
+        assert sorted(g.dag.edges) == sorted(first.dag.edges)
+    assert [n.name for n in first.nodes] == [n.name for n in proto.graph.node]
+
+
+def test_graph_basics_on_a_random_dag():
+    model = random_dag_model(7, 25, batch="batch")
+    g = load_graph(model)
+    assert [n.name for n in g.nodes] == [n.name for n in model.graph.node]
+    assert g.inputs == ["x"]
+    assert g.outputs == [o.name for o in model.graph.output]
+    assert set(g.initializers) == {t.name for t in model.graph.initializer}
+    made = {t: n.name for n in g.nodes for t in n.outputs}
+    edges = {(made[t], n.name) for n in g.nodes for t in reads_of(n) if t in made}
+    assert set(g.dag.edges) == edges
+    assert nx.is_directed_acyclic_graph(g.dag)
+    for t, info in g.tensors.items():
+        if info.shape is not None and info.dtype == "float32":
+            assert g.tensor_bytes(t) == 4 * math.prod(info.shape)
+    for t, init in g.initializers.items():
+        assert g.tensor_bytes(t) == numpy_helper.to_array(init).nbytes
+    assert g.tensor_bytes("no such tensor") == 0
+
+
+def test_loading_a_proto_leaves_it_untouched():
+    model = _unnamed_model()
+    before = model.SerializeToString()
+    g = load_graph(model)
+    assert all(n.name for n in g.nodes)
+    assert model.SerializeToString() == before
+    assert all(not n.name for n in model.graph.node)
+
+
+# ------------------------------------------------------------------------------------
+# Node names
+# ------------------------------------------------------------------------------------
+def _unnamed_model(names: list[str] | None = None) -> onnx.ModelProto:
+    ops = ["Relu", "Sigmoid", "Relu", "Tanh", "Relu", "Neg"]
+    names = names if names is not None else [""] * len(ops)
+    nodes, prev = [], "x"
+    for i, (op, name) in enumerate(zip(ops, names, strict=True)):
+        nodes.append(helper.make_node(op, [prev], [f"y{i}"], name=name))
+        prev = f"y{i}"
+    graph = helper.make_graph(nodes, "chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_unnamed_nodes_get_stable_unique_names():
+    model = _unnamed_model()
+    a = [n.name for n in load_graph(model).nodes]
+    b = [n.name for n in load_graph(model.SerializeToString()).nodes]
+    c = [n.name for n in load_graph(_unnamed_model()).nodes]
+    assert a == b == c
+    assert len(set(a)) == len(a) and all(a)
+
+
+@pytest.mark.parametrize("names", [
+    ["a", "a", "a", "b", "b", "c"],
+    ["", "Relu_0", "", "Relu_2", "", ""],          # generated names would clash
+    ["x_1", "x", "x", "x_1", "", "x_2"],           # renamed duplicate clashes with a later name
+    ["Sigmoid_1", "", "n", "n", "n_3", "n_3_1"],
+])
+def test_duplicate_and_clashing_names_are_made_unique(names):
+    model = _unnamed_model(names)
+    g1, g2 = load_graph(model), load_graph(model)
+    got = [n.name for n in g1.nodes]
+    assert got == [n.name for n in g2.nodes]
+    assert len(set(got)) == len(got) and all(got)
+    # The first node to use a name keeps it.
+    seen: set[str] = set()
+    for name, new in zip(names, got, strict=True):
+        if name and name not in seen:
+            assert new == name
+        seen.add(name)
+    # The graph still wires up: a chain of len(names) nodes.
+    assert nx.is_directed_acyclic_graph(g1.dag)
+    assert g1.dag.number_of_edges() == len(names) - 1
+    assert g1.node(got[-1]).op_type == "Neg"
+
+
+# ------------------------------------------------------------------------------------
+# Symbolic dims
+# ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_symbolic_batch_binds_to_one_by_default_and_to_bindings(name):
+    path = SAMPLES_DIR / f"{name}.onnx"
+    g1 = load_graph(path)
+    g8 = load_graph(path, bindings={"batch": 8})
+    g3 = load_graph(path, default_dim=3)
+    assert g8.bindings == {"batch": 8}
+    batched = 0
+    for t, info in g1.tensors.items():
+        if t in g1.initializers:
+            assert g8.tensors[t].shape == info.shape
+            assert g8.tensor_bytes(t) == g1.tensor_bytes(t)
+            continue
+        if info.dims and info.dims[0] == "batch":
+            batched += 1
+            assert info.shape[0] == 1, t
+            assert g8.tensors[t].dims == info.dims, "dims keep the symbol"
+            assert g8.tensors[t].shape == (8, *info.shape[1:]), t
+            assert g3.tensors[t].shape == (3, *info.shape[1:]), t
+            assert g8.tensor_bytes(t) == 8 * g1.tensor_bytes(t) > 0
+    inp = g1.inputs[0]
+    assert g1.tensors[inp].dims[0] == "batch"
+    assert g1.tensors[g1.outputs[0]].dims[0] == "batch"
+    assert batched >= 3
+    # Costs follow the bound shapes: every node but the batch-free ones costs more.
+    flops1 = sum(node_cost(g1, n).flops for n in g1.nodes)
+    flops8 = sum(node_cost(g8, n).flops for n in g8.nodes)
+    assert flops8 > 4 * flops1
+
+
+def test_bindings_on_a_random_dag_with_symbolic_batch():
+    model = random_dag_model(11, 15, batch="batch")
+    g1, g5 = load_graph(model), load_graph(model, bindings={"batch": 5})
+    checked = 0
+    for n in g1.nodes:
+        if n.op_type in ("ReduceSum", "Greater"):  # the scalars feeding an If
+            assert g1.tensors[n.outputs[0]].dims == ()
+            continue
+        for t in n.outputs:
+            checked += 1
+            assert g1.tensors[t].dims[0] == "batch"
+            assert g5.tensors[t].dims == g1.tensors[t].dims
+            assert g5.tensors[t].shape == (5, *g1.tensors[t].shape[1:])
+    assert checked >= 10
+
+
+def test_unknown_binding_names_are_ignored():
+    g = load_graph(SAMPLES_DIR / "mlp.onnx", bindings={"sequence": 4})
+    assert g.tensors["x"].shape == (1, 256)
+
+
+# ------------------------------------------------------------------------------------
+# Outer-scope reads
+# ------------------------------------------------------------------------------------
+def test_if_node_lists_its_outer_scope_reads():
+    g = load_graph(SAMPLES_DIR / "control_flow.onnx")
+    node = g.node("if")
+    assert node.op_type == "If"
+    assert node.inputs == ("cond/greater",)
+    assert set(node.outer_inputs) == {"fc1/relu", "if/then.weight", "if/else.weight",
+                                      "if/else.scale"}
+    assert set(node.reads) == {"cond/greater", *node.outer_inputs}
+    assert g.producer["fc1/relu"] == "fc1/relu"
+    assert g.dag.has_edge("fc1/relu", "if")
+    assert "fc1/relu" in g.dag.edges["fc1/relu", "if"]["tensors"]
+    assert g.dag.has_edge("cond/greater", "if")
+    assert "if" in g.consumers["fc1/relu"]
+    # Outer-scope weights count as the If node's weights.
+    weights = sum(g.tensor_bytes(t) for t in ("if/then.weight", "if/else.weight",
+                                              "if/else.scale"))
+    assert weights == (64 * 16 * 2 + 1) * 4
+    assert node_cost(g, node).weight_bytes == weights
+    order = [n.name for n in g.nodes]
+    assert order.index("fc1/relu") < order.index("if")
+
+
+def _nested_if_model() -> onnx.ModelProto:
+    """x -> Relu -> h; If(c) whose then-branch holds another If reading h and W."""
+    f = TensorProto.FLOAT
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
+    inner_then = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "W"], ["it"], name="inner/then/mm")], "inner_then",
+        [], [helper.make_tensor_value_info("it", f, [1, 4])])
+    inner_else = helper.make_graph(
+        [helper.make_node("Neg", ["local"], ["ie"], name="inner/else/neg")], "inner_else",
+        [], [helper.make_tensor_value_info("ie", f, [1, 4])])
+    outer_then = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["local"], name="outer/then/relu"),
+         helper.make_node("If", ["c"], ["ot"], name="outer/then/if",
+                          then_branch=inner_then, else_branch=inner_else)],
+        "outer_then", [], [helper.make_tensor_value_info("ot", f, [1, 4])])
+    outer_else = helper.make_graph(
+        [helper.make_node("Identity", ["h"], ["oe"], name="outer/else/id")], "outer_else",
+        [], [helper.make_tensor_value_info("oe", f, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+         helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+         helper.make_node("Greater", ["s", "zero"], ["c"], name="greater"),
+         helper.make_node("If", ["c"], ["z"], name="if", then_branch=outer_then,
+                          else_branch=outer_else),
+         helper.make_node("Add", ["z", "h"], ["y"], name="add")],
+        "nested", [helper.make_tensor_value_info("x", f, [1, 4])],
+        [helper.make_tensor_value_info("y", f, [1, 4])],
+        initializer=[w, numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_nested_subgraphs_report_reads_from_every_outer_scope():
+    g = load_graph(_nested_if_model())
+    node = g.node("if")
+    # h and W are read two scopes down, x one down; c too, but it is an explicit input
+    # already; "local" is made inside the branch.
+    assert set(node.outer_inputs) == {"h", "W", "x"}
+    assert set(node.reads) == {"c", "h", "W", "x"}
+    assert g.dag.has_edge("relu", "if") and g.dag.has_edge("greater", "if")
+    assert "h" in g.dag.edges["relu", "if"]["tensors"]
+    assert node_cost(g, node).weight_bytes == 64
+
+
+# ------------------------------------------------------------------------------------
+# Load errors
+# ------------------------------------------------------------------------------------
+def _one_line_error(source, **kw) -> str:
+    with pytest.raises(ModelLoadError) as info:
+        load_graph(source, **kw)
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nowhere" / "model.onnx"
+    message = _one_line_error(missing)
+    assert str(missing) in message and "not found" in message
+
+
+def test_folder_is_not_a_model(tmp_path):
+    assert str(tmp_path) in _one_line_error(tmp_path)
+
+
+@pytest.mark.parametrize("garbage", [b"this is not an onnx model at all", bytes(range(256))])
+def test_file_that_is_not_onnx(tmp_path, garbage):
+    path = tmp_path / "garbage.onnx"
+    path.write_bytes(garbage)
+    message = _one_line_error(path)
+    assert str(path) in message and "not an ONNX model" in message
+    assert "not an ONNX model" in _one_line_error(garbage)
+
+
+def test_model_failing_the_checker(tmp_path):
+    model = onnx.load(str(SAMPLES_DIR / "mlp.onnx"))
+    model.graph.node[0].input[0] = "undefined_tensor"
+    path = tmp_path / "broken.onnx"
+    onnx.save(model, str(path))
+    for source in (model, path, model.SerializeToString()):
+        message = _one_line_error(source)
+        assert "checker" in message
+    assert str(path) in _one_line_error(path)
+
+
+def test_unknown_op_fails_the_checker():
+    model = _unnamed_model()
+    model.graph.node[2].op_type = "NoSuchOp"
+    assert "checker" in _one_line_error(model)
+
+
+def test_opset_99():
+    model = onnx.load(str(SAMPLES_DIR / "mlp.onnx"))
+    model.opset_import[0].version = 99
+    message = _one_line_error(model)
+    assert "opset" in message and "99" in message
+
+
+def test_ir_version_too_new():
+    model = _unnamed_model()
+    model.ir_version = onnx.IR_VERSION + 1
+    assert "IR version" in _one_line_error(model)
+
+
+# ------------------------------------------------------------------------------------
+# The random DAG helper itself (the other test files lean on it)
+# ------------------------------------------------------------------------------------
+@settings(max_examples=30)
+@given(model=dag_models(1, 40))
+def test_random_dag_models_are_well_formed(model):
+    onnx.checker.check_model(model)
+    assert model.ir_version == 9
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    g = load_graph(model)
+    assert 1 <= len(g.outputs) <= 2
+    for node in g.nodes:
+        assert 1 <= len(node.inputs) <= 2 or node.op_type == "If"
+        for t in node.outputs:
+            assert t in g.outputs or g.consumers.get(t), f"{t} is never used"
+            assert g.tensors[t].shape is not None
+            assert g.tensors[t].dtype in ("float32", "bool")
+
+
+def test_random_dag_models_vary_and_repeat():
+    first = [random_dag_model(seed, 30).SerializeToString() for seed in range(8)]
+    again = [random_dag_model(np.random.default_rng(seed), 30).SerializeToString()
+             for seed in range(8)]
+    assert first == again, "a seed gives the same model"
+    assert len(set(first)) == 8
+    graphs = [load_graph(m) for m in first]
+    ops = {n.op_type for g in graphs for n in g.nodes}
+    assert {"MatMul", "Concat", "Split", "If"} <= ops and len(ops) >= 10
+    shared = sum(
+        1 for g in graphs for w in g.initializers
+        if len([n for n in g.nodes if w in n.reads]) > 1)
+    assert shared >= 1, "some weight is read by two nodes"
+    assert any(len(g.consumers.get(t, ())) > 1 for g in graphs for t in g.producer)
+    assert any(n.outer_inputs for g in graphs for n in g.nodes)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_dag_models_run_in_onnxruntime(seed):
+    import onnxruntime as ort
+
+    model = random_dag_model(seed, 25, batch="batch")
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    width = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    outs = session.run(None, {"x": np.ones((3, width), np.float32)})
+    assert all(o.shape[0] == 3 for o in outs)

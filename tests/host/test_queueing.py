@@ -1,0 +1,105 @@
+"""Requests waiting for a slot: priority then arrival order, a timeout while queued (it
+never runs) or while running, and a queued request cancelled."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from runtime.errors import RequestTimeoutError
+from tests.support.hosts import Blocked, gated_toy, toy_expected, toy_feeds
+from tests.support.serving import WAIT, Events, idle, poll
+
+# -- priorities ------------------------------------------------------------------------------
+
+
+def test_priority_then_fifo():
+    host, gate = gated_toy(max_active=1, max_queue=20)
+    with host:
+        events = Events(host, kinds=("request.",))
+        blocked = Blocked(host, gate)
+        first_id = events.last_queued()
+        low, high = [], []
+        for _ in range(3):
+            low.append((host.run("toy", toy_feeds(), priority=1), events.last_queued()))
+        for _ in range(3):
+            high.append((host.run("toy", toy_feeds(), priority=0), events.last_queued()))
+        low.append((host.run("toy", toy_feeds(), priority=1), events.last_queued()))
+        gate.opened.set()
+        blocked.future().result(timeout=WAIT)
+        for fut, _ in [*low, *high]:
+            fut.result(timeout=WAIT)
+        order = [e["request"] for e in events.of("request.started")]
+        want = [first_id, *(i for _, i in high), *(i for _, i in low)]
+        assert order == want
+
+
+# -- timeouts and cancellation ---------------------------------------------------------------
+
+
+def test_timeout_while_queued_never_runs():
+    host, gate = gated_toy(max_active=1)
+    with host:
+        events = Events(host)
+        first = Blocked(host, gate)
+        late = host.run("toy", toy_feeds(), timeout=0.05)
+        late_id = events.last_queued()
+        err = late.exception(timeout=5)  # ends while the gate is still shut
+        assert isinstance(err, RequestTimeoutError) and "queue" in str(err)
+        assert not gate.opened.is_set()
+        gate.opened.set()
+        first.future().result(timeout=WAIT)
+        after = toy_feeds()
+        np.testing.assert_allclose(host.run("toy", after).result(timeout=WAIT)["y"],
+                                   toy_expected(after))
+        assert poll(lambda: idle(host))
+        time.sleep(0.05)
+        assert not events.ran(late_id)
+        assert not any(e.get("request") == late_id for e in events.of("request.started"))
+        assert gate.calls == 2
+
+
+def test_timeout_while_running():
+    host, gate = gated_toy(max_active=1)
+    with host:
+        events = Events(host, kinds=("request.",))
+        blocked = Blocked(host, gate, timeout=0.05)
+        rid = events.last_queued()
+        assert poll(lambda: any(e["request"] == rid for e in events.of("request.failed")), 5)
+        opened_at = time.monotonic()
+        gate.opened.set()
+        err = blocked.future().exception(timeout=WAIT)
+        assert isinstance(err, RequestTimeoutError) and "running" in str(err)
+        [failed] = [e for e in events.of("request.failed") if e["request"] == rid]
+        assert failed.ts < opened_at
+        after = toy_feeds()
+        np.testing.assert_allclose(host.run("toy", after).result(timeout=WAIT)["y"],
+                                   toy_expected(after))
+        assert poll(lambda: idle(host))
+
+
+def test_cancel_queued_request():
+    host, gate = gated_toy(max_active=1)
+    with host:
+        events = Events(host)
+        blocked = Blocked(host, gate)
+        victim = host.run("toy", toy_feeds())
+        victim_id = events.last_queued()
+        kept_feeds = toy_feeds()
+        kept = host.run("toy", kept_feeds)
+        assert victim.cancel()
+        assert victim.cancelled()
+        assert host.stats().queued == 1
+        gate.opened.set()
+        blocked.future().result(timeout=WAIT)
+        np.testing.assert_allclose(kept.result(timeout=WAIT)["y"], toy_expected(kept_feeds))
+        assert poll(lambda: idle(host))
+        for _ in range(5):  # accounting recovered: later requests still run
+            f = toy_feeds()
+            np.testing.assert_allclose(host.run("toy", f).result(timeout=WAIT)["y"],
+                                       toy_expected(f))
+        assert poll(lambda: idle(host))
+        assert not events.ran(victim_id)
+        assert not any(e.get("request") == victim_id for e in events.of("request.started"))
+        assert gate.calls == 7

@@ -1,0 +1,482 @@
+"""Properties of every plan the partitioner makes, checked against independent figures.
+
+Random DAGs and the sample models, modes memory and balanced on 1..8 mixed devices (memory
+often tight), and user maps. A PartitionError is only accepted when the reference says no
+plan exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.errors import PartitionError
+from runtime.graph import Graph, load_graph
+from runtime.partition import (
+    MODES,
+    Plan,
+    canonical_devices,
+    partition,
+    partition_steps,
+    replay,
+)
+from runtime.partition.steps import STEP_KINDS
+from tests.partition.test_memory_plan import brute_force
+from tests.support.dags import (
+    SAMPLE_NAMES,
+    Rand,
+    Reference,
+    biggest_node,
+    close,
+    dag_models,
+    device_lists,
+    random_dag_model,
+    random_devices,
+    reads_of,
+    sample_graph,
+    total_bytes,
+)
+
+
+def groups(plan: Plan) -> set[tuple[frozenset, str]]:
+    return {(frozenset(p.nodes), p.device) for p in plan.partitions}
+
+
+def capability(device: DeviceConfig) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in device.to_dict().items() if k != "name"))
+
+
+def run_collecting(gen) -> tuple[list, Plan | None, PartitionError | None]:
+    """Every step yielded, then the plan, or the PartitionError raised part way."""
+    steps = []
+    try:
+        while True:
+            steps.append(next(gen))
+    except StopIteration as stop:
+        return steps, stop.value, None
+    except PartitionError as exc:
+        return steps, None, exc
+
+
+def device_times(ref: Reference, graph: Graph, plan: Plan) -> dict[str, float]:
+    """Per device: compute of its nodes plus its end of each copy: one per activation it
+    reads that another device made, one per activation it makes that another reads."""
+    device_of = {n: p.device for p in plan.partitions for n in p.nodes}
+    by_name = {d.name: d for d in plan.devices}
+    times = dict.fromkeys(by_name, 0.0)
+    for dev in by_name:
+        names = [n for n in plan.order if device_of[n] == dev]
+        times[dev] = ref.seconds(names, by_name[dev])
+    return times
+
+
+def check_plan(graph: Graph, devices: list[DeviceConfig], mode: str, plan: Plan,
+               steps: list) -> None:
+    ref = Reference(graph)
+    all_nodes = [n.name for n in graph.nodes]
+    by_name = {d.name: d for d in devices}
+
+    # The order is a topological order of every node.
+    assert sorted(plan.order) == sorted(all_nodes)
+    position = {n: i for i, n in enumerate(plan.order)}
+    assert all(position[a] < position[b] for a, b in graph.dag.edges)
+
+    # Every node in exactly one partition; nodes listed in plan order.
+    counts = Counter(n for p in plan.partitions for n in p.nodes)
+    assert set(counts) == set(all_nodes) and set(counts.values()) == {1}
+    for p in plan.partitions:
+        assert p.nodes, f"empty partition {p.name}"
+        assert [position[n] for n in p.nodes] == sorted(position[n] for n in p.nodes)
+    assert len({p.name for p in plan.partitions}) == len(plan.partitions)
+
+    # Partitions in topological order: none reads what a later one makes.
+    home = {n: i for i, p in enumerate(plan.partitions) for n in p.nodes}
+    for i, p in enumerate(plan.partitions):
+        for n in p.nodes:
+            for t in reads_of(graph.node(n)):
+                if t in ref.made_by:
+                    assert home[ref.made_by[t]] <= i, (p.name, n, t)
+
+    # Devices can run their nodes; memory per device within its capacity.
+    weights = dict.fromkeys(by_name, 0)
+    for p in plan.partitions:
+        dev = by_name[p.device]
+        assert p.backend == dev.backend
+        assert ref.runs(p.nodes, dev), (p.name, p.device)
+        assert p.weight_bytes == ref.weight_bytes(p.nodes), p.name
+        assert p.activation_bytes == ref.activation_bytes(p.nodes), p.name
+        weights[p.device] += p.weight_bytes
+        inside = set(p.nodes)
+        reads = {t for n in p.nodes for t in reads_of(graph.node(n))}
+        made = {t for n in p.nodes for t in graph.node(n).outputs if t}
+        assert set(p.inputs) == {t for t in reads - made if t not in graph.initializers}
+        assert set(p.outputs) == {t for t in made if t in graph.outputs
+                                  or ref.readers.get(t, set()) - inside}
+        assert set(p.weights) == {t for t in reads if t in graph.initializers}
+    # A device runs one partition at a time: one arena suffices, the most bytes live at
+    # once on its timeline, a tensor waiting between two of its partitions included.
+    arena = {name: brute_force(plan, graph, name)[2] for name in by_name}
+    used = {name: weights[name] + arena[name] for name in by_name}
+    for name, nbytes in used.items():
+        assert nbytes <= by_name[name].memory_bytes, (name, nbytes)
+    assert plan.device_memory() == used
+
+    # Times: per device, and the bottleneck.
+    times = device_times(ref, graph, plan)
+    for name, t in times.items():
+        assert close(plan.device_seconds[name], t), (name, plan.device_seconds[name], t)
+    assert close(plan.bottleneck_seconds, max(times.values())), (plan.bottleneck_seconds, times)
+
+    # Transfers: one per (tensor, reading device other than the producer's).
+    device_of = {n: p.device for p in plan.partitions for n in p.nodes}
+    expected = set()
+    for n in graph.nodes:
+        for t in reads_of(n):
+            src = ref.made_by.get(t)
+            if src is not None and device_of[src] != device_of[n.name]:
+                expected.add((t, device_of[src], device_of[n.name], ref.size(t)))
+    got = [(x.tensor, x.src, x.dst, x.bytes) for x in plan.transfers]
+    assert len(got) == len(set(got)) and set(got) == expected
+
+    if mode in ("memory", "balanced"):
+        # A split of the order into contiguous segments on the canonical devices in
+        # sequence; each segment's time is its compute plus its copies in and out.
+        # Where placement interleaves devices, a device may hold several segments.
+        canon = [d.name for d in canonical_devices(devices)]
+        assert [n for p in plan.partitions for n in p.nodes] == list(plan.order)
+        idx = [canon.index(p.device) for p in plan.partitions]
+        if idx == sorted(set(idx)):
+            seg = [ref.seconds(p.nodes, by_name[p.device]) for p in plan.partitions]
+            for p, t in zip(plan.partitions, seg, strict=True):
+                assert close(p.stage_seconds,
+                             t), p.name
+            assert close(plan.bottleneck_seconds, max(seg))
+
+    # Steps: numbered 0..N-1, known kinds, order first, planned last, and replayable.
+    assert [s.index for s in steps] == list(range(len(steps)))
+    assert {s.kind for s in steps} <= set(STEP_KINDS)
+    assert all(s.kind == "place" for s in steps[: len(graph.nodes)])  # placement first
+    assert steps[len(graph.nodes)].kind == "order"
+    assert tuple([s for s in steps if s.kind == "order"][-1].nodes) == tuple(plan.order)
+    assert steps[-1].kind == "planned"
+    assert sum(s.kind == "planned" for s in steps) == 1
+    state = replay(steps)
+    assert tuple(state.order) == tuple(plan.order)
+    replayed: dict[int, set] = {}
+    for node, part in state.assignment.items():
+        replayed.setdefault(part, set()).add(node)
+    assert {(frozenset(m), state.devices[i]) for i, m in replayed.items()} == groups(plan)
+    # Replaying a prefix never assigns a node the full replay does not know.
+    half = replay(steps[: len(steps) // 2])
+    assert set(half.assignment) <= set(state.assignment)
+
+
+def check_mode(graph: Graph, devices: list[DeviceConfig], mode: str) -> Plan | None:
+    """Partition; check the plan, or check that the error is justified. Returns the plan."""
+    ref = Reference(graph)
+    steps, plan, error = run_collecting(partition_steps(graph, devices, mode))
+    canon = canonical_devices(devices)
+    if error is not None:
+        message = str(error)
+        assert "\n" not in message
+        misfits = ref.lone_misfits(devices)
+        orders = [s for s in steps if s.kind == "order"]
+        order = list(orders[0].nodes) if orders else [n.name for n in graph.nodes]
+        if misfits:
+            # placement names an op no device runs before memory names a node too big
+            assert any(f"node {m} " in message for m in misfits), (message, misfits)
+            assert "needs" in message or "cannot run" in message, message
+        else:
+            assert not ref.feasible(order, canon), f"{mode} failed but a split exists: {message}"
+            assert "too few devices" in message, message
+        return None
+    assert not ref.lone_misfits(devices)
+    check_plan(graph, devices, mode, plan, steps)
+    again = partition(graph, devices, mode)
+    assert groups(again) == groups(plan) and again.bottleneck_seconds == plan.bottleneck_seconds
+    return plan
+
+
+def op_types(graph: Graph) -> list[str]:
+    return sorted({n.op_type for n in graph.nodes})
+
+
+# ------------------------------------------------------------------------------------
+# memory and balanced on random DAGs and on the sample models
+# ------------------------------------------------------------------------------------
+@settings(max_examples=50)
+@given(data=st.data())
+def test_random_dag_plans(data):
+    graph = load_graph(data.draw(dag_models(5, 40)))
+    devices = data.draw(device_lists(total_bytes(graph), ops=op_types(graph),
+                                     floor=biggest_node(graph)))
+    for mode in ("memory", "balanced"):
+        check_mode(graph, devices, mode)
+
+
+@settings(max_examples=40)
+@given(name=st.sampled_from(SAMPLE_NAMES), data=st.data())
+def test_sample_model_plans(name, data):
+    graph = sample_graph(name)
+    devices = data.draw(device_lists(total_bytes(graph), ops=op_types(graph),
+                                     floor=biggest_node(graph)))
+    for mode in ("memory", "balanced"):
+        check_mode(graph, devices, mode)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_seeded_random_dag_plans(seed):
+    """A fixed set of cases, so every run covers tight memory and restricted ops."""
+    rng = Rand(seed)
+    graph = load_graph(random_dag_model(rng, 5 + 3 * seed))
+    devices = random_devices(rng, total_bytes(graph), ops=op_types(graph),
+                             floor=biggest_node(graph))
+    outcomes = [check_mode(graph, devices, mode) for mode in ("memory", "balanced")]
+    assert (outcomes[0] is None) == (outcomes[1] is None), "both modes agree on feasibility"
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("spec", ["cpu:1", "cpu:3", "cpu:2,sim:3", "sim:8"])
+def test_sample_models_on_roomy_devices(name, spec):
+    graph = sample_graph(name)
+    for mode in ("memory", "balanced"):
+        plan = check_mode(graph, parse_devices(spec), mode)
+        assert plan is not None
+        if mode == "memory":  # everything fits on the first device: one partition
+            assert len(plan.partitions) == 1
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_device_order_does_not_change_the_plan(data):
+    if data.draw(st.booleans()):
+        graph = load_graph(data.draw(dag_models(5, 30)))
+    else:
+        graph = sample_graph(data.draw(st.sampled_from(SAMPLE_NAMES)))
+    devices = data.draw(device_lists(total_bytes(graph), min_devices=2, ops=op_types(graph),
+                                     floor=biggest_node(graph)))
+    shuffled = Rand(data.draw).shuffled(devices)
+    for mode in ("memory", "balanced"):
+        try:
+            plan = partition(graph, devices, mode)
+        except PartitionError as exc:
+            with pytest.raises(PartitionError) as again:
+                partition(graph, shuffled, mode)
+            assert str(again.value) == str(exc)
+            continue
+        other = partition(graph, shuffled, mode)
+        caps = {d.name: capability(d) for d in devices}
+        assert [(p.nodes, caps[p.device]) for p in plan.partitions] == \
+               [(p.nodes, caps[p.device]) for p in other.partitions]
+        assert plan.bottleneck_seconds == other.bottleneck_seconds
+        assert plan.order == other.order
+
+
+def test_renaming_identical_devices_only_renames():
+    graph = sample_graph("transformer")
+    a = partition(graph, parse_devices("cpu:3"), "balanced")
+    renamed = [DeviceConfig(name=n) for n in ("zeta", "alpha", "mid")]
+    b = partition(graph, renamed, "balanced")
+    assert [p.nodes for p in a.partitions] == [p.nodes for p in b.partitions]
+    assert a.bottleneck_seconds == b.bottleneck_seconds
+
+
+def test_tight_memory_forces_several_partitions():
+    graph = sample_graph("mlp")
+    ref = Reference(graph)
+    biggest = max(ref.memory([n.name]) for n in graph.nodes)
+    devices = [DeviceConfig(name=f"d{i}", memory_bytes=int(biggest * 1.2)) for i in range(7)]
+    for mode in ("memory", "balanced"):
+        plan = check_mode(graph, devices, mode)
+        assert plan is not None and len(plan.partitions) >= 3
+    with pytest.raises(PartitionError, match="too few devices"):
+        partition(graph, devices[:2], "memory")
+
+
+def test_restricted_ops_route_nodes_to_capable_devices():
+    graph = sample_graph("mlp")
+    devices = [DeviceConfig(name="fast", backend="sim", supported_ops=frozenset({"Gemm"})),
+               DeviceConfig(name="cpu0")]
+    for mode in ("memory", "balanced"):
+        plan = check_mode(graph, devices, mode)
+        assert plan is not None
+        for p in plan.partitions:
+            if p.device == "fast":
+                assert {graph.node(n).op_type for n in p.nodes} == {"Gemm"}
+    with pytest.raises(PartitionError, match="cannot run on any device"):
+        partition(graph, devices[:1], "balanced")
+
+
+# ------------------------------------------------------------------------------------
+# user mode
+# ------------------------------------------------------------------------------------
+def check_user(graph: Graph, devices: list[DeviceConfig], user_map) -> Plan:
+    steps, plan, error = run_collecting(partition_steps(graph, devices, "user",
+                                                        user_map=user_map))
+    if error is not None:
+        raise error
+    check_plan(graph, devices, "user", plan, steps)
+    return plan
+
+
+def _mlp_map() -> tuple[Graph, list[DeviceConfig], dict]:
+    graph = sample_graph("mlp")
+    names = [n.name for n in graph.nodes]
+    mapping = {"default": "front", "partitions": {"front": "cpu0", "back": "cpu1"},
+               "nodes": dict.fromkeys(names[4:], "back")}
+    return graph, parse_devices("cpu:2"), mapping
+
+
+def test_user_map_from_a_dict():
+    graph, devices, mapping = _mlp_map()
+    names = [n.name for n in graph.nodes]
+    plan = check_user(graph, devices, mapping)
+    assert [(p.name, p.device, p.nodes) for p in plan.partitions] == [
+        ("front", "cpu0", tuple(names[:4])), ("back", "cpu1", tuple(names[4:]))]
+    assert plan.mode == "user"
+    assert [t.tensor for t in plan.transfers] == [graph.node(names[3]).outputs[0]]
+
+
+def test_user_map_from_toml_and_json_files(tmp_path):
+    graph, devices, mapping = _mlp_map()
+    names = [n.name for n in graph.nodes]
+    toml = tmp_path / "map.toml"
+    lines = ['default = "front"', "", "[partitions]", 'front = "cpu0"', "",
+             "[partitions.back]", 'device = "cpu1"', "", "[nodes]"]
+    lines += [f'"{n}" = "back"' for n in names[4:]]
+    toml.write_text("\n".join(lines) + "\n")
+    as_json = tmp_path / "map.json"
+    as_json.write_text(json.dumps(mapping))
+    expected = groups(check_user(graph, devices, mapping))
+    for source in (toml, str(toml), as_json):
+        plan = check_user(graph, devices, source)
+        assert groups(plan) == expected
+
+
+def test_user_map_default_only_and_device_names_as_partitions():
+    graph = sample_graph("cnn")
+    devices = parse_devices("cpu:2")
+    plan = check_user(graph, devices, {"default": "cpu1"})
+    assert [(p.name, p.device, len(p.nodes)) for p in plan.partitions] == [
+        ("cpu1", "cpu1", len(graph.nodes))]
+    assert plan.transfers == []
+
+
+def test_user_map_with_a_cycle_between_partitions():
+    graph, devices, _ = _mlp_map()
+    names = [n.name for n in graph.nodes]
+    # mlp is a chain: node 0 and 2.. on p0, node 1 on p1 -> p0 -> p1 -> p0.
+    cyclic = {"default": "p0", "partitions": {"p0": "cpu0", "p1": "cpu1"},
+              "nodes": {names[1]: "p1"}}
+    with pytest.raises(PartitionError, match="cycle") as info:
+        partition(graph, devices, "user", user_map=cyclic)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mapping, needle", [
+    ({"default": "p0", "partitions": {"p0": "gpu7"}}, "gpu7"),
+    ({"default": "cpu0", "nodes": {"no/such/node": "cpu0"}}, "no/such/node"),
+    ({"nodes": {"fc1": "cpu0"}}, "unmapped"),
+])
+def test_user_map_errors(mapping, needle):
+    graph, devices, _ = _mlp_map()
+    with pytest.raises(PartitionError) as info:
+        partition(graph, devices, "user", user_map=mapping)
+    assert needle in str(info.value)
+
+
+def test_user_mode_needs_a_map_and_a_readable_file(tmp_path):
+    graph, devices, _ = _mlp_map()
+    with pytest.raises(PartitionError, match="needs a map"):
+        partition(graph, devices, "user")
+    with pytest.raises(PartitionError, match="not found"):
+        partition(graph, devices, "user", user_map=tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("default = \n")
+    with pytest.raises(PartitionError, match="cannot read"):
+        partition(graph, devices, "user", user_map=bad)
+
+
+def test_user_map_over_memory_is_rejected():
+    graph, _, mapping = _mlp_map()
+    tiny = [DeviceConfig(name="cpu0", memory_bytes=10_000), DeviceConfig(name="cpu1")]
+    with pytest.raises(PartitionError, match="cpu0 needs"):
+        partition(graph, tiny, "user", user_map=mapping)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_random_user_maps(data):
+    """A plan exactly when the partition graph is acyclic; then groups follow the map."""
+    graph = load_graph(data.draw(dag_models(5, 25)))
+    r = Rand(data.draw)
+    k = r.int(1, 3)
+    devices = [DeviceConfig(name=f"cpu{i}") for i in range(r.int(1, 3))]
+    parts = {f"q{j}": r.choice(devices).name for j in range(k)}
+    names = [n.name for n in graph.nodes]
+    nodes = {n: f"q{r.int(0, k - 1)}" for n in names if r.chance(0.5)}
+    mapping = {"default": "q0", "partitions": parts, "nodes": nodes}
+    home = {n: nodes.get(n, "q0") for n in names}
+    quotient = nx.DiGraph()
+    quotient.add_nodes_from(set(home.values()))
+    quotient.add_edges_from((home[a], home[b]) for a, b in graph.dag.edges if home[a] != home[b])
+    if not nx.is_directed_acyclic_graph(quotient):
+        with pytest.raises(PartitionError, match="cycle"):
+            partition(graph, devices, "user", user_map=mapping)
+        return
+    plan = check_user(graph, devices, mapping)
+    expected = {}
+    for n, part in home.items():
+        expected.setdefault(part, set()).add(n)
+    assert groups(plan) == {(frozenset(m), parts[p]) for p, m in expected.items()}
+    assert {p.name for p in plan.partitions} == set(expected)
+
+
+def test_modes_constant():
+    assert set(MODES) == {"memory", "balanced", "user"}
+
+
+def test_user_map_onto_a_device_that_cannot_run_a_node():
+    graph, _, _ = _mlp_map()
+    devices = [DeviceConfig(name="relu_only", backend="sim", supported_ops=frozenset({"Relu"})),
+               DeviceConfig(name="cpu0")]
+    mapping = {"default": "cpu0", "nodes": {graph.nodes[0].name: "relu_only"}}
+    with pytest.raises(PartitionError, match="relu_only cannot run"):
+        partition(graph, devices, "user", user_map=mapping)
+
+
+# ------------------------------------------------------------------------------------
+# Degenerate graphs
+# ------------------------------------------------------------------------------------
+def _passthrough_graph() -> Graph:
+    """A legal model with no nodes: its output is its input."""
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([], "passthrough", [value], [value]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return load_graph(model)
+
+
+@pytest.mark.parametrize("mode", ["memory", "balanced"])
+def test_graph_without_nodes_gives_an_empty_plan(mode):
+    """balanced returns an empty plan; memory mode should too, not crash (ValueError from
+    max() of no stages in greedy.rebalance)."""
+    graph = _passthrough_graph()
+    assert graph.nodes == []
+    plan = partition(graph, parse_devices("cpu:2"), mode)
+    assert plan.partitions == [] and plan.bottleneck_seconds == 0.0
+
+
+@pytest.mark.parametrize("mode", ["memory", "balanced"])
+def test_single_node_graph_on_many_devices(mode):
+    graph = load_graph(random_dag_model(3, 1))
+    devices = parse_devices("cpu:3,sim:5")
+    plan = check_mode(graph, devices, mode)
+    assert plan is not None and len(plan.partitions) == 1

@@ -1,0 +1,459 @@
+"""Quantized networks: precision analysis, cost, placement, boundaries, running them split
+over devices, and `prism profile` / `prism quantize` with the accuracy-budget search.
+
+Real parts only: models are quantized by onnxruntime's own static quantizer (through
+Prism) or exported with QDQ from PyTorch (tests/real_models/digits_qdq.onnx), and the
+digits classifier is trained on scikit-learn's load_digits, so accuracy is measured on
+real labels. Facts that depend on onnxruntime (which ops it quantizes) are read from it.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from app.cli import main
+from benchmarks.digits import Digits, digits_classifier
+from runtime.cost import device_seconds, graph_costs
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.devices.ort.options import session_options
+from runtime.errors import DeviceSpecError, PartitionError
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.partition import partition, partition_steps
+from runtime.partition.record import finish, tap
+from runtime.precision import DEQUANTIZE_OPS, node_precisions
+from runtime.quantize import (
+    QuantizeOptions,
+    calibrate,
+    check_samples,
+    float_nodes_by_device,
+    load_metric,
+    prepare,
+    quantizer,
+    search,
+)
+from runtime.quantize.layout import boundaries, channels_last_handoff, transposed_bytes
+from runtime.quantize.narrow import MIN_CHANNELS, slow_in_int8
+from runtime.quantize.quantizer import quantizable_ops
+from runtime.quantize.search import run_outputs
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests" / "real_models"
+SAMPLES = ROOT / "sample_models"
+TORCH_QDQ = REAL / "digits_qdq.onnx"
+SPLIT = "cpu:1:precision=float,sim:2:precision=int8"
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def rng() -> np.random.Generator:
+    return np.random.default_rng()  # fresh inputs every run
+
+
+@cache
+def digits() -> Digits:
+    return digits_classifier()
+
+
+@cache
+def quantized(name: str, fmt: str = "qdq", exclude: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """A sample model quantized by onnxruntime's static quantizer on random calibration data."""
+    path = SAMPLES / f"{name}.onnx" if name != "resnet" else REAL / "resnet.onnx"
+    graph = load_graph(path)
+    spec = graph.tensors[graph.inputs[0]]
+    shape = (16, *spec.shape[1:])
+    data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    with calibrate(path, check_samples({graph.inputs[0]: data}, graph, "random")) as c:
+        return c.quantize(QuantizeOptions(format=fmt, exclude_nodes=exclude))
+
+
+def feeds_for(model: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
+    graph = load_graph(model)
+    name = graph.inputs[0]
+    shape = (batch, *graph.tensors[name].shape[1:])
+    return {name: rng().standard_normal(shape).astype(np.float32)}
+
+
+def plain(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+
+
+# -- precision ------------------------------------------------------------------------------
+
+def test_precisions_of_float_qdq_and_qoperator_models():
+    float_graph = load_graph(SAMPLES / "cnn.onnx")
+    assert set(node_precisions(float_graph).values()) <= {"float", None}
+    qdq = load_graph(quantized("cnn"))
+    precisions = node_precisions(qdq)
+    # every op reading a dequantized weight runs in int8 (onnxruntime fuses it)
+    readers = {c for n in qdq.nodes if n.op_type in DEQUANTIZE_OPS and qdq.is_weight(n.inputs[0])
+               for c in qdq.consumers[n.outputs[0]]}
+    assert readers and all(precisions[c] == "int8" for c in readers)
+    qop = load_graph(quantized("cnn", "qoperator"))
+    eight_bit = [n.name for n in qop.nodes if any(
+        (qop.tensors.get(t) and qop.tensors[t].dtype in ("int8", "uint8")) for t in n.writes)]
+    assert eight_bit and all(node_precisions(qop)[n] == "int8" for n in eight_bit)
+    # PyTorch's QAT export quantizes every compute node: all int8 but the Constants
+    torch = load_graph(TORCH_QDQ)
+    assert {p for n, p in node_precisions(torch).items()
+            if torch.node(n).op_type != "Constant"} == {"int8"}
+
+
+def test_plan_lists_each_nodes_precision(capsys):
+    path = Path(pytest.importorskip("tempfile").mkdtemp()) / "cnn8.onnx"
+    onnx.save(quantized("cnn", exclude=("stem/conv",)), str(path))
+    assert main(["partition", str(path), "--devices", "cpu:2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    graph = load_graph(path)
+    assert plan["precisions"] == node_precisions(graph)
+    assert plan["precisions"]["stem/conv"] == "float"
+    assert "int8" in plan["precisions"].values()
+
+
+def test_cost_counts_int8_work_at_the_int8_peak_and_bytes_as_stored():
+    float_graph, qdq = load_graph(SAMPLES / "cnn.onnx"), load_graph(quantized("cnn"))
+    fc, qc = graph_costs(float_graph), graph_costs(qdq)
+    kept = set(slow_in_int8(float_graph))  # in float for speed
+    convs = [n.name for n in float_graph.nodes if n.op_type == "Conv" and n.name in qdq.by_name
+             and n.name not in kept]
+    assert convs and kept
+    for name in convs:
+        assert qc[name].precision == "int8" and fc[name].precision == "float"
+        assert qc[name].bytes_read < fc[name].bytes_read  # int8 inputs, int8 weights
+    slow, fast = (DeviceConfig("s", "sim", int8_ops=x) for x in (1e9, 1e13))
+    assert all(device_seconds(qc[n], fast) < device_seconds(qc[n], slow) for n in convs)
+    assert device_seconds(fc[convs[0]], fast) == device_seconds(fc[convs[0]], slow)
+
+
+def test_device_spec_takes_int8_peak_and_precisions():
+    cpu, sim = parse_devices("cpu:1:precision=float,sim:1:precision=int8:int8=20T")
+    assert cpu.precisions == {"float"} and sim.precisions == {"int8"}
+    assert sim.int8_ops == 20e12 and cpu.int8_ops > cpu.peak_flops
+    with pytest.raises(DeviceSpecError, match="precisions"):
+        parse_devices("sim:1:precision=fp4")
+
+
+# -- placement and boundaries ---------------------------------------------------------------
+
+def test_int8_only_devices_take_int8_nodes_and_float_goes_elsewhere():
+    graph = load_graph(quantized("cnn", exclude=("stem/conv", "head/fc")))
+    precisions = node_precisions(graph)
+    plan = partition(graph, parse_devices(SPLIT), "balanced")
+    where = {n: plan.device(p.device) for p in plan.partitions for n in p.nodes}
+    for node, p in precisions.items():
+        if p is not None:
+            assert p in (where[node].precisions or {p}), (node, p, where[node].name)
+    assert {where["stem/conv"].backend, where["head/fc"].backend} == {"cpu"}
+    with pytest.raises(PartitionError, match=r"stem/conv \(Conv\).*computes in float; the "
+                       r"device runs int8"):
+        partition(load_graph(SAMPLES / "cnn.onnx"), parse_devices("sim:2:precision=int8"))
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet"])
+def test_boundaries_pass_int8_or_say_why(name):
+    graph = load_graph(quantized(name))
+    steps = []
+    plan = finish(tap(partition_steps(graph, parse_devices("cpu:4"), "balanced"), steps.append))
+    assert len(plan.partitions) >= 3
+    said = " ".join(s.reason for s in steps if s.kind == "split")
+    for t in plan.transfers:
+        dtype = graph.tensors[t.tensor].dtype
+        assert dtype in ("int8", "uint8") or t.tensor in said, (t.tensor, dtype)
+    # no weight is copied in float: its dequantize node went to the ops it feeds
+    dequantized_weights = {n.outputs[0] for n in graph.nodes
+                           if n.op_type in DEQUANTIZE_OPS and graph.is_weight(n.inputs[0])}
+    assert not {t.tensor for t in plan.transfers} & dequantized_weights
+    assert any(s.kind == "move" and "DequantizeLinear" in s.reason for s in steps)
+
+
+def test_user_map_splitting_a_pair_is_reported():
+    graph = load_graph(quantized("cnn"))
+    conv = graph.node("stage1/block1/conv1")
+    dq = next(graph.node(graph.producer[t]) for t in conv.inputs
+              if t in graph.producer and not graph.is_weight(graph.node(graph.producer[t])
+                                                              .inputs[0]))
+    order = [n.name for n in graph.nodes]
+    cut = order.index(conv.name)
+    assert order.index(dq.name) < cut
+    mapping = {"default": "a", "partitions": {"a": "cpu0", "b": "cpu1"},
+               "nodes": dict.fromkeys(order[cut:], "b")}
+    steps = []
+    plan = finish(tap(partition_steps(graph, parse_devices("cpu:2"), "user", user_map=mapping),
+                      steps.append))
+    split = [s for s in steps if s.kind == "split" and dq.name in s.nodes]
+    assert split and conv.name in split[0].nodes
+    assert "crosses as float" in plan.reasons[dq.name]
+
+
+# -- running quantized models over devices --------------------------------------------------
+
+def _models() -> dict[str, onnx.ModelProto]:
+    return {"ort-qdq-cnn": quantized("cnn"), "ort-qoperator-resnet": quantized("resnet",
+                                                                             "qoperator"),
+            "torch-qdq-digits": onnx.load(str(TORCH_QDQ))}
+
+
+@pytest.mark.parametrize("devices", ["cpu:1", "cpu:2", "cpu:3", "cpu:4", SPLIT])
+@pytest.mark.parametrize("name", ["ort-qdq-cnn", "ort-qoperator-resnet", "torch-qdq-digits"])
+def test_quantized_models_over_devices_equal_onnxruntime(name, devices):
+    model = _models()[name]
+    feeds = [feeds_for(model, b) for b in (1, 3)]
+    with HostManager(parse_devices(devices)) as host:
+        plan = host.add_network(name, model, partition="balanced")
+        if devices == "cpu:4":
+            assert len(plan.partitions) >= 2
+        outs = [f.result(timeout=60) for f in [host.run(name, x) for x in feeds]]
+    for x, got in zip(feeds, outs, strict=True):
+        want = plain(model, x)
+        for k, w in want.items():
+            # a pair split across a boundary computes in float there, where the whole
+            # model fuses it: a quantization step of difference at most
+            np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=0.05 * np.abs(w).max() + 1e-5,
+                                       err_msg=f"{name} on {devices}")
+        if "digits" in name:  # same classes
+            assert (got["logits"].argmax(1) == want["logits"].argmax(1)).all()
+
+
+# -- quantize: accuracy on real labels, the budget search, per-device precision ---------------
+
+def test_digits_int8_accuracy_within_one_point_of_float():
+    d = digits()
+    graph = load_graph(d.model)
+    test = check_samples({"pixels": d.test_x}, graph, "test")
+    with calibrate(d.model, check_samples({"pixels": d.train_x}, graph, "train")) as c:
+        floats = d.accuracy(run_outputs(c.prepared, test)["logits"])
+        model = c.quantize()
+        int8 = d.accuracy(run_outputs(model, test)["logits"])
+    assert floats > 0.85
+    assert abs(floats - int8) <= 0.01, (floats, int8)
+    graph8 = load_graph(model)
+    ops = quantizable_ops("qdq")
+    assert all(node_precisions(graph8)[n.name] == "int8" for n in graph8.nodes if n.op_type in ops)
+
+
+def test_accuracy_budget_returns_the_fewest_nodes_to_float(tmp_path):
+    d = digits()
+    graph = load_graph(d.model)
+    samples = check_samples({"pixels": d.train_x}, graph, "train")
+    cal, held = samples.split(0.25)
+    metric = load_metric("max-rel", graph)
+    with calibrate(d.model, cal) as c:
+        loose = search(c, held, 1.0 - 1e-9, metric)
+        assert loose.kept_float == [] and loose.loss == loose.quantized_loss > 0
+        budget = loose.quantized_loss / 2
+        tight = search(c, held, budget, metric)
+        assert tight.kept_float and tight.loss <= budget
+        assert set(tight.reasons) == set(tight.kept_float)
+        reference = run_outputs(c.prepared, held)
+        for node in tight.kept_float:  # none of them can go back to int8
+            rest = [n for n in tight.kept_float if n != node]
+            model = c.quantize(QuantizeOptions(exclude_nodes=tuple(rest)))
+            assert metric[1](reference, run_outputs(model, held)) > budget, node
+        floats = [n for n, p in node_precisions(load_graph(tight.model)).items()
+                  if p == "float"]
+        assert set(tight.kept_float) <= set(floats)
+    # a user's metric from a file: the share of samples whose class changed, in points
+    user = tmp_path / "metric.py"
+    user.write_text("def changed(ref, cand):\n"
+                    "    return float((ref['logits'].argmax(1) != cand['logits'].argmax(1))"
+                    ".mean())\n")
+    _, fn = load_metric(f"{user}:changed", graph)
+    assert fn({"logits": np.eye(3)}, {"logits": np.eye(3)[::-1]}) == pytest.approx(2 / 3)
+
+
+def test_per_device_precision_keeps_float_what_lands_on_float_devices():
+    graph = load_graph(SAMPLES / "cnn.onnx")
+    from runtime.quantize import prepare
+
+    prepared = load_graph(prepare(SAMPLES / "cnn.onnx"))
+    devices = parse_devices("cpu:1:precision=float,sim:1:precision=int8:mem=300KB")
+    keep, plan = float_nodes_by_device(prepared, devices)
+    assert keep, [(p.device, len(p.nodes)) for p in plan.partitions]
+    on_cpu = {n for p in plan.partitions if p.device == "cpu0" for n in p.nodes}
+    assert set(keep) <= on_cpu
+    spec = graph.tensors[graph.inputs[0]]
+    data = rng().standard_normal((8, *spec.shape[1:])).astype(np.float32)
+    with calibrate(SAMPLES / "cnn.onnx", check_samples({"image": data}, graph, "r")) as c:
+        model = c.quantize(QuantizeOptions(exclude_nodes=tuple(keep)))
+    precisions = node_precisions(load_graph(model))
+    assert all(precisions[n] == "float" for n in keep)
+    assert "int8" in precisions.values()
+
+
+# -- defaults chosen for speed -----------------------------------------------------------------
+
+def stem_model(channels: int, skip: bool = True) -> onnx.ModelProto:
+    """image -> stem Conv (channels -> 16) -> Relu -> MaxPool -> body Conv -> Relu -> Add
+    (the pool's output as skip; without `skip`, the Relu's output twice) ->
+    GlobalAveragePool: a residual network's first steps."""
+    r = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((r.standard_normal(shape) * 0.3).astype(np.float32), name)
+             for name, shape in (("w0", (16, channels, 3, 3)), ("b0", (16,)),
+                                 ("w1", (16, 16, 3, 3)), ("b1", (16,)))]
+    nodes = [helper.make_node("Conv", ["image", "w0", "b0"], ["c0"], name="stem", pads=[1] * 4),
+             helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
+             helper.make_node("MaxPool", ["r0"], ["p0"], name="stem_pool", kernel_shape=[2, 2],
+                              strides=[2, 2]),
+             helper.make_node("Conv", ["p0", "w1", "b1"], ["c1"], name="body", pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"], name="body_relu"),
+             helper.make_node("Add", ["r1", "p0" if skip else "r1"], ["a1"], name="skip"),
+             helper.make_node("GlobalAveragePool", ["a1"], ["out"], name="pool")]
+    graph = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info(
+        "image", TensorProto.FLOAT, ["batch", channels, 16, 16])], [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 16, 1, 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def quantize_stem(channels: int, narrow_float: bool = True, skip: bool = True
+                  ) -> onnx.ModelProto:
+    model = stem_model(channels, skip)
+    data = rng().standard_normal((16, channels, 16, 16)).astype(np.float32)
+    with calibrate(model, check_samples({"image": data}, load_graph(model), "random")) as c:
+        return c.quantize(QuantizeOptions(narrow_float=narrow_float))
+
+
+@pytest.mark.parametrize("narrow_float", [True, False])
+def test_narrow_convolutions_stay_float_with_the_relu_and_pool_after_them(narrow_float):
+    for channels in (MIN_CHANNELS - 1, MIN_CHANNELS):
+        model = quantize_stem(channels, narrow_float)
+        precisions = node_precisions(load_graph(model))
+        stays_float = narrow_float and channels < MIN_CHANNELS
+        assert precisions["stem"] == ("float" if stays_float else "int8"), channels
+        if stays_float:
+            assert precisions["stem_relu"] == precisions["stem_pool"] == "float"
+        assert precisions["body"] == precisions["skip"] == "int8"
+        x = {"image": rng().standard_normal((2, channels, 16, 16)).astype(np.float32)}
+        want = plain(stem_model(channels), x)["out"]
+        np.testing.assert_allclose(plain(model, x)["out"], want, atol=0.1 * np.abs(want).max())
+
+
+def test_prism_sessions_keep_a_float_stems_pool_in_float(tmp_path):
+    """With the stem in float, its MaxPool must not run on quantized values (onnxruntime's
+    QDQ propagation would copy the QuantizeLinear above it)."""
+    opts = session_options(1)
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(quantize_stem(MIN_CHANNELS - 1).SerializeToString(), opts,
+                         providers=["CPUExecutionProvider"])
+    graph = onnx.load(opts.optimized_model_filepath).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    pools = [n for n in graph.node if n.op_type == "MaxPool"]
+    assert pools and all(producer.get(n.input[0]) != "QuantizeLinear" for n in pools)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_float_stem_hands_its_int8_output_on_channels_last(monkeypatch, skip):
+    """Where the float stem's quantized output feeds int8 convolutions and a residual Add,
+    the hand-off leaves onnxruntime fewer transposes to run, with bit-identical outputs;
+    where the readers gain nothing (no skip: only the convolution reads it), the model
+    stays as onnxruntime's quantizer made it."""
+    monkeypatch.setattr(quantizer, "channels_last_handoff", lambda model: model)
+    before = quantize_stem(MIN_CHANNELS - 1, skip=skip)
+    graph = load_graph(before)
+    assert boundaries(graph) == [c for c in graph.consumers[graph.node("stem_pool").outputs[0]]
+                                 if graph.node(c).op_type == "QuantizeLinear"]
+    after = channels_last_handoff(before)
+    x = {"image": rng().standard_normal((3, MIN_CHANNELS - 1, 16, 16)).astype(np.float32)}
+    if not skip:
+        assert after is before
+        return
+    assert transposed_bytes(after, x) < transposed_bytes(before, x)
+    assert boundaries(load_graph(after)) == boundaries(graph)  # still there, handed off
+    for opts in (session_options(1), ort.SessionOptions()):
+        got, want = (ort.InferenceSession(m.SerializeToString(), opts, providers=[
+            "CPUExecutionProvider"]).run(None, x)[0] for m in (after, before))
+        np.testing.assert_array_equal(got, want)
+    all_int8 = quantize_stem(MIN_CHANNELS)  # no float region: nothing to hand off
+    assert not boundaries(load_graph(all_int8)) and channels_last_handoff(all_int8) is all_int8
+    monkeypatch.undo()  # `quantize` hands off by itself
+    assert transposed_bytes(quantize_stem(MIN_CHANNELS - 1), x) == transposed_bytes(after, x)
+
+
+def test_qdq_quantizes_what_onnxruntimes_own_default_list_does():
+    """Add, GlobalAveragePool, Mul... are only in onnxruntime's QOperator registry, and its
+    quantize_static quantizes both lists in either format; a network's last residual Add
+    and its pool must not stay in float."""
+    from onnxruntime.quantization import registry
+
+    ops = quantizable_ops("qdq")
+    assert set(registry.QLinearOpsRegistry) | set(registry.QDQRegistry) <= ops
+    kept = set(slow_in_int8(load_graph(prepare(SAMPLES / "cnn.onnx"))))
+    graph = load_graph(quantized("cnn"))
+    precisions = node_precisions(graph)
+    assert kept and all(precisions[n] == "float" for n in kept)
+    wrong = [n.name for n in graph.nodes
+             if n.op_type in ops and n.name not in kept and precisions[n.name] != "int8"]
+    assert not wrong
+
+
+# -- the command line -------------------------------------------------------------------------
+
+def test_profile_then_quantize_equals_one_step_and_prints_json(tmp_path, capsys):
+    d = digits()
+    model, data = tmp_path / "digits.onnx", tmp_path / "train.npz"
+    onnx.save(d.model, str(model))
+    np.savez(data, pixels=d.train_x[:400])
+    profile = tmp_path / "profile.json"
+    for method in ("entropy", "percentile", "minmax"):
+        assert main(["profile", str(model), "--inputs", str(data), "-o", str(profile),
+                     "--method", method, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["method"] == method
+    two, one = tmp_path / "two.onnx", tmp_path / "one.onnx"
+    assert main(["quantize", str(model), "--profile", str(profile), "-o", str(two)]) == 0
+    capsys.readouterr()
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(one), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["int8_nodes"] > 0 and report["bytes_int8"] < report["bytes_float"]
+    a, b = onnx.load(str(one)), onnx.load(str(two))
+    assert {t.name: t.raw_data for t in a.graph.initializer} == {
+        t.name: t.raw_data for t in b.graph.initializer}
+    x = {"pixels": d.test_x}
+    np.testing.assert_array_equal(plain(a, x)["logits"], plain(b, x)["logits"])
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(one), "--json",
+                 "--accuracy-budget", "2%"]) == 0
+    found = json.loads(capsys.readouterr().out)["search"]
+    assert found["metric"] == "top1" and found["loss"] <= 0.02
+
+
+def test_quantize_reports_what_it_kept_in_float_for_speed(tmp_path, capsys):
+    model, data = tmp_path / "stem.onnx", tmp_path / "calib.npz"
+    onnx.save(stem_model(3), str(model))
+    np.savez(data, image=rng().standard_normal((8, 3, 16, 16)).astype(np.float32))
+    for extra, kept in (([], ["stem", "stem_relu", "stem_pool"]), (["--quantize-narrow"], [])):
+        assert main(["quantize", str(model), "--calibrate", str(data), "-o",
+                     str(tmp_path / "out.onnx"), "--json", *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["float_for_speed"] == kept
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o",
+                 str(tmp_path / "out.onnx")]) == 0
+    assert "kept in float, where onnxruntime's int8 kernels are slower: stem, stem_relu" in (
+        capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("arrays, words", [
+    (lambda x: {"pixel": x}, "no array for input 'pixels'"),
+    (lambda x: {"pixels": x, "extra": x}, "array 'extra' is not an input"),
+    (lambda x: {"pixels": x[:, :60]}, "has shape (400, 60); digits takes (batch, 64)"),
+    (lambda x: {"pixels": x.astype(np.float64)}, "is float64; digits takes float32"),
+])
+def test_bad_calibration_data_is_refused_in_one_line(tmp_path, capsys, arrays, words):
+    model, data = tmp_path / "digits.onnx", tmp_path / "bad.npz"
+    onnx.save(digits().model, str(model))
+    np.savez(data, **arrays(digits().train_x[:400]))
+    for argv in (["quantize", str(model), "--calibrate", str(data), "-o", str(tmp_path / "o")],
+                 ["profile", str(model), "--inputs", str(data), "-o", str(tmp_path / "p")]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and str(data) in lines[0], err
+        assert "Traceback" not in err + out

@@ -1,0 +1,526 @@
+"""`prism serve`: the Open Inference Protocol checked with clients no one here wrote
+(tritonclient's HTTP client, urllib), answers equal to the host's own, the model
+repository, errors, the token and body limit, and /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from app.http_bench import bench
+from app.server.runner import check_exposure
+from app.server.state import ServerSettings
+from runtime.errors import PrismError
+from runtime.inputs import random_feeds
+from tests.support.servers import (
+    WAIT,
+    binary_request,
+    call,
+    error_of,
+    make_repository,
+    metric,
+    serving,
+)
+
+MODELS = ("mlp", "cnn", "transformer", "branchy", "control_flow")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Every sample model served from a repository on two cpu devices: (url, state)."""
+    repository = make_repository(tmp_path_factory.mktemp("repository"))
+    with serving("cpu:2", repository, models=MODELS) as (url, state):
+        yield url, state
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    url, _ = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"),
+                                          connection_timeout=WAIT, network_timeout=WAIT)
+    yield client
+    client.close()
+
+
+def _feeds(state, name, rows: int = 1) -> dict[str, np.ndarray]:
+    served = state.catalog.get(name)
+    return random_feeds(served.inputs, np.random.default_rng(), {"batch": rows})
+
+
+def _in_process(state, name, feeds) -> dict[str, np.ndarray]:
+    return state.host.run(state.catalog.get(name).network, feeds).result(WAIT)
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+# -- health and metadata -------------------------------------------------------------------
+
+
+def test_health_and_server_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "prism"
+    assert {"binary_tensor_data", "model_repository"} <= set(meta["extensions"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_metadata_describes_the_graph(client, server, name):
+    _, state = server
+    served = state.catalog.get(name)
+    graph = state.host.graph(served.network)
+    meta = client.get_model_metadata(name)
+    assert meta["name"] == name and meta["versions"] == [served.version]
+    assert [t["name"] for t in meta["inputs"]] == graph.inputs
+    assert [t["name"] for t in meta["outputs"]] == graph.outputs
+    for tensor in meta["inputs"]:
+        dims = graph.tensors[tensor["name"]].dims
+        assert tensor["shape"] == [d if isinstance(d, int) else -1 for d in dims]
+    assert client.is_model_ready(name)
+    assert client.is_model_ready(name, served.version)
+    assert not client.is_model_ready(name, "99")
+    assert not client.is_model_ready("no-such-model")
+
+
+def test_newest_version_is_served(client):
+    assert client.get_model_metadata("branchy")["versions"] == ["3"]
+    assert client.get_model_metadata("branchy", "3")["name"] == "branchy"
+    with pytest.raises(InferenceServerException, match="version '1'"):
+        client.get_model_metadata("branchy", "1")
+
+
+# -- inference -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("name", MODELS)
+def test_tritonclient_answers_equal_the_hosts(client, server, name, binary):
+    _, state = server
+    feeds = _feeds(state, name, rows=2)
+    inputs = []
+    for key, array in feeds.items():
+        tensor = triton.InferInput(key, list(array.shape), triton.np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    outputs = [triton.InferRequestedOutput(o.name, binary_data=binary)
+               for o in state.catalog.get(name).outputs]
+    result = client.infer(name, inputs, outputs=outputs, request_id="r-7")
+    assert result.get_response()["id"] == "r-7"
+    got = {o.name: result.as_numpy(o.name) for o in state.catalog.get(name).outputs}
+    _assert_same(got, _in_process(state, name, feeds))
+
+
+def test_urllib_json_binary_and_raw_requests(server):
+    url, state = server
+    feeds = _feeds(state, "mlp", rows=3)
+    want = _in_process(state, "mlp", feeds)["logits"]
+    infer = f"{url}/v2/models/mlp/infer"
+    nested = {"inputs": [{"name": "x", "shape": [3, 256], "datatype": "FP32",
+                          "data": feeds["x"].tolist()}]}  # nested lists, as numpy writes them
+    status, _, body = call(infer, "POST", nested)
+    assert status == 200
+    out = json.loads(body)["outputs"][0]
+    assert out["name"] == "logits" and out["datatype"] == "FP32" and out["shape"] == [3, 10]
+    np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(3, 10), want,
+                               rtol=1e-5, atol=1e-6)
+    body, headers = binary_request(feeds)
+    status, response_headers, payload = call(infer, "POST", body, headers)
+    size = int(response_headers["Inference-Header-Content-Length"])
+    header = json.loads(payload[:size])
+    assert status == 200 and header["outputs"][0]["parameters"]["binary_data_size"] == 120
+    np.testing.assert_allclose(np.frombuffer(payload[size:], "<f4").reshape(3, 10), want,
+                               rtol=1e-5, atol=1e-6)
+    status, response_headers, payload = call(
+        infer, "POST", feeds["x"].tobytes(), {"Inference-Header-Content-Length": "0"})
+    size = int(response_headers["Inference-Header-Content-Length"])
+    assert status == 200 and json.loads(payload[:size])["outputs"][0]["shape"] == [3, 10]
+    np.testing.assert_allclose(np.frombuffer(payload[size:], "<f4").reshape(3, 10), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_large_requests_decode_off_the_loop_and_answer_right(server):
+    from app.server.calls import OFFLOAD_BYTES
+
+    url, state = server
+    rows = OFFLOAD_BYTES // (256 * 4) + 7  # a body past the offload threshold
+    feeds = _feeds(state, "mlp", rows)
+    _assert_same(_infer(url, "mlp", feeds), _in_process(state, "mlp", feeds))
+
+
+def test_requested_outputs_and_versioned_path(server):
+    url, state = server
+    feeds = _feeds(state, "cnn")
+    body = {"inputs": [{"name": "image", "shape": list(feeds["image"].shape),
+                        "datatype": "FP32", "data": feeds["image"].ravel().tolist()}],
+            "outputs": [{"name": "logits"}]}
+    status, _, payload = call(f"{url}/v2/models/cnn/versions/1/infer", "POST", body)
+    assert status == 200
+    response = json.loads(payload)
+    assert response["model_name"] == "cnn" and response["model_version"] == "1"
+    body["outputs"] = [{"name": "nope"}]
+    status, message = error_of(call(f"{url}/v2/models/cnn/infer", "POST", body))
+    assert status == 400 and "'nope'" in message
+
+
+def test_many_concurrent_clients_each_get_their_own_answer(server):
+    url, state = server
+    feeds = [_feeds(state, "mlp") for _ in range(48)]
+
+    def one(f):
+        body, headers = binary_request(f)
+        status, response_headers, payload = call(f"{url}/v2/models/mlp/infer", "POST", body,
+                                                 headers)
+        size = int(response_headers["Inference-Header-Content-Length"])
+        return status, np.frombuffer(payload[size:], "<f4").reshape(1, 10)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, feeds, timeout=WAIT))
+    for f, (status, got) in zip(feeds, answers, strict=True):
+        assert status == 200
+        np.testing.assert_allclose(got, _in_process(state, "mlp", f)["logits"], rtol=1e-5,
+                                   atol=1e-6)
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def test_errors_have_tritons_status_and_one_line(server):
+    url, _ = server
+    infer = f"{url}/v2/models/mlp/infer"
+    x = {"name": "x", "shape": [1, 256], "datatype": "FP32", "data": [0.5] * 256}
+    cases = [
+        (f"{url}/v2/models/ghost/infer", {"inputs": [x]}, 404, "ghost"),
+        (infer, {"inputs": [{**x, "datatype": "FP64"}]}, 400, "float32"),
+        (infer, {"inputs": [{**x, "shape": [1, 255]}]}, 400, "256"),
+        (infer, {"inputs": [{**x, "name": "y"}]}, 400, "'y'"),
+        (infer, {"inputs": [{**x, "datatype": "FP99"}]}, 400, "FP99"),
+        (infer, {"inputs": [x], "parameters": {"priority": -1}}, 400, "priority"),
+        (infer, {"inputs": [x], "parameters": {"triton_x": 1}}, 400, "reserved"),
+        (f"{url}/v2/models/mlp/versions/7/infer", {"inputs": [x]}, 404, "version"),
+    ]
+    for target, body, status, part in cases:
+        got, message = error_of(call(target, "POST", body))
+        assert (got, part in message) == (status, True), (body, message)
+    status, message = error_of(call(f"{url}/v2/nothing/here"))
+    assert status == 404
+    status, message = error_of(call(infer))  # GET on a POST route
+    assert status == 405
+
+
+def test_timeout_is_504_and_a_full_queue_503():
+    """A slow device (a sim at 20 MFLOP/s: ~50 ms per mlp request) and a queue of one."""
+    from tests.support.dags import SAMPLES_DIR
+
+    with serving("sim:1:flops=20M", files=(("mlp", SAMPLES_DIR / "mlp.onnx"),),
+                 max_queue=1, max_active=1) as (url, _):
+        infer = f"{url}/v2/models/mlp/infer"
+        x = {"name": "x", "shape": [1, 256], "datatype": "FP32", "data": [0.5] * 256}
+        status, message = error_of(call(infer, "POST", {"inputs": [x],
+                                                        "parameters": {"timeout": 1000}}))
+        assert status == 504 and "timed out" in message
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda _: call(infer, "POST", {"inputs": [x]}), range(12),
+                                    timeout=WAIT))
+        statuses = sorted(a[0] for a in answers)
+        assert 200 in statuses and 503 in statuses and set(statuses) <= {200, 503}
+        assert any("queue is full" in error_of(a)[1] for a in answers if a[0] == 503)
+        assert metric(url, "nv_inference_request_failure", model="mlp", reason="REJECTED") \
+            == statuses.count(503) + 1  # the full queue, and the timeout in the queue
+
+
+# -- the model repository ------------------------------------------------------------------
+
+
+def test_index_load_and_unload(client, server):
+    url, state = server
+    index = {row["name"]: row for row in client.get_model_repository_index()}
+    assert set(MODELS) <= set(index) and index["branchy"]["version"] == "3"
+    assert all(index[m]["state"] == "READY" for m in MODELS)
+    # mlp's config.pbtxt asked for memory mode
+    assert state.host.plan(state.catalog.get("mlp").network).mode == "memory"
+
+    client.unload_model("cnn")
+    assert not client.is_model_ready("cnn")
+    row = {r["name"]: r for r in client.get_model_repository_index()}["cnn"]
+    assert row["state"] == "UNAVAILABLE"
+    ready = json.loads(call(f"{url}/v2/repository/index", "POST", {"ready": True})[2])
+    assert "cnn" not in {r["name"] for r in ready} and "mlp" in {r["name"] for r in ready}
+    status, _ = error_of(call(f"{url}/v2/models/cnn/infer", "POST", {"inputs": []}))
+    assert status == 404
+
+    # tritonclient passes Prism's options in a Triton model configuration
+    config = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 500},
+              "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+              "parameters": {"devices": {"string_value": "cpu0,cpu1"}}}
+    client.load_model("cnn", config=json.dumps(config))
+    served = state.catalog.get("cnn")
+    assert client.is_model_ready("cnn") and served.options.max_batch_size == 8
+    assert state.host.replicas(served.network) == 2
+    feeds = _feeds(state, "cnn", rows=3)
+    _assert_same(_infer(url, "cnn", feeds), _in_process(state, "cnn", feeds))
+
+
+def test_load_parameters_reload_beside_the_old_network(server):
+    url, state = server
+    before = state.catalog.get("transformer")
+    status, _, _ = call(f"{url}/v2/repository/models/transformer/load", "POST",
+                        {"parameters": {"partition": "memory", "devices": "cpu1"}})
+    assert status == 200
+    after = state.catalog.get("transformer")
+    assert after.network != before.network and before.network not in state.host.networks()
+    plan = state.host.plan(after.network)
+    assert {p.device for p in plan.partitions} == {"cpu1"} and plan.mode == "memory"
+    feeds = _feeds(state, "transformer")
+    _assert_same(_infer(url, "transformer", feeds), _in_process(state, "transformer", feeds))
+    # the same load again changes nothing
+    call(f"{url}/v2/repository/models/transformer/load", "POST",
+         {"parameters": {"partition": "memory", "devices": "cpu1"}})
+    assert state.catalog.get("transformer").network == after.network
+
+
+@pytest.mark.parametrize("name, params, status, part", [
+    ("..", {}, 400, "plain name"),
+    (".hidden", {}, 400, "plain name"),
+    ("escape", {}, 404, "not in the repository"),  # a link out of the repository
+    ("inside", {}, 404, "not in the repository"),  # a folder linked out of it
+    ("mlp", {"file:1/model.onnx": "AAAA"}, 400, "repository"),
+    ("mlp", {"partition": "/etc/passwd"}, 400, "partition"),
+    ("mlp", {"devices": "gpu7"}, 400, "gpu7"),
+    ("mlp", {"replicas": "lots"}, 400, "replicas"),
+    ("mlp", {"bogus": 1}, 400, "bogus"),
+    ("mlp", {"version": "9"}, 404, "version"),
+])
+def test_loads_stay_inside_the_repository(server, name, params, status, part):
+    url, state = server
+    root = state.catalog.repository.root
+    outside = root.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "model.onnx").write_bytes((root / "cnn.onnx").read_bytes()
+                                         if (root / "cnn.onnx").exists() else b"x")
+    for link, target in (("escape.onnx", outside / "model.onnx"), ("inside", outside)):
+        if not (root / link).is_symlink():
+            os.symlink(target, root / link)
+    (outside / "1").mkdir(exist_ok=True)
+    (outside / "1" / "model.onnx").write_bytes(b"x")
+    got, message = error_of(call(f"{url}/v2/repository/models/{name}/load", "POST",
+                                 {"parameters": params}))
+    assert got == status and part in message, message
+    assert {"escape", "inside", ".hidden"}.isdisjoint(
+        r["name"] for r in json.loads(call(f"{url}/v2/repository/index", "POST")[2]))
+
+
+def _infer(url: str, name: str, feeds: dict) -> dict[str, np.ndarray]:
+    body, headers = binary_request(feeds)
+    status, response_headers, payload = call(f"{url}/v2/models/{name}/infer", "POST", body,
+                                             headers)
+    assert status == 200, payload[:200]
+    size = int(response_headers["Inference-Header-Content-Length"])
+    out, at = {}, size
+    for tensor in json.loads(payload[:size])["outputs"]:
+        n = tensor["parameters"]["binary_data_size"]
+        dtype = {"FP32": "<f4", "INT64": "<i8"}[tensor["datatype"]]
+        out[tensor["name"]] = np.frombuffer(payload[at:at + n], dtype).reshape(tensor["shape"])
+        at += n
+    return out
+
+
+# -- the guard -----------------------------------------------------------------------------
+
+
+def test_token_is_asked_on_every_endpoint():
+    from tests.support.dags import SAMPLES_DIR
+
+    token = "s3cr3t-" + os.urandom(8).hex()
+    with serving("cpu:1", files=(("mlp", SAMPLES_DIR / "mlp.onnx"),),
+                 settings=ServerSettings(token=token)) as (url, _):
+        paths = ["/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/mlp", "/metrics",
+                 "/v2/models/mlp/ready", "/no/route"]
+        for path in paths:
+            for headers in ({}, {"Authorization": f"Bearer {token}x"},
+                            {"Authorization": token}):
+                status, message = error_of(call(url + path, headers=headers))
+                assert status == 401 and "token" in message
+        good = {"Authorization": f"Bearer {token}"}
+        for path in paths[:-1]:
+            assert call(url + path, headers=good)[0] == 200, path
+        body, headers = binary_request({"x": np.ones((1, 256), np.float32)})
+        assert call(f"{url}/v2/models/mlp/infer", "POST", body, headers)[0] == 401
+        assert call(f"{url}/v2/models/mlp/infer", "POST", body, {**headers, **good})[0] == 200
+
+
+def test_body_limit_by_length_and_by_chunks():
+    import http.client
+
+    from tests.support.dags import SAMPLES_DIR
+
+    with serving("cpu:1", files=(("mlp", SAMPLES_DIR / "mlp.onnx"),),
+                 settings=ServerSettings(max_body_bytes=2048)) as (url, _):
+        status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", b"x" * 4096))
+        assert status == 413 and "2048" in message
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+        conn.request("POST", "/v2/models/mlp/infer", iter([b"{" * 1500] * 3),
+                     encode_chunked=True)
+        response = conn.getresponse()
+        assert response.status == 413 and "2048" in json.loads(response.read())["error"]
+        conn.close()
+        body, headers = binary_request({"x": np.ones((1, 256), np.float32)})
+        assert call(f"{url}/v2/models/mlp/infer", "POST", body, headers)[0] == 200
+
+
+def test_only_loopback_without_a_token():
+    check_exposure("127.0.0.1", None, False)
+    check_exposure("::1", None, False)
+    check_exposure("localhost", None, False)
+    check_exposure("0.0.0.0", "t", False)
+    check_exposure("0.0.0.0", None, True)
+    with pytest.raises(PrismError, match="--token"):
+        check_exposure("0.0.0.0", None, False)
+    with pytest.raises(PrismError, match="--token"):
+        check_exposure("192.168.1.4", "", False)
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+def test_metrics_count_what_happened(server):
+    url, state = server
+    labels = {"model": "control_flow", "version": "1"}
+    before = {k: metric(url, k, **labels) for k in (
+        "nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+        "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+        "nv_inference_compute_infer_duration_us")}
+    failed = metric(url, "nv_inference_request_failure", **labels)
+    plan = state.host.plan(state.catalog.get("control_flow").network)
+    runs = {p.name: metric(url, "prism_partition_run_seconds_count", model="control_flow",
+                           partition=p.name) for p in plan.partitions}
+    for rows in (1, 2, 3):
+        _infer(url, "control_flow", _feeds(state, "control_flow", rows))
+    error_of(call(f"{url}/v2/models/control_flow/infer", "POST", {"inputs": [{}]}))
+    after = {k: metric(url, k, **labels) for k in before}
+    assert after["nv_inference_request_success"] - before["nv_inference_request_success"] == 3
+    assert after["nv_inference_exec_count"] - before["nv_inference_exec_count"] == 3
+    assert metric(url, "nv_inference_request_failure", **labels) - failed == 1
+    spent = {k: after[k] - before[k] for k in before if k.endswith("_us")}
+    assert 0 < spent["nv_inference_queue_duration_us"] < spent["nv_inference_request_duration_us"]
+    assert 0 < spent["nv_inference_compute_infer_duration_us"] \
+        <= spent["nv_inference_request_duration_us"]
+    for p in plan.partitions:
+        assert metric(url, "prism_partition_run_seconds_count", model="control_flow",
+                      partition=p.name, device=p.device) - runs[p.name] == 3
+    for name, device in state.host.devices.items():
+        assert metric(url, "prism_device_memory_used_bytes", device=name) == \
+            device.stats().used_bytes
+    moved = sum(t.bytes for t in plan.transfers)
+    assert metric(url, "prism_transfer_bytes", model="control_flow") >= 3 * moved
+    text = call(f"{url}/metrics")[2].decode()
+    assert "# TYPE nv_inference_request_success counter" in text  # Triton's names, no _total
+    assert 'nv_inference_count{model="control_flow",version="1"}' in text
+
+
+def test_batched_rows_and_executions():
+    """Triton's counts under dynamic batching: a request of n rows is n inferences, and a
+    batch of requests one execution."""
+    from tests.support.dags import SAMPLES_DIR
+
+    with serving("cpu:1") as (url, state):
+        from app.server.load_options import load_options
+
+        state.catalog.add("mlp", SAMPLES_DIR / "mlp.onnx", load_options(
+            {}, {"max_batch_size": "16", "max_queue_delay_ms": "50"}))
+        rows = [1, 2, 3] * 8
+        with ThreadPoolExecutor(24) as pool:
+            for got in pool.map(lambda n: _infer(url, "mlp", _feeds(state, "mlp", n)), rows,
+                                timeout=WAIT):
+                assert got["logits"].shape[1] == 10
+        assert metric(url, "nv_inference_request_success", model="mlp") == len(rows)
+        assert metric(url, "nv_inference_count", model="mlp") == sum(rows)
+        assert 1 <= metric(url, "nv_inference_exec_count", model="mlp") < len(rows)
+
+
+# -- the load generator --------------------------------------------------------------------
+
+
+def test_bench_url_reports_levels_and_the_servers_split(server):
+    import asyncio
+
+    url, _ = server
+    levels = asyncio.run(bench(url, "mlp", [1, 4], 40))
+    assert [lv.concurrency for lv in levels] == [1, 4]
+    for lv in levels:
+        assert lv.requests == 40 and lv.errors == 0
+        assert 0 < lv.p50_seconds <= lv.p90_seconds <= lv.p95_seconds <= lv.p99_seconds
+        assert lv.server is not None and lv.server["compute_us"] > 0
+        assert lv.server["queue_us"] + lv.server["compute_us"] <= lv.server["request_us"] * 1.01
+
+
+def test_a_load_runs_off_the_event_loop(server):
+    """While a model loads, the server keeps answering."""
+    url, state = server
+    answered = []
+    done = threading.Event()
+
+    def load():
+        call(f"{url}/v2/repository/models/branchy/load", "POST",
+             {"parameters": {"partition": "memory", "version": "1"}})
+        done.set()
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    while not done.is_set():
+        answered.append(call(f"{url}/v2/health/live")[0])
+    thread.join(WAIT)
+    assert answered and set(answered) == {200}
+    assert state.catalog.get("branchy").version == "1"
+
+
+def test_runs_never_happen_on_the_event_loops_thread():
+    """Every run is off the server's loop: on its run thread (the device idle) or on the
+    device's worker (that thread busy), one request at a time or many at once."""
+    from tests.support.fakes import FaultyManager
+    from tests.support.serving import MLP
+
+    with serving("cpu:1", files=(("mlp", MLP),), device_factory=FaultyManager) as (url, state):
+        ran_on: list[str] = []
+        state.host.devices["cpu0"].fail = lambda call, feeds: ran_on.append(
+            threading.current_thread().name) or 0
+        feeds = [_feeds(state, "mlp") for _ in range(40)]
+
+        def one(f):
+            body, headers = binary_request(f)
+            return call(f"{url}/v2/models/mlp/infer", "POST", body, headers)[0]
+
+        statuses = [one(f) for f in feeds[:10]]
+        with ThreadPoolExecutor(8) as pool:
+            statuses += list(pool.map(one, feeds[10:], timeout=WAIT))
+    assert statuses == [200] * len(feeds) and len(ran_on) == len(feeds)
+    assert "prism-server" not in ran_on and "prism-server-run" in ran_on
+
+
+def test_a_failed_run_and_a_fault_of_the_servers_own_are_500_and_it_serves_on(monkeypatch):
+    import app.server.routes.infer as route
+    from tests.support.fakes import FaultyManager
+    from tests.support.serving import MLP
+
+    with serving("cpu:1", files=(("mlp", MLP),), device_factory=FaultyManager) as (url, state):
+        state.host.devices["cpu0"].fail = lambda call, feeds: call == 1
+        infer = f"{url}/v2/models/mlp/infer"
+        body, headers = binary_request(_feeds(state, "mlp"))
+        status, message = error_of(call(infer, "POST", body, headers))
+        assert status == 500 and "cpu0" in message and "injected fault" in message
+        with monkeypatch.context() as patched:
+            patched.setattr(route, "encode_response", lambda *args: 1 / 0)
+            status, message = error_of(call(infer, "POST", body, headers))
+        assert status == 500 and message.startswith("internal error: ZeroDivisionError")
+        assert call(infer, "POST", body, headers)[0] == 200

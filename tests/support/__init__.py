@@ -1,0 +1,1 @@
+"""Helpers the tests share (`from tests.support.fakes import FakeDevice`); no tests here."""

@@ -1,0 +1,547 @@
+"""Test helpers: random ONNX DAGs, random device lists, and independent reference figures.
+
+Nothing here imports the partitioner's own helpers: the reference time, memory and
+feasibility below are written from the documented semantics, so they can catch it out.
+Only the graph API (`Graph`, `Node`, `tensor_bytes`) and the cost model's public
+functions (`node_cost`, `device_seconds`, `link_seconds`, `send_seconds`) are used.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime.cost import device_seconds, link_seconds, node_cost, send_seconds
+from runtime.devices.config import DeviceConfig
+from runtime.graph import Graph, Node, load_graph
+
+SAMPLES_DIR = Path(__file__).resolve().parents[2] / "sample_models"
+SAMPLE_NAMES = ("mlp", "cnn", "transformer", "branchy", "control_flow")
+
+
+@functools.cache
+def sample_graph(name: str) -> Graph:
+    """A sample model, loaded once per session (callers must not mutate it)."""
+    return load_graph(SAMPLES_DIR / f"{name}.onnx")
+
+
+UNARY_OPS = ("Relu", "Sigmoid", "Tanh", "Neg", "Softmax", "Abs")
+BINARY_OPS = ("Add", "Mul", "Sub", "Max")
+
+
+# --------------------------------------------------------------------------------------
+# Randomness that works with a seed, a numpy Generator, random.Random or hypothesis' draw
+# --------------------------------------------------------------------------------------
+class Rand:
+    """A small random source over either a PRNG or a hypothesis `draw` function."""
+
+    def __init__(self, source: Any):
+        self.draw: Callable | None = None
+        self.rng: np.random.Generator | random.Random | None = None
+        if isinstance(source, Rand):
+            self.draw, self.rng = source.draw, source.rng
+        elif isinstance(source, np.random.Generator | random.Random):
+            self.rng = source
+        elif isinstance(source, int):
+            self.rng = np.random.default_rng(source)
+        elif callable(source):
+            self.draw = source
+        else:
+            raise TypeError(f"need a seed, a Generator, a Random or a draw, got {source!r}")
+
+    def int(self, lo: int, hi: int) -> int:
+        """A uniform integer in [lo, hi] (both ends included)."""
+        if lo >= hi:
+            return lo
+        if self.draw is not None:
+            return self.draw(st.integers(lo, hi))
+        if isinstance(self.rng, random.Random):
+            return self.rng.randint(lo, hi)
+        return int(self.rng.integers(lo, hi + 1))
+
+    def choice(self, seq: Sequence):
+        return seq[self.int(0, len(seq) - 1)]
+
+    def chance(self, p: float) -> bool:
+        """True with probability about p; hypothesis shrinks it towards False."""
+        return self.int(0, 999) >= round((1 - p) * 1000)
+
+    def shuffled(self, seq: Sequence) -> list:
+        items = list(seq)
+        for i in range(len(items) - 1, 0, -1):  # Fisher-Yates, so `draw` can drive it
+            j = self.int(0, i)
+            items[i], items[j] = items[j], items[i]
+        return items
+
+
+# --------------------------------------------------------------------------------------
+# Random DAG models
+# --------------------------------------------------------------------------------------
+def random_dag_model(source: Any, n_nodes: int, *, max_width: int = 48,
+                     batch: int | str | None = None, n_outputs: int | None = None,
+                     name: str = "random_dag") -> onnx.ModelProto:
+    """A checked ONNX model: a random DAG of exactly `n_nodes` float32 nodes.
+
+    Tensors are all [batch, width] (batch 1 or the symbol `batch`). Nodes read one or two
+    earlier tensors, near or far back; MatMul weights and Add biases are sometimes shared
+    by two nodes; a Concat is often followed by a MatMul that brings the width back; a
+    Split makes two outputs; an If (after ReduceSum and Greater) reads earlier tensors
+    from its branches only (outer-scope reads).
+    Every node output is read by a later node or is a graph output (1 or 2 of them; a
+    graph output may also be read inside the graph).
+    """
+    if n_nodes < 1:
+        raise ValueError("n_nodes must be >= 1")
+    r = Rand(source)
+    if batch is None:
+        batch = r.choice((1, "batch"))
+    if n_outputs is None:
+        n_outputs = r.int(1, 2)
+    palette = sorted({r.int(2, max_width) for _ in range(r.int(2, 4))})
+    width: dict[str, int] = {"x": r.choice(palette)}
+    available = ["x"]  # every tensor a node may read, oldest first
+    unconsumed: list[str] = []  # node outputs nobody reads yet, oldest first
+    nodes: list[onnx.NodeProto] = []
+    inits: dict[str, onnx.TensorProto] = {}
+    weights_from: dict[int, list[str]] = {}  # input width -> MatMul weights
+    biases: dict[int, list[str]] = {}
+
+    def read(t: str) -> str:
+        if t in unconsumed:
+            unconsumed.remove(t)
+        return t
+
+    def emit(op: str, inputs: Sequence[str], out_width: int, *, outputs: int = 1,
+             track: bool = True, **attrs: object) -> str:
+        """Add a node; returns its (first) output. Untracked outputs (scalars, bools)
+        are never picked as inputs or graph outputs: the caller consumes them."""
+        i = len(nodes)
+        outs = [f"t{i}"] if outputs == 1 else [f"t{i}_{k}" for k in range(outputs)]
+        nodes.append(helper.make_node(op, [read(t) for t in inputs], outs,
+                                      name=f"n{i}_{op.lower()}", **attrs))
+        for out in outs:
+            width[out] = out_width
+            if track:
+                available.append(out)
+                unconsumed.append(out)
+        return outs[0]
+
+    def init(shape: tuple[int, ...]) -> str:
+        tname = f"w{len(inits)}"
+        value = np.full(shape, 0.01 * (len(inits) + 1), dtype=np.float32)
+        inits[tname] = numpy_helper.from_array(value, tname)
+        return tname
+
+    def pick() -> str:
+        """An earlier tensor: usually recent, sometimes far back (skip edges)."""
+        if unconsumed and r.chance(0.6):
+            return r.choice(unconsumed)
+        if r.chance(0.3):
+            return r.choice(available)
+        back = r.int(0, min(3, len(available) - 1))
+        return available[len(available) - 1 - back]
+
+    def matmul(a: str, out_width: int | None = None) -> str:
+        w_in = width[a]
+        shared = [w for w in weights_from.get(w_in, ())
+                  if out_width is None or inits[w].dims[1] == out_width]
+        if shared and r.chance(0.5):
+            w = r.choice(shared)
+        else:
+            w = init((w_in, out_width or r.choice(palette)))
+            weights_from.setdefault(w_in, []).append(w)
+        return emit("MatMul", [a, w], int(inits[w].dims[1]))
+
+    def unary(a: str) -> str:
+        op = r.choice(UNARY_OPS)
+        return emit(op, [a], width[a], **({"axis": -1} if op == "Softmax" else {}))
+
+    def binary(a: str, b: str | None = None) -> str:
+        if b is None:
+            partners = [t for t in available if width[t] == width[a] and t != a]
+            if partners:
+                b = r.choice(partners)
+        if b is None:  # no partner: add a (maybe shared) bias
+            pool = biases.setdefault(width[a], [])
+            if pool and r.chance(0.5):
+                b = r.choice(pool)
+            else:
+                b = init((width[a],))
+                pool.append(b)
+        return emit(r.choice(BINARY_OPS), [a, b], width[a])
+
+    def merge(a: str, b: str, pair: bool) -> str:
+        if width[a] == width[b]:
+            return binary(a, b)
+        cat = emit("Concat", [a, b], width[a] + width[b], axis=-1)
+        return matmul(cat, r.choice((width[a], width[b]))) if pair else cat
+
+    def split(a: str) -> str:
+        """Split into two halves: one node, two outputs."""
+        return emit("Split", [a], width[a] // 2, outputs=2, axis=-1)
+
+    def if_block(a: str) -> str:
+        """ReduceSum -> Greater -> If whose branches read earlier tensors from outside."""
+        total = emit("ReduceSum", [a], 0, track=False, keepdims=0)
+        if "zero" not in inits:
+            inits["zero"] = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+        cond = emit("Greater", [total, "zero"], 0, track=False)
+        b = pick()
+        partners = [t for t in available if width[t] == width[b] and t != b]
+        c = r.choice(partners) if partners else init((width[b],))
+        i = len(nodes)
+        out_type = [batch, width[b]]
+        then = helper.make_graph(
+            [helper.make_node("Relu", [b], [f"if{i}_then"], name=f"n{i}_if/then/relu")],
+            f"then{i}", [], [helper.make_tensor_value_info(f"if{i}_then", TensorProto.FLOAT,
+                                                           out_type)])
+        other = helper.make_graph(
+            [helper.make_node("Mul", [b, c], [f"if{i}_else"], name=f"n{i}_if/else/mul")],
+            f"else{i}", [], [helper.make_tensor_value_info(f"if{i}_else", TensorProto.FLOAT,
+                                                           out_type)])
+        read(b)
+        read(c)
+        return emit("If", [cond], width[b], then_branch=then, else_branch=other)
+
+    while len(nodes) < n_nodes:
+        left = n_nodes - len(nodes)
+        excess = len(unconsumed) - n_outputs
+        forced = excess >= left - 1
+        if not nodes:
+            a = "x"
+        elif forced and len(unconsumed) >= 2:
+            i, j = sorted(r.shuffled(range(len(unconsumed)))[:2])
+            merge(unconsumed[i], unconsumed[j], pair=left >= 2 and excess <= left - 1)
+            continue
+        elif forced:
+            a = unconsumed[0]
+        else:
+            a = pick()
+        kind = r.int(0, 11)
+        if kind <= 2:
+            unary(a)
+        elif kind <= 4:
+            matmul(a)
+        elif kind <= 7 or forced:
+            binary(a)
+        elif kind <= 9 and left >= 2 and excess + 1 <= left - 2:
+            b = pick()
+            cat = emit("Concat", [a, b], width[a] + width[b], axis=-1)
+            matmul(cat, r.choice((width[a], width[b])))
+        elif kind == 10 and width[a] % 2 == 0 and excess + 2 <= left - 1:
+            split(a)
+        elif kind == 11 and left >= 3 and excess + 1 <= left - 3:
+            if_block(a)
+        else:
+            binary(a)
+
+    outputs = list(unconsumed)
+    if len(outputs) < n_outputs:  # a graph output that is also read inside the graph
+        inner = [t for t in available[1:] if t not in outputs]
+        if inner:
+            outputs.append(r.choice(inner))
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width["x"]])],
+        [helper.make_tensor_value_info(t, TensorProto.FLOAT, [batch, width[t]]) for t in outputs],
+        initializer=list(inits.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="prism-tests")
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+@st.composite
+def dag_models(draw, min_nodes: int = 5, max_nodes: int = 40, max_width: int = 48):
+    """Hypothesis strategy: a random DAG model (an onnx.ModelProto)."""
+    n = draw(st.integers(min_nodes, max_nodes))
+    return random_dag_model(draw, n, max_width=max_width)
+
+
+# --------------------------------------------------------------------------------------
+# Random device lists
+# --------------------------------------------------------------------------------------
+MEMORY_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0)
+
+
+def random_devices(source: Any, scale: int, *, min_devices: int = 1, max_devices: int = 8,
+                   ops: Sequence[str] = (), tight: bool = True, floor: int = 0
+                   ) -> list[DeviceConfig]:
+    """1..8 devices mixing cpu and sim, uniquely named `<backend><i>`.
+
+    `scale` is about the model's total bytes; memory is drawn as a fraction of it (so it
+    often binds) or left at the backend default. `floor` (the most memory one node needs
+    alone), when given, sizes devices that just hold the biggest node. Figures come from
+    small palettes, so identical devices (equal but for the name) are common. A sim
+    device sometimes lacks one of `ops`.
+    """
+    r = Rand(source)
+    count = r.int(min_devices, max_devices)
+    # 0: memory mostly at the (roomy) defaults; 1: mixed; 2: every device tight.
+    regime = r.int(0, 2) if tight else 0
+    devices = []
+    for _ in range(count):
+        backend = r.choice(("cpu", "sim"))
+        kw: dict[str, Any] = {}
+        if regime == 2 and floor and r.chance(0.6):
+            kw["memory_bytes"] = int(floor * r.choice((1.0, 1.1, 1.5, 2.0, 3.0)))
+        elif regime == 2:
+            kw["memory_bytes"] = max(1, int(scale * r.choice(MEMORY_FRACTIONS[:6])))
+        elif r.chance(0.2 if regime == 0 else 0.75):
+            kw["memory_bytes"] = max(1, int(scale * r.choice(MEMORY_FRACTIONS)))
+        if backend == "cpu":
+            if r.chance(0.3):
+                kw["threads"] = r.int(1, 4)
+        else:
+            if r.chance(0.6):
+                kw["peak_flops"] = r.choice((1e9, 5e10, 2e12))
+            if r.chance(0.6):
+                kw["link_bandwidth"] = r.choice((2e8, 1e9, 12e9))
+            if ops and r.chance(0.25):
+                kw["supported_ops"] = frozenset(ops) - {r.choice(sorted(set(ops)))}
+        taken = sum(d.backend == backend for d in devices)
+        devices.append(DeviceConfig(name=f"{backend}{taken}", backend=backend, **kw))
+    return devices
+
+
+@st.composite
+def device_lists(draw, scale: int, min_devices: int = 1, max_devices: int = 8,
+                 ops: Sequence[str] = (), floor: int = 0):
+    return random_devices(draw, scale, min_devices=min_devices, max_devices=max_devices,
+                          ops=ops, floor=floor)
+
+
+# --------------------------------------------------------------------------------------
+# Steps
+# --------------------------------------------------------------------------------------
+def collect(gen: Iterator) -> tuple[list, Any]:
+    """Run a step generator to the end: (every yielded step, the returned value)."""
+    steps = []
+    while True:
+        try:
+            steps.append(next(gen))
+        except StopIteration as stop:
+            return steps, stop.value
+
+
+# --------------------------------------------------------------------------------------
+# Independent reference semantics
+# --------------------------------------------------------------------------------------
+def reads_of(node: Node) -> list[str]:
+    """Explicit inputs then outer-scope tensors, each once, empty names dropped."""
+    out: list[str] = []
+    for t in (*node.inputs, *node.outer_inputs):
+        if t and t not in out:
+            out.append(t)
+    return out
+
+
+def producers(graph: Graph) -> dict[str, str]:
+    return {t: n.name for n in graph.nodes for t in n.outputs if t}
+
+
+def consumer_names(graph: Graph) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        for t in reads_of(n):
+            out.setdefault(t, set()).add(n.name)
+    return out
+
+
+class Reference:
+    """Time, memory and feasibility of node groups, straight from the definitions."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.made_by = producers(graph)
+        self.readers = consumer_names(graph)
+        self.weights = set(graph.initializers)
+        self.outputs = set(graph.outputs)
+        self._cost = {n.name: node_cost(graph, n) for n in graph.nodes}
+
+    def size(self, t: str) -> int:
+        return self.graph.tensor_bytes(t)
+
+    def incoming(self, names: Sequence[str]) -> set[str]:
+        inside = set(names)
+        return {t for n in names for t in reads_of(self.graph.node(n))
+                if t in self.made_by and self.made_by[t] not in inside}
+
+    def outgoing(self, names: Sequence[str]) -> set[str]:
+        inside = set(names)
+        return {t for n in names for t in self.graph.node(n).outputs
+                if t and self.readers.get(t, set()) - inside}
+
+    def seconds(self, names: Sequence[str], device: DeviceConfig) -> float:
+        """Compute plus the device's own end of each copy: one in per activation it reads
+        that others made, one out per activation it makes that others read."""
+        if not names:
+            return 0.0
+        compute = sum(device_seconds(self._cost[n], device) for n in names)
+        return compute + sum(link_seconds(self.size(t), device) for t in self.incoming(names)) \
+            + sum(send_seconds(self.size(t), device) for t in self.outgoing(names))
+
+    def weight_bytes(self, names: Sequence[str]) -> int:
+        used = {t for n in names for t in reads_of(self.graph.node(n)) if t in self.weights}
+        return sum(self.size(t) for t in used)
+
+    def activation_bytes(self, names: Sequence[str]) -> int:
+        """Peak live activations running `names` in the given order."""
+        if not names:
+            return 0
+        inside = set(names)
+        last = len(names) - 1
+        position = {n: i for i, n in enumerate(names)}
+        span: dict[str, tuple[int, int]] = {}
+        for step, n in enumerate(names):
+            node = self.graph.node(n)
+            for t in reads_of(node):
+                if t in self.weights:
+                    continue
+                # Made here: live from its producer on; read from outside: from the start.
+                made_here = self.made_by.get(t) in inside
+                first = position[self.made_by[t]] if made_here else 0
+                span[t] = (first, max(step, span.get(t, (0, 0))[1]))
+            for t in node.outputs:
+                if not t:
+                    continue
+                leaves = t in self.outputs or bool(self.readers.get(t, set()) - inside)
+                end = last if leaves else max(step, span.get(t, (0, step))[1])
+                span[t] = (step, end)
+        start = {t: s for t, (s, _) in span.items()}
+        stop = {t: e for t, (_, e) in span.items()}
+        live = [0] * len(names)
+        for t, s in start.items():
+            for step in range(s, stop[t] + 1):
+                live[step] += self.size(t)
+        return max(live)
+
+    def memory(self, names: Sequence[str]) -> int:
+        return self.weight_bytes(names) + self.activation_bytes(names)
+
+    def runs(self, names: Sequence[str], device: DeviceConfig) -> bool:
+        return all(device.can_run(self.graph.node(n).op_type) for n in names)
+
+    def fits(self, names: Sequence[str], device: DeviceConfig) -> bool:
+        return self.runs(names, device) and self.memory(names) <= device.memory_bytes
+
+    def lone_misfits(self, devices: Sequence[DeviceConfig]) -> list[str]:
+        """Nodes that, alone, fit or run on no device."""
+        return [n.name for n in self.graph.nodes
+                if not any(self.fits([n.name], d) for d in devices)]
+
+    def feasible(self, order: Sequence[str], devices: Sequence[DeviceConfig]) -> bool:
+        """Can `order` be cut into contiguous segments, one per device in sequence?
+
+        Fill each device as far as it goes: exact, because a segment that fits still
+        fits with nodes removed at either end.
+        """
+        a = 0
+        for d in devices:
+            b = a
+            while b < len(order) and self.fits(order[a:b + 1], d):
+                b += 1
+            a = b
+        return a == len(order)
+
+    def split_bottleneck(self, order: Sequence[str], bounds: Sequence[int],
+                         devices: Sequence[DeviceConfig]) -> float:
+        return max((self.seconds(order[a:b], d)
+                    for a, b, d in zip(bounds[:-1], bounds[1:], devices, strict=True)),
+                   default=0.0)
+
+    def segment_table(self, order: Sequence[str], devices: Sequence[DeviceConfig]
+                      ) -> list[dict[tuple[int, int], float]]:
+        """Per device: (a, b) -> seconds for every segment that fits and runs there."""
+        n = len(order)
+        tables: list[dict[tuple[int, int], float]] = []
+        by_kind: dict[tuple, dict[tuple[int, int], float]] = {}
+        for d in devices:
+            key = tuple(sorted((k, str(v)) for k, v in d.to_dict().items() if k != "name"))
+            if key not in by_kind:
+                table = {}
+                for a in range(n + 1):
+                    table[a, a] = 0.0
+                    for b in range(a + 1, n + 1):
+                        if not self.fits(order[a:b], d):
+                            break  # a longer segment does not fit either
+                        table[a, b] = self.seconds(order[a:b], d)
+                by_kind[key] = table
+            tables.append(by_kind[key])
+        return tables
+
+    def brute_force(self, order: Sequence[str], devices: Sequence[DeviceConfig]
+                    ) -> float | None:
+        """Least bottleneck over every split of `order` into len(devices) contiguous
+        (possibly empty) segments on `devices` in sequence; None if none fits."""
+        n, k = len(order), len(devices)
+        tables = self.segment_table(order, devices)
+        best = None
+        for cuts in itertools.combinations_with_replacement(range(n + 1), k - 1):
+            bounds = (0, *cuts, n)
+            worst = 0.0
+            for j in range(k):
+                t = tables[j].get((bounds[j], bounds[j + 1]))
+                if t is None:
+                    break
+                worst = max(worst, t)
+            else:
+                if best is None or worst < best:
+                    best = worst
+        return best
+
+    def exact_dp(self, order: Sequence[str], devices: Sequence[DeviceConfig]) -> float | None:
+        """The same minimum as `brute_force`, by the plain O(k n^2) recurrence."""
+        n = len(order)
+        tables = self.segment_table(order, devices)
+        inf = float("inf")
+        best = [0.0] + [inf] * n  # best[b]: first b nodes on the devices so far
+        for table in tables:
+            new = [inf] * (n + 1)
+            for (a, b), t in table.items():
+                if best[a] < inf:
+                    new[b] = min(new[b], max(best[a], t))
+            best = new
+        return None if best[n] == inf else best[n]
+
+
+def biggest_node(graph: Graph) -> int:
+    """The most memory any one node needs alone."""
+    ref = Reference(graph)
+    return max((ref.memory([n.name]) for n in graph.nodes), default=0)
+
+
+def total_bytes(graph: Graph) -> int:
+    """Weights plus every tensor a node makes: the model's memory if nothing were freed."""
+    made = {t for n in graph.nodes for t in n.outputs if t}
+    return sum(graph.tensor_bytes(t) for t in {*graph.initializers, *made, *graph.inputs})
+
+
+def close(a: float, b: float, rel: float = 1e-9) -> bool:
+    """Equal up to float summation order."""
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+def order_of(graph, devices, mode: str) -> list[str]:
+    """The order a failing partitioning run split along (model order if it failed before
+    choosing one, e.g. in placement)."""
+    from runtime.partition import partition_steps
+
+    order = [n.name for n in graph.nodes]
+    try:
+        for step in partition_steps(graph, devices, mode):
+            if step.kind == "order":
+                order = list(step.nodes)
+    except Exception:
+        pass
+    return order
