@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from runtime.units import human_bytes
+
 
 class PrismError(Exception):
     """Base of every error Prism raises on purpose."""
@@ -20,7 +22,20 @@ class PartitionError(PrismError):
 
 
 class DeviceMemoryError(PrismError):
-    """A load does not fit a device: says bytes needed and free."""
+    """A load does not fit a device: says bytes needed and free (also as `needed`, `free`
+    and `total`, when the device's account said it)."""
+
+    needed: int | None = None
+    free: int | None = None
+    total: int | None = None
+
+    @classmethod
+    def short(cls, what: str, device: str, needed: int, free: int, total: int
+              ) -> DeviceMemoryError:
+        error = cls(f"{what} needs {human_bytes(needed)} on {device}, {human_bytes(free)} "
+                    f"free of {human_bytes(total)}")
+        error.needed, error.free, error.total = needed, free, total
+        return error
 
 
 class ProvisionError(PrismError):

@@ -39,7 +39,6 @@ import numpy as np
 from runtime.devices.config import DeviceConfig
 from runtime.errors import DeviceMemoryError, ProvisionError
 from runtime.types import Outputs, RunDone, Tag
-from runtime.units import human_bytes
 
 if TYPE_CHECKING:
     import onnx
@@ -143,10 +142,10 @@ class Device(ABC):
             if self._recount() > self.config.memory_bytes:
                 del self._weights[key], self._arenas[key]
                 self._recount()
-                raise DeviceMemoryError(
-                    f"{key} needs {human_bytes(weights + max(0, arena - largest))} on "
-                    f"{self.name}, {human_bytes(self.config.memory_bytes - before)} free of "
-                    f"{human_bytes(self.config.memory_bytes)}")
+                raise DeviceMemoryError.short(key, self.name,
+                                              weights + max(0, arena - largest),
+                                              self.config.memory_bytes - before,
+                                              self.config.memory_bytes)
         try:
             self._install(key, program)
         except BaseException:

@@ -19,7 +19,6 @@ from runtime.devices.device import Device, Program
 from runtime.errors import DeviceMemoryError, PrismError, ProvisionError, first_line
 from runtime.executor.executor import LoadedPartition
 from runtime.partition.plan import Partition, Plan
-from runtime.units import human_bytes
 
 
 def twins(a: DeviceConfig, b: DeviceConfig) -> bool:
@@ -85,17 +84,20 @@ def _load(part: Partition, program: Program, devices: Mapping[str, Device],
         raise ProvisionError(f"{network}/{part.name}: plan names device {target}, which this "
                              f"host does not have")
     key, start = f"{network}{tag}/{part.name}", time.perf_counter()
+    refusal: DeviceMemoryError | None = None
     for device in _candidates(devices, groups, target):
         try:
             device.load(key, program)
             break
-        except DeviceMemoryError:
-            continue
+        except DeviceMemoryError as exc:  # the planned device's own account is the one said:
+            refusal = refusal or exc      # what it lacks counts the arena it already has
     else:
-        d = devices[target]
-        raise DeviceMemoryError(f"{network}/{part.name} needs {human_bytes(part.memory_bytes)} "
-                                f"on {target}, {human_bytes(d.free_bytes)} free of "
-                                f"{human_bytes(d.config.memory_bytes)}")
+        assert refusal is not None  # the planned device is always a candidate
+        if refusal.needed is None or refusal.free is None or refusal.total is None:
+            raise refusal
+        copy = f" (replica {tag.lstrip('#')})" if tag else ""
+        raise DeviceMemoryError.short(f"{network}/{part.name}{copy}", target, refusal.needed,
+                                      refusal.free, refusal.total) from None
     if bus is not None and bus.active:
         bus.publish("provision.loaded", network=network, partition=part.name,
                     device=device.name, weight_bytes=part.weight_bytes,

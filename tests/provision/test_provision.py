@@ -28,6 +28,7 @@ from runtime.provision.from_model import load_network, programs
 from runtime.provision.network import LoadedNetwork, place_replicas, unload_network
 from runtime.provision.provisioner import provision, twins, unload
 from runtime.units import human_bytes
+from tests.partition.test_memory_plan import middle_graph
 from tests.support.fakes import relu_program
 from tests.support.hosts import replicas_by_device, sims, used
 from tests.support.serving import CNN, MLP, TRANSFORMER, WAIT, assert_same, expected, mlp_feeds
@@ -90,8 +91,8 @@ def test_a_failed_provision_leaves_every_device_as_it_was_and_says_what_did_not_
     sub = bus.subscribe(maxlen=10_000, kinds=("provision.",))
     with pytest.raises(DeviceMemoryError) as info:
         provision(plan, made, devices, network="m", bus=bus)
-    assert str(info.value) == (
-        f"m/{victim.name} needs {human_bytes(victim.memory_bytes)} on {victim.device}, "
+    assert str(info.value) == (  # the device's own account: its weights and whole arena
+        f"m/{victim.name} needs {human_bytes(need)} on {victim.device}, "
         f"{human_bytes(free)} free of {human_bytes(device.config.memory_bytes)}")
     assert holdings(devices) == before
     events = sub.drain()
@@ -105,6 +106,28 @@ def test_a_failed_provision_leaves_every_device_as_it_was_and_says_what_did_not_
         (p.name, f"m/{p.name}", p.device) for p in plan.partitions]
     unload(placed, network="m", bus=bus)
     assert all(d.used_bytes == 0 and d.keys == () for d in devices.values())
+
+
+def test_what_a_partition_needs_counts_its_devices_whole_arena(opened):
+    """A partition's program brings its device's arena (the peak of the device's memory
+    plan, which a partition of few live tensors may be below): a device too small for
+    the arena refuses it, and the error's figures say so (what it needs exceeds what is
+    free), not the partition's own smaller activations."""
+    graph, where = middle_graph()
+    configs = [DeviceConfig(name="cpu0"), DeviceConfig(name="cpu1")]
+    plan = partition(graph, configs, "balanced", annotations={"nodes": where})
+    first = plan.partitions[0]
+    arena = plan.arenas[first.device]
+    assert first.memory_bytes < arena, "the case: a partition below its device's peak"
+    small = DeviceConfig(name=first.device, memory_bytes=(first.memory_bytes + arena) // 2)
+    devices, bus = opened([small, configs[1]])
+    with pytest.raises(DeviceMemoryError) as info:
+        provision(plan, programs(graph, plan), devices, network="middle", bus=bus)
+    assert str(info.value) == (
+        f"middle/{first.name} needs {human_bytes(first.weight_bytes + arena)} on "
+        f"{first.device}, {human_bytes(small.memory_bytes)} free of "
+        f"{human_bytes(small.memory_bytes)}")
+    assert all(d.used_bytes == 0 for d in devices.values())
 
 
 def test_a_loaded_network_is_frozen(opened):
