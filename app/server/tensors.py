@@ -2,9 +2,11 @@
 tensor data extension (an inference header, then each binary tensor's raw bytes in order).
 
 Everything a client sends is checked before it is trusted: a shape's element count against
-the data given, a `binary_data_size` against the bytes there are, the header length against
-the body. A failed check is a `TensorError` (HTTP 400) naming the tensor and what is wrong.
-Only memory the body already holds is ever asked for: binary inputs are views of the body.
+the data given (binary: against the bytes sent, a BYTES element taking at least its 4-byte
+length, before anything is allocated for it), a `binary_data_size` against the bytes there
+are, the header length against the body. A failed check is a `TensorError` (HTTP 400)
+naming the tensor and what is wrong. Only memory the body already holds is ever asked
+for: binary inputs are views of the body.
 """
 
 from __future__ import annotations
@@ -181,6 +183,17 @@ def _input(tensor: dict, binary: memoryview, offset: int) -> tuple[np.ndarray, i
     return _from_bytes(name, chunk, shape, count, dtype), offset + size
 
 
+def _fits(name: str, shape: tuple[int, ...], count: int, dtype: np.dtype, sent: int) -> None:
+    """Refuse a shape that declares more elements than `sent` bytes can hold (a BYTES
+    element takes at least its 4-byte length), before anything is allocated for it."""
+    strings = dtype.kind == "O"
+    least = count * (4 if strings else dtype.itemsize)
+    if (least > sent) if strings else (least != sent):
+        what = "at least " if strings else ""
+        raise TensorError(f"input {name!r}: shape {list(shape)} of {datatype(dtype)} takes "
+                          f"{what}{least} bytes, binary_data_size is {sent}")
+
+
 def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: np.dtype
                ) -> np.ndarray:
     if not isinstance(data, list):
@@ -200,11 +213,9 @@ def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: 
 
 def _from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int,
                 dtype: np.dtype) -> np.ndarray:
+    _fits(name, shape, count, dtype, len(chunk))
     if dtype.kind == "O":
         return _bytes_elements(name, chunk, count).reshape(shape)
-    if len(chunk) != count * dtype.itemsize:
-        raise TensorError(f"input {name!r}: shape {list(shape)} of {datatype(dtype)} takes "
-                          f"{count * dtype.itemsize} bytes, binary_data_size is {len(chunk)}")
     little = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"), count=count)
     return little.astype(dtype, copy=False).reshape(shape)
 
