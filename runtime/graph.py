@@ -27,6 +27,7 @@ from runtime.units import human_bytes
 
 Dim = int | str | None
 DEFAULT_DOMAINS = ("", "ai.onnx")
+READ_ANYWAY = 64 << 20  # model bytes read whatever the memory free: a fraction of a second
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ def _one_line(text: object) -> str:
 def read_model(source: str | Path | bytes | onnx.ModelProto,
                max_bytes: int | None = None) -> onnx.ModelProto:
     """A ModelProto from a path, serialized bytes or a ModelProto (copied). `max_bytes`: a
-    file, with its external data, larger than this is refused before any of it is read."""
+    file, with its external data, larger than this (and than READ_ANYWAY) is refused
+    before any of it is read."""
     if isinstance(source, onnx.ModelProto):
         return copy.deepcopy(source)
     if isinstance(source, bytes | bytearray):
@@ -165,7 +167,9 @@ def read_model(source: str | Path | bytes | onnx.ModelProto,
 
 
 def _check_size(path: Path, size: int, max_bytes: int | None) -> None:
-    if max_bytes is not None and size > max_bytes:
+    """Refuse a model over `max_bytes`, unless it is small enough to read anyway (then the
+    plan says which node does not fit on which device)."""
+    if max_bytes is not None and size > max(max_bytes, READ_ANYWAY):
         raise DeviceMemoryError(f"{path} holds {size} bytes ({human_bytes(size)}) of model, "
                                 f"more than the {max_bytes} bytes ({human_bytes(max_bytes)}) "
                                 f"free on the devices it may load onto; not read")

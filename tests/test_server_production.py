@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as triton
+from onnx import helper
 from test_cli import one_line_error
 
 import app.serve_cmd
@@ -366,17 +367,29 @@ def test_a_model_file_larger_than_free_device_memory_is_refused_unread(tmp_path,
 
 
 def test_external_weights_count_before_they_are_read_and_load_when_they_fit(tmp_path):
-    model = onnx.load(MLP)
-    path = tmp_path / "mlp_external.onnx"
-    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="mlp_external.weights", size_threshold=1024)
-    weights = (tmp_path / "mlp_external.weights").stat().st_size
-    assert path.stat().st_size < 100_000 < weights  # the weights are outside the .onnx
-    with serving("cpu:1:mem=1MB", tmp_path) as (url, _):
-        status, message = error_of(call(f"{url}/v2/repository/models/mlp_external/load",
-                                         "POST"))
-        assert status == 400 and str(path.stat().st_size + weights) in message, message
-    with serving("cpu:1", tmp_path, models=("mlp_external",)) as (url, _):
+    count = 32 << 20  # float32 weights: 128 MiB, in a sparse file (no disk, zeros)
+    weights = onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[count],
+                               data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", "big.weights"), ("offset", "0"), ("length", str(4 * count))):
+        weights.external_data.add(key=key, value=value)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [count])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [count])], [weights])
+    big = tmp_path / "big.onnx"
+    big.write_bytes(helper.make_model(graph).SerializeToString())
+    with open(tmp_path / "big.weights", "wb") as file:
+        file.truncate(4 * count)
+    small = tmp_path / "mlp_external.onnx"  # mlp, its weights beside it
+    onnx.save_model(onnx.load(MLP), small, save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="mlp.weights", size_threshold=1024)
+    assert small.stat().st_size < 100_000 < (tmp_path / "mlp.weights").stat().st_size
+    with serving("cpu:1:mem=64MB", tmp_path, models=("mlp_external",)) as (url, state), \
+            peak_rss() as grew:
+        status, message = error_of(call(f"{url}/v2/repository/models/big/load", "POST"))
+        free = state.host.devices["cpu0"].free_bytes  # 64 MB less mlp's
+        assert status == 400 and str(big.stat().st_size + 4 * count) in message, message
+        assert f"{free} bytes" in message and grew[0] < 64 << 20, (message, grew[0])
         feeds = mlp_feeds(np.random.default_rng())
         status, _, got = infer(url, feeds, "mlp_external")
         assert status == 200

@@ -148,7 +148,9 @@ class Catalog:
             if old is not None and (old.source, old.options, old.version) == (path, options,
                                                                               version):
                 return old
-            network = name if name not in self.host.networks() else f"{name}#{next(self._suffix)}"
+            network = name  # never a name served before: a request that holds one
+            while network in self._by_network or network in self.host.networks():
+                network = f"{name}#{next(self._suffix)}"  # reaches nothing else
             self._loading.add(name)
             try:
                 plan = self.host.add_network(network, str(path), **options.add_network())

@@ -42,10 +42,14 @@ class Infer:
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER_LENGTH),
                       None)
         body = await _body(receive)
+        large = len(body) > OFFLOAD_BYTES
         try:
             parsed = await maybe_offload(len(body), parse_infer, body, header, served.inputs)
-            served, outputs = await self._outputs(served, version, parsed,
-                                                  len(body) > OFFLOAD_BYTES)
+            try:
+                outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
+                                    parsed.timeout, large=large)
+            except NetworkNotFoundError:
+                served, outputs = await self._after_reload(served, version, parsed, large)
         except Exception as exc:
             if isinstance(exc, TensorError | InvalidInputError | QueueFullError):
                 reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
@@ -60,20 +64,23 @@ class Infer:
                     "headers": [*headers, (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
 
-    async def _outputs(self, served: Served, version: str | None, parsed: InferRequest,
-                       large: bool) -> tuple[Served, dict[str, np.ndarray]]:
-        """The request's outputs from the network serving the model now: a request that
-        reached for a network a reload replaced goes to the new one."""
-        for attempt in range(RELOADS_FOLLOWED + 1):
+    async def _after_reload(self, served: Served, version: str | None, parsed: InferRequest,
+                            large: bool) -> tuple[Served, dict[str, np.ndarray]]:
+        """The outputs of a request whose network was gone when it reached the host: from
+        the network that serves its model now, if a reload replaced it (and again, up to
+        RELOADS_FOLLOWED times, should that one go too)."""
+        for _ in range(RELOADS_FOLLOWED):
+            now = self.catalog.get(served.name, version)  # raises if it is gone
+            if now is served:
+                break
+            served = now
             try:
                 return served, await run(self.runs, served.network, parsed.feeds,
                                          parsed.priority, parsed.timeout, large=large)
             except NetworkNotFoundError:
-                now = self.catalog.get(served.name, version)  # raises if it is gone
-                if now.network == served.network or attempt == RELOADS_FOLLOWED:
-                    raise
-                served = now
-        raise AssertionError("unreachable")
+                continue
+        raise NetworkNotFoundError(f"model {served.name!r} is being unloaded or reloaded; "
+                                   f"retry")
 
 
 async def _body(receive: Receive) -> bytes:
