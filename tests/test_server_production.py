@@ -33,11 +33,12 @@ from onnx import helper
 from test_cli import one_line_error
 
 import app.serve_cmd
+import app.server.routes.infer
 from app.cli import main
 from app.server.protocol import Limits
 from app.server.runner import ServeProcess
 from app.server.state import ServerSettings
-from app.server.tensors import DTYPES
+from app.server.tensors import DTYPES, parse_infer
 from servers import WAIT, binary_request, call, error_of, make_repository, serving
 from serving import MLP, assert_same, expected, mlp_feeds, poll
 
@@ -233,6 +234,31 @@ def test_every_datatype_is_held_to_the_bytes_sent(mlp_server, datatype):
     status, _, got = infer(url, feeds)
     assert status == 200
     assert_same(got, expected(MLP, feeds))
+
+
+def test_binary_bytes_bodies_decode_off_the_event_loop(mlp_server, monkeypatch):
+    """A BYTES element decodes one by one: 64 KB of them (16,384 elements) is milliseconds
+    of work, done on a worker thread; small numeric bodies stay on the loop."""
+    url, _ = mlp_server
+    decoded_on: list[str] = []
+
+    def parse(*args):
+        decoded_on.append(threading.current_thread().name)
+        return parse_infer(*args)
+
+    monkeypatch.setattr(app.server.routes.infer, "parse_infer", parse)
+    count = 16_384
+    blob = b"".join(len(s).to_bytes(4, "little") + s
+                    for s in (os.urandom(int(n)) for n in np.random.default_rng().integers(
+                        0, 1, count, endpoint=True)))
+    header = json.dumps({"inputs": [{"name": "x", "shape": [count], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(blob)}}]}).encode()
+    status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", header + blob,
+                                    {"Inference-Header-Content-Length": str(len(header))}))
+    assert status == 400 and "x" in message  # decoded, then refused: mlp takes FP32
+    feeds = mlp_feeds(np.random.default_rng())
+    assert infer(url, feeds)[0] == 200
+    assert decoded_on[0] != "prism-server" and decoded_on[1] == "prism-server", decoded_on
 
 
 # -- 2: SIGTERM and SIGINT alike drain, write the trace, close the host, exit 0 ------------------

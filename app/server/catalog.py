@@ -206,9 +206,9 @@ class Catalog:
             self._served = {n: s for n, s in self._served.items() if n != name}
             try:
                 self.host.remove_network(served.network, wait=True, timeout=UNLOAD_WAIT)
-            except NetworkBusyError:
+            except NetworkBusyError as exc:
                 self._served = {**self._served, name: served}
-                raise
+                raise in_public(exc, name) from None
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model in the repository or served, its state."""

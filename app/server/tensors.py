@@ -12,6 +12,7 @@ for: binary inputs are views of the body.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ DTYPES: dict[str, np.dtype] = {name: np.dtype(t) for name, t in (
 _DATATYPES = {dtype: name for name, dtype in DTYPES.items()}
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 DEFAULT_PRIORITY = 1  # Triton's "0: the default level", placed at its highest level (1)
+_LENGTH = struct.Struct("<I").unpack_from  # a BYTES element's length
 
 
 class TensorError(ValueError):
@@ -222,19 +224,23 @@ def _from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int
 
 def _bytes_elements(name: str, chunk: memoryview, count: int) -> np.ndarray:
     """BYTES binary data: each element a little-endian uint32 length, then its bytes."""
-    out, at = np.empty(count, dtype=object), 0
+    data, end, at = bytes(chunk), len(chunk), 0
+    elements: list[bytes] = [b""] * count
     for i in range(count):
-        if at + 4 > len(chunk):
+        if at + 4 > end:
             raise TensorError(f"input {name!r}: BYTES data ends inside element {i}")
-        size = int.from_bytes(chunk[at:at + 4], "little")
-        if at + 4 + size > len(chunk):
+        (size,) = _LENGTH(data, at)
+        at += 4
+        if at + size > end:
             raise TensorError(f"input {name!r}: BYTES element {i} claims {size} bytes, "
-                              f"{len(chunk) - at - 4} remain")
-        out[i] = bytes(chunk[at + 4:at + 4 + size])
-        at += 4 + size
-    if at != len(chunk):
-        raise TensorError(f"input {name!r}: {len(chunk) - at} bytes follow its {count} "
+                              f"{end - at} remain")
+        elements[i] = data[at:at + size]
+        at += size
+    if at != end:
+        raise TensorError(f"input {name!r}: {end - at} bytes follow its {count} "
                           f"BYTES elements")
+    out = np.empty(count, dtype=object)
+    out[:] = elements
     return out
 
 

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server.calls import OFFLOAD_BYTES, maybe_offload, run
+from app.server.calls import OFFLOAD_BYTES, decode_size, maybe_offload, run
 from app.server.catalog import Served
 from app.server.errors import in_public, respond
 from app.server.guard import Guard
@@ -42,9 +42,10 @@ class Infer:
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER_LENGTH),
                       None)
         body = await _body(receive)
-        large = len(body) > OFFLOAD_BYTES
+        size = decode_size(body, header is not None)
+        large = size > OFFLOAD_BYTES
         try:
-            parsed = await maybe_offload(len(body), parse_infer, body, header, served.inputs)
+            parsed = await maybe_offload(size, parse_infer, body, header, served.inputs)
             try:
                 outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
                                     parsed.timeout, large=large)
