@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from app.paths import OutputError, writable
 from runtime.bundle.match import parse_remap
 from runtime.bundle.reader import is_bundle
 from runtime.devices import DeviceConfig, parse_devices
@@ -20,9 +21,35 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def bindings(pairs: list[str]) -> dict[str, int]:
-    """`--bind` pairs (checked by the parser: DIM=N, N >= 1) -> {DIM: N}."""
-    return {name: int(value) for name, _, value in (p.partition("=") for p in pairs)}
+PROTOBUF_LIMIT = 2 << 30  # a model file larger than this holds no whole ONNX graph
+
+
+def bindings(pairs: list[str], model: str | None = None) -> dict[str, int]:
+    """`--bind` pairs (checked by the parser: DIM=N, N from 1) -> {DIM: N}. With `model`
+    (an ONNX file), each DIM must name a symbolic dimension of one of its inputs."""
+    found = {name: int(value) for name, _, value in (p.partition("=") for p in pairs)}
+    known = _input_dims(model) if found and model else None
+    unknown = sorted(set(found) - known) if known is not None else []
+    if unknown:
+        raise PrismError(f"--bind {unknown[0]}: the inputs of {model} have no dimension "
+                         f"named {unknown[0]!r}; their symbolic dimensions are "
+                         f"{', '.join(sorted(known or ())) or 'none (every one is fixed)'}")
+    return found
+
+
+def _input_dims(model: str) -> set[str] | None:
+    """The symbolic dimensions of an ONNX model's inputs, read without its external data;
+    None for a bundle, or a file the load proper will report on."""
+    import onnx
+
+    try:
+        if is_bundle(model) or Path(model).stat().st_size > PROTOBUF_LIMIT:
+            return None
+        proto = onnx.load(model, load_external_data=False)
+    except Exception:
+        return None
+    return {d.dim_param for v in proto.graph.input
+            for d in v.type.tensor_type.shape.dim if d.dim_param}
 
 
 def mode_and_map(partition: str | None) -> tuple[str, str | None]:
@@ -42,7 +69,8 @@ def load(args: argparse.Namespace) -> tuple[Graph, list[DeviceConfig]]:
     from runtime.graph import load_graph  # here: `prism run NAME.prism` never needs it
 
     devices = parse_devices(args.devices)
-    graph = load_graph(args.model, bindings=bindings(args.bind), name=Path(args.model).stem)
+    graph = load_graph(args.model, bindings=bindings(args.bind, args.model),
+                       name=Path(args.model).stem)
     return graph, devices
 
 
@@ -54,7 +82,7 @@ def _batching(args: argparse.Namespace) -> dict | None:
 def network_options(args: argparse.Namespace) -> dict:
     """`add_network` (and `compile_bundle`) keywords for a model from the flags."""
     mode, user_map = mode_and_map(args.partition)
-    return {"partition": user_map or mode, "bindings": bindings(args.bind),
+    return {"partition": user_map or mode, "bindings": bindings(args.bind, args.model),
             "annotations": args.annotate, "fallback": args.fallback,
             "batching": _batching(args), "replicas": args.replicas or 1}
 
@@ -74,16 +102,11 @@ def load_options(args: argparse.Namespace) -> dict:
 
 
 def output_file(path: str, flag: str) -> Path:
-    """A file a command will write, checked before any work: its folder must exist."""
-    target = Path(path)
+    """A file a command will write, checked before any work (`app.paths.writable`)."""
     try:
-        if target.is_dir():
-            raise PrismError(f"{flag} {path} is a folder; give a file name")
-        if not target.parent.is_dir():
-            raise PrismError(f"{flag} {path}: there is no folder {target.parent}")
-    except OSError as exc:
-        raise PrismError(f"{flag} {path}: {exc.strerror or exc}") from None
-    return target
+        return writable(Path(path), flag)
+    except OutputError as exc:
+        raise PrismError(str(exc)) from None
 
 
 def writing(path: Path, flag: str, write: Callable[[], T]) -> T:

@@ -18,8 +18,15 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from app.paths import OutputError, check_outputs
+
 MAX_CLIENTS = 10_000  # --concurrency: each client is a callback chain and queue places
 MAX_DELAY_MS = 60_000  # --max-delay-ms: a batch never waits over a minute
+MAX_DIM = 2**31 - 1  # --bind: a dimension ONNX Runtime and numpy index without overflow
+MAX_QUEUE = 1_000_000  # serve --max-queue: each waiting request holds its feeds
+MAX_BODY_MB = 1 << 20  # serve --max-body-mb: 1 TiB, past any one request
+MAX_CONNECTIONS = 1_000_000  # serve --max-connections: past any one process's files
+MAX_SECONDS = 3600.0  # serve's timeouts and grace period: an hour at most
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,7 +40,7 @@ def _number(kind: type, low: float, high: float | None = None, *, above: bool = 
     """An argparse type: a finite number of `kind` from `low` (or above it) to `high`."""
     what = "a whole number" if kind is int else "a number"
     bound = (f"above {low}" if above else f"of at least {low}") if high is None \
-        else f"from {low} to {high}"
+        else f"above {low} and at most {high}" if above else f"from {low} to {high}"
 
     def parse(text: str) -> int | float:
         try:
@@ -70,9 +77,9 @@ def _pattern(text: str) -> str:
 
 def _binding(text: str) -> str:
     name, _, value = text.partition("=")
-    if not name or not value.isascii() or not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"takes DIM=N with N a whole number of at least 1, "
-                                         f"got {text!r}")
+    if not name or not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_DIM:
+        raise argparse.ArgumentTypeError(f"takes DIM=N with N a whole number from 1 to "
+                                         f"{MAX_DIM}, got {text!r}")
     return text
 
 
@@ -220,19 +227,37 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1; any other needs --token "
                             "or --insecure)")
-    serve.add_argument("--port", type=int, default=8000, help="default 8000; 0: a free one")
+    serve.add_argument("--port", type=_number(int, 0, 65535), default=8000,
+                       help="default 8000; 0: a free one")
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request "
-                                       "(default: $PRISM_TOKEN)")
+                                       "but the health probes (default: $PRISM_TOKEN)")
+    serve.add_argument("--health-needs-token", action="store_true",
+                       help="ask for the token on /v2/health/live and /ready too (default: "
+                            "open, for load balancers' and Kubernetes' probes)")
     serve.add_argument("--insecure", action="store_true",
                        help="allow a non-loopback --host without a token")
     serve.add_argument("--partition", choices=("balanced", "memory"),
                        help="partition mode for the models loaded at start (default balanced, "
                             "or the model's config.pbtxt)")
     _add_serving_args(serve)
-    serve.add_argument("--max-queue", type=int, default=1024, metavar="N",
-                       help="requests that may wait (default 1024); more get 503")
-    serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
-                       help="largest request body (default 64)")
+    serve.add_argument("--max-queue", type=_number(int, 1, MAX_QUEUE), default=1024,
+                       metavar="N", help="requests that may wait (default 1024); more get 503")
+    serve.add_argument("--max-body-mb", type=_number(float, 0, MAX_BODY_MB, above=True),
+                       default=64.0, metavar="MB", help="largest request body (default 64)")
+    serve.add_argument("--grace-seconds", type=_number(float, 0, MAX_SECONDS), default=30.0,
+                       metavar="S", help="on SIGTERM or Ctrl-C: how long requests in flight "
+                                         "may take to finish before the rest get 503 "
+                                         "(default 30, as Triton's --exit-timeout-secs)")
+    serve.add_argument("--header-timeout", type=_number(float, 0, MAX_SECONDS, above=True),
+                       default=10.0, metavar="S",
+                       help="seconds a request's headers may take to arrive (default 10); "
+                            "then 408 and the connection closes")
+    serve.add_argument("--body-timeout", type=_number(float, 0, MAX_SECONDS, above=True),
+                       default=30.0, metavar="S",
+                       help="seconds a request's body may pause (default 30); then 408")
+    serve.add_argument("--max-connections", type=_number(int, 1, MAX_CONNECTIONS),
+                       default=1000, metavar="N",
+                       help="open connections at most (default 1000); more get 503")
     serve.set_defaults(handler="app.serve_cmd:run")
 
     prof = sub.add_parser("profile", help="record every tensor's range over calibration "
@@ -411,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from runtime.devices.ray.cluster import use_address
 
                 use_address(args.ray_address)
+            check_outputs(args)
             command = _handler(args.handler)
             ctrl_c.resume()
             return command(args) or 0
@@ -433,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _described(exc: Exception) -> tuple[str, str]:
     errors = sys.modules.get("runtime.errors")  # imported by whatever raised a PrismError
-    if errors is not None and isinstance(exc, errors.PrismError):
+    if isinstance(exc, OutputError) or (errors is not None and isinstance(exc, errors.PrismError)):
         return "prism: error:", str(exc)
     if isinstance(exc, OSError) and exc.filename is not None:  # a path given
         return "prism: error:", f"{exc.filename}: {exc.strerror or exc}"

@@ -1,22 +1,31 @@
-"""`prism serve`: one HostManager behind the Open Inference Protocol over HTTP, until Ctrl-C."""
+"""`prism serve`: one HostManager behind the Open Inference Protocol over HTTP, until Ctrl-C
+or SIGTERM: it then stops accepting, lets requests in flight finish for `--grace-seconds`,
+answers the rest 503, writes `--trace`, closes the host and its devices, and exits 0."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich import box
+from rich.console import Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from app.arguments import output_file, writing
-from app.console import plain_console
+from app.console import fit_width, plain_console
 from app.server.app import create_app
 from app.server.load_options import load_options
+from app.server.protocol import Limits
 from app.server.repository import SUFFIXES, ModelRepository
-from app.server.runner import bind, check_exposure, server, url
+from app.server.runner import PrismServer, bind, check_exposure, server, url
 from app.server.state import ServerSettings, ServerState
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
@@ -25,6 +34,7 @@ from runtime.observe.trace import ChromeTrace
 from runtime.units import human_bytes
 
 TOKEN_VARIABLE = "PRISM_TOKEN"  # the token, kept off the command line (and out of `ps`)
+CLOSE_SECONDS = 5.0  # after the drain: the host's last requests end or fail within this
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,13 +44,15 @@ def run(args: argparse.Namespace) -> int:
     repository = ModelRepository(args.model_repository) if args.model_repository else None
     wanted = _wanted(args.models, repository)
     params = _parameters(args)
+    trace_path = output_file(args.trace, "--trace") if args.trace else None
+    limits = Limits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                    max_connections=args.max_connections, grace_seconds=args.grace_seconds)
     sock = bind(args.host, args.port)  # before loading: a taken port fails at once
     console = plain_console()
-    with HostManager(devices, max_queue=args.max_queue) as host:
-        state = ServerState.open(host, repository,
-                                 ServerSettings(token, int(args.max_body_mb * (1 << 20)),
-                                                args.devices))
-        trace_path = output_file(args.trace, "--trace") if args.trace else None
+    with HostManager(devices, max_queue=args.max_queue) as host, _term_interrupts():
+        state = ServerState.open(host, repository, ServerSettings(
+            token, max(1, int(args.max_body_mb * (1 << 20))), args.devices,
+            open_health=not args.health_needs_token))
         if trace_path is not None:
             state.trace = ChromeTrace(host.bus)  # before the loads: their memory too
         try:
@@ -56,18 +68,51 @@ def run(args: argparse.Namespace) -> int:
                         state.catalog.add(name, path, load_options({}, params))
                     progress.advance(task)
             state.ready = True
-            console.print(_table(state))
-            console.print(Text.assemble("Serving the Open Inference Protocol on ",
-                                        (url(sock), "bold"), " (/v2, /metrics)",
-                                        "" if token else ", no token", "; Ctrl-C stops."))
-            server(create_app(state)).run(sockets=[sock])
+            started = Group(_table(state), Text.assemble(
+                "Serving the Open Inference Protocol on ", (url(sock), "bold"),
+                " (/v2, /metrics)", "" if token else ", no token",
+                "; Ctrl-C or SIGTERM stops it."))
+            fit_width(console, started)
+            serving = server(create_app(state), limits, _stopping(state))
+            with serving.capture_signals():  # from the moment it says it serves
+                console.print(started)
+                serving.run(sockets=[sock])
         finally:
             if trace_path is not None and state.trace is not None:
                 taken, plans = state.trace, state.plans()
                 writing(trace_path, "--trace", lambda: taken.write(trace_path, plans))
             state.close()
             sock.close()
+            host.close(CLOSE_SECONDS)
     return 0
+
+
+@contextlib.contextmanager
+def _term_interrupts() -> Iterator[None]:
+    """SIGTERM interrupts as Ctrl-C does while models load (the server, once it runs,
+    drains on either), in place of any handler before (Ray's exits with status 15)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopping(state: ServerState) -> Callable[[PrismServer], None]:
+    """What a stop does first: health says not ready, event streams end, a line says so."""
+
+    def stop(server: PrismServer) -> None:
+        state.ready, state.closing = False, True
+        waiting = len(server.server_state.tasks)
+        sys.stderr.write(f"prism: {server.stopped_by or 'stopping'}: no new connections"
+                         + (f"; the {waiting} in flight get up to "
+                            f"{server.limits.grace_seconds:g} s" if waiting else "") + "\n")
+        sys.stderr.flush()
+
+    return stop
 
 
 def _wanted(models: list[str], repository: ModelRepository | None

@@ -7,6 +7,7 @@ symbolic names included, so compiled partitions stay dynamic.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Iterable, Mapping
@@ -18,13 +19,15 @@ import networkx as nx
 import numpy as np
 import onnx
 from google.protobuf.message import Message
-from onnx import helper, shape_inference
+from onnx import external_data_helper, helper, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
-from runtime.errors import ModelLoadError
+from runtime.errors import DeviceMemoryError, ModelLoadError
+from runtime.units import human_bytes
 
 Dim = int | str | None
 DEFAULT_DOMAINS = ("", "ai.onnx")
+READ_ANYWAY = 64 << 20  # model bytes read whatever the memory free: a fraction of a second
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,11 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def read_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    """A ModelProto from a path, serialized bytes or a ModelProto (copied)."""
+def read_model(source: str | Path | bytes | onnx.ModelProto,
+               max_bytes: int | None = None) -> onnx.ModelProto:
+    """A ModelProto from a path, serialized bytes or a ModelProto (copied). `max_bytes`: a
+    file, with its external data, larger than this (and than READ_ANYWAY) is refused
+    before any of it is read."""
     if isinstance(source, onnx.ModelProto):
         return copy.deepcopy(source)
     if isinstance(source, bytes | bytearray):
@@ -145,12 +151,43 @@ def read_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
             raise ModelLoadError(f"model file not found: {path}")
         if path.is_dir():
             raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+        size = path.stat().st_size
     except OSError as exc:  # e.g. a name too long
         raise ModelLoadError(f"cannot open model {path}: {exc.strerror or exc}") from None
+    _check_size(path, size, max_bytes)
     try:
-        return onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
+        _check_size(path, size + _external_bytes(model, path.parent), max_bytes)
+        external_data_helper.load_external_data_for_model(model, str(path.parent))
+        return model
+    except DeviceMemoryError:
+        raise
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
+
+
+def _check_size(path: Path, size: int, max_bytes: int | None) -> None:
+    """Refuse a model over `max_bytes`, unless it is small enough to read anyway (then the
+    plan says which node does not fit on which device)."""
+    if max_bytes is not None and size > max(max_bytes, READ_ANYWAY):
+        raise DeviceMemoryError(f"{path} holds {size} bytes ({human_bytes(size)}) of model, "
+                                f"more than the {max_bytes} bytes ({human_bytes(max_bytes)}) "
+                                f"free on the devices it may load onto; not read")
+
+
+def _external_bytes(model: onnx.ModelProto, folder: Path) -> int:
+    """The bytes a model's tensors keep in external files, from their lengths (or the
+    files' sizes), nothing read."""
+    total = 0
+    for tensor in external_data_helper._get_all_tensors(model):
+        if external_data_helper.uses_external_data(tensor):
+            info = external_data_helper.ExternalDataInfo(tensor)
+            if info.length:
+                total += info.length
+            else:
+                with contextlib.suppress(OSError):  # a missing file: the load says so
+                    total += max(0, (folder / info.location).stat().st_size - (info.offset or 0))
+    return total
 
 
 def _not_text(message: Message, where: str) -> str | None:
@@ -302,16 +339,17 @@ def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: i
 
 def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                bindings: Mapping[str, int] | None = None, default_dim: int = 1,
-               name: str | None = None) -> Graph:
+               name: str | None = None, max_bytes: int | None = None) -> Graph:
     """Read, check, name and shape a model. `bindings` maps symbolic dims to values.
-    A Graph already loaded (with the same bindings) is reused, renamed if asked."""
+    A Graph already loaded (with the same bindings) is reused, renamed if asked.
+    `max_bytes`: a model file larger is refused unread (`read_model`)."""
     if isinstance(source, Graph):
         if not bindings or dict(bindings) == source.bindings:
             graph = copy.copy(source)  # shares the model, tensors and memo; not re-checked
             graph.name = name or source.name
             return graph
         source = source.model
-    model = read_model(source)
+    model = read_model(source, max_bytes)
     label = str(source) if isinstance(source, str | Path) else "model"
     _check(model, label)
     _name_nodes(model.graph)

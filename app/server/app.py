@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
 from app.server.errors import HANDLERS
-from app.server.guard import Guard
+from app.server.guard import HEALTH_PATHS, Guard
 from app.server.routes import health, infer, metrics, models, repository, watch
 from app.server.state import ServerState
 
@@ -24,9 +24,12 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (infer, health, models, repository, metr
 
 
 def create_app(state: ServerState, modules: Sequence[ModuleType] = ROUTE_MODULES) -> ASGIApp:
+    settings = state.settings
+    open_paths = HEALTH_PATHS if settings.open_health else frozenset()
     app = Starlette(routes=[route for module in modules for route in module.routes(state)],
-                    middleware=[Middleware(Guard, token=state.settings.token,
-                                           max_body_bytes=state.settings.max_body_bytes)],
+                    middleware=[Middleware(Guard, token=settings.token,
+                                           max_body_bytes=settings.max_body_bytes,
+                                           open_paths=open_paths)],
                     exception_handlers=HANDLERS)
     app.state.prism = state
     return infer.HotRoute(state, app) if infer in modules else app

@@ -3,27 +3,33 @@ file, load options and tensor metadata. Loads and unloads are blocking (run them
 event loop) and one at a time; lookups take no lock.
 
 A reload loads the new network beside the old one (`mlp#2`), switches the name over, then
-removes the old network once its requests have ended, so a model keeps serving through a
-reload, and a failed reload leaves the old one in place.
+removes the old network once its requests have ended (in the background if they take
+longer than UNLOAD_WAIT), so a model keeps serving through a reload, and a failed reload
+leaves the old one in place. A request that reached for the old network as it left goes
+to the new one (`routes/infer.py`); the host's name for a network (`mlp#2`) never shows in
+an error (`errors.in_public`).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from app.server.errors import in_public
 from app.server.load_options import LoadOptions, load_options
 from app.server.repository import ModelRepository
 from app.server.tensors import datatype
-from runtime.errors import NetworkBusyError, NetworkNotFoundError, first_line
+from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs
 
 UNLOAD_WAIT = 30.0  # seconds an unload waits for the model's requests to end
+log = logging.getLogger("prism.server")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,13 @@ class TensorInfo:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "datatype": self.datatype, "shape": self.shape}
+
+    def config(self, batched: bool) -> dict:
+        """As a Triton model configuration's `input`/`output` entry: a batching model's
+        dims leave out the batch dimension."""
+        kind = "STRING" if self.datatype == "BYTES" else self.datatype
+        return {"name": self.name, "data_type": f"TYPE_{kind}",
+                "dims": self.shape[1:] if batched else self.shape}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,9 @@ class Served:
     inputs: list[InputSpec]
     outputs: list[TensorInfo]
     transfers: tuple[tuple[str, str, int], ...]  # per request: (src, dst, bytes), planned
+    replicas: int = 1
+    mode: str = "balanced"  # the plan's partition mode
+    devices: tuple[tuple[str, str], ...] = ()  # (name, backend) of the devices it runs on
 
     @property
     def platform(self) -> str:
@@ -53,8 +69,32 @@ class Served:
 
     def metadata(self) -> dict:
         return {"name": self.name, "versions": [self.version], "platform": self.platform,
-                "inputs": [_info(s.name, s.dtype, s.dims).to_dict() for s in self.inputs],
+                "inputs": [o.to_dict() for o in self.input_infos()],
                 "outputs": [o.to_dict() for o in self.outputs]}
+
+    def input_infos(self) -> list[TensorInfo]:
+        return [_info(s.name, s.dtype, s.dims) for s in self.inputs]
+
+    def config(self) -> dict:
+        """The model configuration, as Triton answers `GET /v2/models/M/config`."""
+        batch = self.options.max_batch_size
+        kinds = {backend for _, backend in self.devices}
+        config: dict = {
+            "name": self.name, "platform": self.platform,
+            "backend": "prism" if self.source.suffix == ".prism" else "onnxruntime",
+            "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": batch,
+            "input": [t.config(bool(batch)) for t in self.input_infos()],
+            "output": [t.config(bool(batch)) for t in self.outputs],
+            "instance_group": [{"name": self.name, "count": self.replicas,
+                                "kind": "KIND_CPU" if kinds == {"cpu"} else "KIND_MODEL"}],
+            "default_model_filename": self.source.name,
+            "parameters": {"partition": {"string_value": self.mode},
+                           "devices": {"string_value": ",".join(n for n, _ in self.devices)}}}
+        if batch:
+            config["dynamic_batching"] = {
+                "preferred_batch_size": list(self.options.preferred_batch_sizes),
+                "max_queue_delay_microseconds": round(self.options.max_queue_delay_ms * 1000)}
+        return config
 
 
 def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> TensorInfo:
@@ -108,12 +148,14 @@ class Catalog:
             if old is not None and (old.source, old.options, old.version) == (path, options,
                                                                               version):
                 return old
-            network = name if name not in self.host.networks() else f"{name}#{next(self._suffix)}"
+            network = name  # never a name served before: a request that holds one
+            while network in self._by_network or network in self.host.networks():
+                network = f"{name}#{next(self._suffix)}"  # reaches nothing else
             self._loading.add(name)
             try:
                 plan = self.host.add_network(network, str(path), **options.add_network())
             except Exception as exc:
-                self._failed[name] = first_line(exc)
+                self._failed[name] = first_line(in_public(exc, name))
                 raise
             finally:
                 self._loading.discard(name)
@@ -122,13 +164,35 @@ class Catalog:
                             [_info(o, graph.tensors[o].dtype if o in graph.tensors else None,
                                    graph.tensors[o].dims if o in graph.tensors else None)
                              for o in graph.outputs],
-                            tuple((t.src, t.dst, t.bytes) for t in plan.transfers))
+                            tuple((t.src, t.dst, t.bytes) for t in plan.transfers),
+                            self.host.replicas(network), plan.mode,
+                            tuple(dict.fromkeys((p.device, plan.device(p.device).backend)
+                                                for p in plan.partitions)))
             self._by_network[network] = served
             self._served = {**self._served, name: served}
             self._failed.pop(name, None)
             if old is not None:
-                self.host.remove_network(old.network, wait=True, timeout=UNLOAD_WAIT)
+                self._retire(old.network)
             return served
+
+    def _retire(self, network: str) -> None:
+        """Remove a network a reload replaced, once its requests have ended: here if they
+        end within UNLOAD_WAIT, else on a thread of its own (the reload is done)."""
+        try:
+            self.host.remove_network(network, wait=True, timeout=UNLOAD_WAIT)
+        except NetworkBusyError:
+            threading.Thread(target=self._drain, args=(network,), daemon=True,
+                             name=f"prism-drain-{network}").start()
+
+    def _drain(self, network: str) -> None:
+        while True:
+            try:
+                self.host.remove_network(network, wait=True, timeout=UNLOAD_WAIT)
+                return
+            except NetworkBusyError:
+                log.warning("%s: requests to the replaced network still running", network)
+            except PrismError:  # the host closed meanwhile
+                return
 
     def unload(self, name: str) -> None:
         """Stop serving `name` once its requests have ended (a name in the repository but
@@ -142,9 +206,9 @@ class Catalog:
             self._served = {n: s for n, s in self._served.items() if n != name}
             try:
                 self.host.remove_network(served.network, wait=True, timeout=UNLOAD_WAIT)
-            except NetworkBusyError:
+            except NetworkBusyError as exc:
                 self._served = {**self._served, name: served}
-                raise
+                raise in_public(exc, name) from None
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model in the repository or served, its state."""

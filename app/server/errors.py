@@ -10,6 +10,7 @@ own (logged with its traceback; the server keeps serving).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 
 import orjson
@@ -41,6 +42,15 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
                    ) -> Response:
     return Response(orjson.dumps({"error": message}), status, headers,
                     media_type="application/json")
+
+
+def in_public(exc: BaseException, name: str) -> BaseException:
+    """`exc`, its message naming model `name` where it named a network the host serves it
+    by (`mlp#3`, a reload's): the host's names stay inside the server."""
+    if exc.args and isinstance(exc.args[0], str) and f"{name}#" in exc.args[0]:
+        exc.args = (re.sub(re.escape(name) + r"#\d+", lambda _: name, exc.args[0]),
+                    *exc.args[1:])
+    return exc
 
 
 def status_of(exc: BaseException) -> int:

@@ -1,9 +1,11 @@
 """What every request passes before any route: the bearer token and the body limit.
 
 A pure ASGI middleware (no per-request objects). The token is compared in constant time
-(`hmac.compare_digest`); a body is refused on its declared Content-Length, or, sent in
-chunks, as soon as it grows past the limit. WebSocket connections (the event stream) are
-held to the token too.
+(`hmac.compare_digest`); the scheme `Bearer` in any case (RFC 7235). Health probes
+(`/v2/health/live`, `/v2/health/ready`) pass without it, as Triton and KServe leave them,
+unless the server is told to ask there too. A body is refused on its declared
+Content-Length, or, sent in chunks, as soon as it grows past the limit. WebSocket
+connections (the event stream) are held to the token too.
 """
 
 from __future__ import annotations
@@ -14,12 +16,22 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+HEALTH_PATHS = frozenset(("/v2/health/live", "/v2/health/ready"))
+
+
+def bearer_token(authorization: bytes) -> bytes | None:
+    """The credentials of an `Authorization: Bearer T` header (scheme in any case), or None."""
+    scheme, _, credentials = authorization.strip().partition(b" ")
+    return credentials.strip() if scheme.lower() == b"bearer" else None
+
 
 class Guard:
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int,
+                 open_paths: frozenset[str] = frozenset()):
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = token.encode() if token else None
         self.max_body = max_body_bytes
+        self.open_paths = open_paths  # paths that need no token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -31,12 +43,14 @@ class Guard:
                 authorization = value
             elif key == b"content-length":
                 length = value
-        if self.expected is not None and not hmac.compare_digest(authorization, self.expected):
-            if kind == "websocket":
-                return await send({"type": "websocket.close", "code": 1008})
-            return await _refuse(send, 401, "missing or wrong bearer token (send "
-                                            "Authorization: Bearer TOKEN)",
-                                 ((b"www-authenticate", b"Bearer"),))
+        if self.expected is not None and scope["path"] not in self.open_paths:
+            given = bearer_token(authorization)
+            if given is None or not hmac.compare_digest(given, self.expected):
+                if kind == "websocket":
+                    return await send({"type": "websocket.close", "code": 1008})
+                return await _refuse(send, 401, "missing or wrong bearer token (send "
+                                                "Authorization: Bearer TOKEN)",
+                                     ((b"www-authenticate", b"Bearer"),))
         if kind == "websocket":
             return await self.app(scope, receive, send)
         if length:

@@ -66,7 +66,9 @@ def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) ->
         if not isinstance(dynamic, Mapping):
             raise LoadOptionError("config: dynamic_batching must be a message")
         found["max_batch_size"] = config["max_batch_size"]
-        found["max_queue_delay_ms"] = dynamic.get("max_queue_delay_microseconds", 1000) / 1000
+        delay = _whole(dynamic.get("max_queue_delay_microseconds", 1000),
+                       "dynamic_batching.max_queue_delay_microseconds", 0)
+        found["max_queue_delay_ms"] = delay / 1000
         found["preferred_batch_sizes"] = dynamic.get("preferred_batch_size", [])
     groups = config.get("instance_group")
     if groups:

@@ -21,6 +21,7 @@ class ServerSettings:
     token: str | None = None  # None: no token asked for
     max_body_bytes: int = MAX_BODY_BYTES
     devices: str = ""  # the --devices spec, for a dashboard's stepper in another mode
+    open_health: bool = True  # /v2/health/live and /ready answer without the token
 
 
 @dataclass

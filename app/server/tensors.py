@@ -2,14 +2,17 @@
 tensor data extension (an inference header, then each binary tensor's raw bytes in order).
 
 Everything a client sends is checked before it is trusted: a shape's element count against
-the data given, a `binary_data_size` against the bytes there are, the header length against
-the body. A failed check is a `TensorError` (HTTP 400) naming the tensor and what is wrong.
-Only memory the body already holds is ever asked for: binary inputs are views of the body.
+the data given (binary: against the bytes sent, a BYTES element taking at least its 4-byte
+length, before anything is allocated for it), a `binary_data_size` against the bytes there
+are, the header length against the body. A failed check is a `TensorError` (HTTP 400)
+naming the tensor and what is wrong. Only memory the body already holds is ever asked
+for: binary inputs are views of the body.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,7 @@ DTYPES: dict[str, np.dtype] = {name: np.dtype(t) for name, t in (
 _DATATYPES = {dtype: name for name, dtype in DTYPES.items()}
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 DEFAULT_PRIORITY = 1  # Triton's "0: the default level", placed at its highest level (1)
+_LENGTH = struct.Struct("<I").unpack_from  # a BYTES element's length
 
 
 class TensorError(ValueError):
@@ -181,6 +185,17 @@ def _input(tensor: dict, binary: memoryview, offset: int) -> tuple[np.ndarray, i
     return _from_bytes(name, chunk, shape, count, dtype), offset + size
 
 
+def _fits(name: str, shape: tuple[int, ...], count: int, dtype: np.dtype, sent: int) -> None:
+    """Refuse a shape that declares more elements than `sent` bytes can hold (a BYTES
+    element takes at least its 4-byte length), before anything is allocated for it."""
+    strings = dtype.kind == "O"
+    least = count * (4 if strings else dtype.itemsize)
+    if (least > sent) if strings else (least != sent):
+        what = "at least " if strings else ""
+        raise TensorError(f"input {name!r}: shape {list(shape)} of {datatype(dtype)} takes "
+                          f"{what}{least} bytes, binary_data_size is {sent}")
+
+
 def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: np.dtype
                ) -> np.ndarray:
     if not isinstance(data, list):
@@ -200,30 +215,32 @@ def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: 
 
 def _from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int,
                 dtype: np.dtype) -> np.ndarray:
+    _fits(name, shape, count, dtype, len(chunk))
     if dtype.kind == "O":
         return _bytes_elements(name, chunk, count).reshape(shape)
-    if len(chunk) != count * dtype.itemsize:
-        raise TensorError(f"input {name!r}: shape {list(shape)} of {datatype(dtype)} takes "
-                          f"{count * dtype.itemsize} bytes, binary_data_size is {len(chunk)}")
     little = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"), count=count)
     return little.astype(dtype, copy=False).reshape(shape)
 
 
 def _bytes_elements(name: str, chunk: memoryview, count: int) -> np.ndarray:
     """BYTES binary data: each element a little-endian uint32 length, then its bytes."""
-    out, at = np.empty(count, dtype=object), 0
+    data, end, at = bytes(chunk), len(chunk), 0
+    elements: list[bytes] = [b""] * count
     for i in range(count):
-        if at + 4 > len(chunk):
+        if at + 4 > end:
             raise TensorError(f"input {name!r}: BYTES data ends inside element {i}")
-        size = int.from_bytes(chunk[at:at + 4], "little")
-        if at + 4 + size > len(chunk):
+        (size,) = _LENGTH(data, at)
+        at += 4
+        if at + size > end:
             raise TensorError(f"input {name!r}: BYTES element {i} claims {size} bytes, "
-                              f"{len(chunk) - at - 4} remain")
-        out[i] = bytes(chunk[at + 4:at + 4 + size])
-        at += 4 + size
-    if at != len(chunk):
-        raise TensorError(f"input {name!r}: {len(chunk) - at} bytes follow its {count} "
+                              f"{end - at} remain")
+        elements[i] = data[at:at + size]
+        at += size
+    if at != end:
+        raise TensorError(f"input {name!r}: {end - at} bytes follow its {count} "
                           f"BYTES elements")
+    out = np.empty(count, dtype=object)
+    out[:] = elements
     return out
 
 

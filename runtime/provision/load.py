@@ -37,8 +37,12 @@ def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any,
     if remap:
         raise PrismError("remap applies to bundles (NAME.prism); a model is planned onto "
                          "the host's devices as they are named")
+    from runtime.graph import load_graph
     from runtime.provision.from_model import load_network
 
+    if isinstance(model, str | Path):  # its size checked against free memory unread
+        model = load_graph(model, bindings=bindings, name=name,
+                           max_bytes=sum(d.free_bytes for d in devices.values()))
     return load_network(name, model, devices, bus, partition=partition or "balanced",
                         annotations=annotations, fallback=fallback,
                         replicas=1 if replicas is None else replicas, batching=batching,

@@ -113,7 +113,7 @@ def test_names_from_the_model_print_as_written(capsys, tmp_path):
      str(MAX_DELAY_MS)),
     (["run", MLP, "--devices", "cpu:1", "--replicas", "0"], "--replicas", "'auto'"),
     (["bench", MLP, "--devices", "cpu:1", "--requests", "-1"], "--requests", "at least 1"),
-    (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=0"], "--bind", "at least 1"),
+    (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=0"], "--bind", "from 1 to"),
     (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=²"], "--bind", "whole number"),
     (["tui", "--concurrency", "0"], "--concurrency", "from 1"),
     (["tui", "--seed", "-1"], "--seed", "at least 0"),

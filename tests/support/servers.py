@@ -16,6 +16,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.server.app import create_app
+from app.server.protocol import Limits
 from app.server.repository import ModelRepository
 from app.server.runner import ServerThread, bind
 from app.server.state import ServerSettings, ServerState
@@ -45,7 +46,7 @@ def make_repository(root: Path) -> Path:
 @contextlib.contextmanager
 def serving(devices: str, repository: Path | None = None, models: tuple[str, ...] = (),
             files: tuple[tuple[str, Path], ...] = (), settings: ServerSettings | None = None,
-            **host_options) -> Iterator[tuple[str, ServerState]]:
+            limits: Limits | None = None, **host_options) -> Iterator[tuple[str, ServerState]]:
     """A HostManager on `devices` behind a server on a free loopback port: (url, state)."""
     from app.server.load_options import LoadOptions
 
@@ -58,7 +59,7 @@ def serving(devices: str, repository: Path | None = None, models: tuple[str, ...
             for name, path in files:
                 state.catalog.add(name, path, LoadOptions())
             state.ready = True
-            with ServerThread(create_app(state), bind("127.0.0.1", 0)) as server:
+            with ServerThread(create_app(state), bind("127.0.0.1", 0), limits) as server:
                 yield server.url, state
         finally:
             state.close()

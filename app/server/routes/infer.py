@@ -9,21 +9,26 @@ large ones on a worker thread, so they never stall the others.
 
 from __future__ import annotations
 
+import asyncio
+
+import numpy as np
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server.calls import OFFLOAD_BYTES, maybe_offload, run
-from app.server.errors import respond
+from app.server.calls import OFFLOAD_BYTES, decode_size, maybe_offload, run
+from app.server.catalog import Served
+from app.server.errors import in_public, respond
 from app.server.guard import Guard
 from app.server.routes.models import MODEL, VERSION
 from app.server.state import ServerState
-from app.server.tensors import TensorError, encode_response, parse_infer
-from runtime.errors import InvalidInputError, QueueFullError
+from app.server.tensors import InferRequest, TensorError, encode_response, parse_infer
+from runtime.errors import InvalidInputError, NetworkNotFoundError, QueueFullError
 
 HEADER_LENGTH = b"inference-header-content-length"
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", b"application/octet-stream")]
+RELOADS_FOLLOWED = 3  # a request follows its model through this many reloads at once
 
 
 class Infer:
@@ -32,18 +37,25 @@ class Infer:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope["path_params"]
-        served = self.catalog.get(params["model"], params.get("version"))
+        version = params.get("version")
+        served = self.catalog.get(params["model"], version)
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER_LENGTH),
                       None)
         body = await _body(receive)
+        size = decode_size(body, header is not None)
+        large = size > OFFLOAD_BYTES
         try:
-            parsed = await maybe_offload(len(body), parse_infer, body, header, served.inputs)
-            outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
-                                parsed.timeout, large=len(body) > OFFLOAD_BYTES)
-        except (TensorError, InvalidInputError, QueueFullError) as exc:
-            reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
-            self.metrics.rejected(served.name, served.version, reason)
-            raise
+            parsed = await maybe_offload(size, parse_infer, body, header, served.inputs)
+            try:
+                outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
+                                    parsed.timeout, large=large)
+            except NetworkNotFoundError:
+                served, outputs = await self._after_reload(served, version, parsed, large)
+        except Exception as exc:
+            if isinstance(exc, TensorError | InvalidInputError | QueueFullError):
+                reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
+                self.metrics.rejected(served.name, served.version, reason)
+            raise in_public(exc, served.name) from None
         size = sum(a.nbytes for a in outputs.values())
         content, json_length = await maybe_offload(size, encode_response, served.name,
                                                    served.version, parsed, outputs)
@@ -52,6 +64,24 @@ class Infer:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*headers, (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
+
+    async def _after_reload(self, served: Served, version: str | None, parsed: InferRequest,
+                            large: bool) -> tuple[Served, dict[str, np.ndarray]]:
+        """The outputs of a request whose network was gone when it reached the host: from
+        the network that serves its model now, if a reload replaced it (and again, up to
+        RELOADS_FOLLOWED times, should that one go too)."""
+        for _ in range(RELOADS_FOLLOWED):
+            now = self.catalog.get(served.name, version)  # raises if it is gone
+            if now is served:
+                break
+            served = now
+            try:
+                return served, await run(self.runs, served.network, parsed.feeds,
+                                         parsed.priority, parsed.timeout, large=large)
+            except NetworkNotFoundError:
+                continue
+        raise NetworkNotFoundError(f"model {served.name!r} is being unloaded or reloaded; "
+                                   f"retry")
 
 
 async def _body(receive: Receive) -> bytes:
@@ -82,17 +112,22 @@ class HotRoute:
     error answers; any other request to `app` (which routes infer paths too: their 405s)."""
 
     def __init__(self, state: ServerState, app: ASGIApp):
-        self.app, self.infer = app, Infer(state)
+        self.app, self.infer, self.state = app, Infer(state), state
         settings = state.settings
         self.guarded = Guard(self._answered, settings.token, settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            params = infer_params(scope["path"])
-            if params is not None:
-                scope["path_params"] = params
-                return await self.guarded(scope, receive, send)
-        await self.app(scope, receive, send)
+        try:
+            if scope["type"] == "http" and scope["method"] == "POST":
+                params = infer_params(scope["path"])
+                if params is not None:
+                    scope["path_params"] = params
+                    return await self.guarded(scope, receive, send)
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self.state.closing:
+                raise
+            # the server stopped and answered this request itself (runner.PrismServer)
 
     async def _answered(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

@@ -1,4 +1,5 @@
-"""Model metadata and readiness: `GET /v2/models/{m}[/versions/{v}]` and `.../ready`."""
+"""Model metadata, readiness and configuration: `GET /v2/models/{m}[/versions/{v}]`,
+`.../ready` and `.../config` (Triton's model configuration, as JSON)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from app.server.catalog import Served
 from app.server.errors import error_response
 from app.server.routes.body import json_response
 from app.server.state import ServerState
@@ -16,18 +18,23 @@ VERSION = "/v2/models/{model}/versions/{version}"
 
 
 def routes(state: ServerState) -> list[BaseRoute]:
-    async def metadata(request: Request) -> Response:
+    def served(request: Request) -> Served:
         params = request.path_params
-        return json_response(state.catalog.get(params["model"], params.get("version"))
-                             .metadata())
+        return state.catalog.get(params["model"], params.get("version"))
+
+    async def metadata(request: Request) -> Response:
+        return json_response(served(request).metadata())
+
+    async def config(request: Request) -> Response:
+        return json_response(served(request).config())
 
     async def ready(request: Request) -> Response:
-        params = request.path_params
         try:
-            state.catalog.get(params["model"], params.get("version"))
+            served(request)
         except NetworkNotFoundError as exc:  # health answers false with a 4xx, as Triton
             return error_response(400, f"model not ready: {first_line(exc)}")
         return Response()
 
     return [Route(MODEL, metadata), Route(VERSION, metadata),
-            Route(f"{MODEL}/ready", ready), Route(f"{VERSION}/ready", ready)]
+            Route(f"{MODEL}/ready", ready), Route(f"{VERSION}/ready", ready),
+            Route(f"{MODEL}/config", config), Route(f"{VERSION}/config", config)]
