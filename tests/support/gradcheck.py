@@ -61,11 +61,17 @@ LOSSES: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 
 
 def forward_runner(model: onnx.ModelProto) -> tuple[Callable[[dict], np.ndarray], list[str]]:
-    """A function of (feeds with the weights) -> the first output, and the weights' names."""
+    """A function of (feeds with the weights) -> the first output, and the weights' names.
+    The model runs as trained: BatchNormalization in training mode (batch statistics)."""
     weights = [t.name for t in model.graph.initializer
                if numpy_helper.to_array(t).dtype.kind == "f"]
     open_model = onnx.ModelProto()
     open_model.CopyFrom(model)
+    for node in open_model.graph.node:
+        if node.op_type == "BatchNormalization":
+            kept = [a for a in node.attribute if a.name != "training_mode"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
     kept = [t for t in open_model.graph.initializer if t.name not in weights]
     inputs = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
               for t in open_model.graph.initializer if t.name in weights]
