@@ -60,9 +60,16 @@ class TrainingGraph:
 
     def extract(self, name: str, nodes: Sequence[onnx.NodeProto], outputs: Iterable[str],
                 extra_nodes: Sequence[onnx.NodeProto] = (),
-                extra_initializers: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
+                extra_initializers: Sequence[onnx.TensorProto] = (),
+                types: Mapping[str, onnx.ValueInfoProto] | None = None) -> onnx.ModelProto:
         """A model running `nodes` (then `extra_nodes`), its inputs whatever they read and
-        nobody among them writes, its outputs `outputs`."""
+        nobody among them writes, its outputs `outputs`; `types` declares tensors the
+        training graph does not know."""
+        declared = dict(types or {})
+
+        def typed(t: str) -> onnx.ValueInfoProto:
+            return declared[t] if t in declared else self.type_of(t)
+
         every = [*nodes, *extra_nodes]
         constants = {t.name: t for t in (*self.forward.constants, *self.backward.initializers,
                                          *extra_initializers)}
@@ -74,8 +81,8 @@ class TrainingGraph:
         for t in outs:  # an output passed straight through needs a node writing it
             if t not in written:
                 raise ValueError(f"{name}: {t} is not computed here")
-        graph = helper.make_graph(every, name, [self.type_of(t) for t in inputs],
-                                  [self.type_of(t) for t in outs], initializer=used)
+        graph = helper.make_graph(every, name, [typed(t) for t in inputs],
+                                  [typed(t) for t in outs], initializer=used)
         source = self.forward.graph.model
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(
             "", self.forward.opset), *(o for o in source.opset_import
