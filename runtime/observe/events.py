@@ -56,6 +56,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "train.epoch.finished": ("network", "epoch", "loss", "seconds", "steps"),
     "train.finished": ("network", "epochs", "loss", "step_seconds", "ideal_step_seconds",
                        "bubble"),
+    "train.failed": ("network", "error"),
     "bus.lost": ("lost",),
 }
 """The catalogue: kind -> fields every publisher of that kind sets (more may be added)."""

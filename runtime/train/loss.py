@@ -15,9 +15,9 @@ import numpy as np
 
 from runtime.errors import TrainingError
 from runtime.inputs import array_text
+from runtime.train.choices import LOSSES
 from runtime.train.emit import Emitter, Shape
 
-LOSSES = ("cross_entropy", "mse")
 LABELS = "train/labels"  # the training graph's input holding the labels
 LOSS_ORIGIN = "loss"  # what the loss nodes serve (the stage of the prediction runs them)
 

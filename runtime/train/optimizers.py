@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.errors import TrainingError
+from runtime.train.choices import OPTIMIZERS
 from runtime.train.emit import Emitter
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
 LR = "train/lr"
 
 

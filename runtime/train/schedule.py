@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b")
+from runtime.train.choices import SCHEDULES
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ shape). Every step publishes `train.*` events on `bus` for the dashboards.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -88,6 +89,7 @@ class TrainResult:
     peak_activation_bytes: tuple[int, ...]  # per stage, the most held at once
     devices: tuple[str, ...]  # each stage's
     steps: int
+    complete: bool = True  # False: stopped before its last epoch ended
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -114,8 +116,10 @@ class Trainer:
             self.labels, (len(self.labels), *self.tg.forward.facts.shape(
                 self.tg.forward.prediction)[1:]), self.tg.forward.facts.dtype(
                 self.tg.forward.prediction), labels_name)
-        costed = load_graph(self.graph.model, default_dim=config.micro_size, name=self.name)
-        _, self.plan = plan_network(costed, list(devices), config.partition)
+        # the graph as planned: symbolic dimensions bound to the micro-batch
+        self.costed = load_graph(self.graph.model, default_dim=config.micro_size,
+                                 name=self.name)
+        _, self.plan = plan_network(self.costed, list(devices), config.partition)
         used = {p.device for p in self.plan.partitions}
         self.devices: dict[str, Device] = {}
         try:
@@ -130,6 +134,7 @@ class Trainer:
             self._close_devices()
             raise
         self.reports: list[StepReport] = []
+        self._stop = threading.Event()
 
     def __enter__(self) -> Trainer:
         return self
@@ -141,12 +146,24 @@ class Trainer:
         if self.bus is not None:
             self.bus.publish(kind, **fields)
 
+    def stop(self) -> None:
+        """Stop `run` after the step in hand (from any thread)."""
+        self._stop.set()
+
     @property
     def steps_per_epoch(self) -> int:
         return len(self.labels) // self.config.batch_size
 
     def run(self, on_step: Callable[[int, StepReport], None] | None = None) -> TrainResult:
-        """Every epoch; `on_step(epoch, report)` after each step (for progress)."""
+        """Every epoch (until `stop`); `on_step(epoch, report)` after each step (for
+        progress). A failure is published (`train.failed`) and raised."""
+        try:
+            return self._run(on_step)
+        except Exception as exc:
+            self._publish("train.failed", network=self.name, error=str(exc))
+            raise
+
+    def _run(self, on_step: Callable[[int, StepReport], None] | None) -> TrainResult:
         config = self.config
         rng = np.random.default_rng(config.seed)
         self._publish("train.started", network=self.name, schedule=config.schedule,
@@ -163,6 +180,8 @@ class Trainer:
             order = rng.permutation(len(self.labels))
             losses = []
             for i in range(self.steps_per_epoch):
+                if self._stop.is_set():
+                    break
                 rows = order[i * config.batch_size:(i + 1) * config.batch_size]
                 report = self.pipeline.step(self._micro_batches(rows), config.optimizer.lr,
                                             step=step, epoch=epoch)
@@ -171,6 +190,8 @@ class Trainer:
                 step += 1
                 if on_step is not None:
                     on_step(epoch, report)
+            if len(losses) < self.steps_per_epoch:
+                break
             result = EpochResult(epoch, float(np.mean(losses)), time.perf_counter() - began,
                                  len(losses))
             epochs.append(result)
@@ -178,7 +199,8 @@ class Trainer:
                           loss=result.loss, seconds=result.seconds, steps=result.steps)
         out = self.result(epochs)
         self._publish("train.finished", network=self.name, epochs=len(epochs),
-                      loss=epochs[-1].loss, step_seconds=out.step_seconds,
+                      loss=epochs[-1].loss if epochs else None,
+                      step_seconds=out.step_seconds,
                       ideal_step_seconds=out.ideal_step_seconds, bubble=out.bubble)
         return out
 
@@ -196,7 +218,8 @@ class Trainer:
             tuple(epochs), len(self.pipeline.stages), self.config.micro_batches,
             self.config.schedule, _median([r.seconds for r in reports]),
             _median([r.ideal_seconds for r in reports]), _median([r.bubble for r in reports]),
-            tuple(peaks), tuple(s.device for s in self.pipeline.stages), len(reports))
+            tuple(peaks), tuple(s.device for s in self.pipeline.stages), len(reports),
+            len(epochs) == self.config.epochs)
 
     def trained_model(self) -> onnx.ModelProto:
         """The model as given, its weights (and running statistics) as trained: a plain
