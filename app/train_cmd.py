@@ -76,13 +76,10 @@ def _with_progress(training: TrainingRun, quiet: bool) -> None:
 
 
 def _on_tui(training: TrainingRun) -> None:
-    from app.dashboard import DashboardModel
     from app.train_source import TrainingSource
-    from ui_tui import PrismApp  # the launcher: Textual loads only for this command
+    from app.tui_cmd import show
 
-    model = DashboardModel(TrainingSource(training))
-    PrismApp(model).run()
-    training.stop()
+    show(TrainingSource(training))  # quitting closes the source, which stops the run
 
 
 def _on_web(settings: TrainSettings, port: int) -> int:

@@ -34,7 +34,7 @@ class TrainingSource(ReadOnly):
     def state(self) -> Status:
         s = self.run.settings
         return Status(s.model, self.run.trainer.name, self.run.trainer.plan.mode, s.devices,
-                      LoadState())
+                      LoadState(), training=True)
 
     def plan(self) -> Plan:
         return self.run.trainer.plan

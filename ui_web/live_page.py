@@ -39,6 +39,8 @@ def status_line(view: DashboardView) -> str:
     n = len(view.plan.partitions) if view.plan else 0
     if s.replay is not None:
         load = f"replay of `{Path(s.replay).name}`"
+    elif s.training:
+        load = "training"
     else:
         load = f"load {s.load.label} ({'paused' if s.load.paused else 'running'})"
     origin = f" · from bundle `{view.bundle.name}`" if view.bundle is not None else ""
@@ -140,7 +142,8 @@ def training(view: DashboardView) -> None:
         st.error(t.error)
     left, right = st.columns([2, 3], gap="medium")
     with left:
-        st.vega_lite_chart(frames.loss_frame(t), charts.line("step", "loss", "loss", x_title="step"),
+        st.vega_lite_chart(frames.loss_frame(t),
+                           charts.line("step", "loss", "loss", x_title="step"),
                            width="stretch", height=CHART_HEIGHT)
     with right:
         st.vega_lite_chart(frames.timeline_frame(t), charts.timeline(list(t.devices)),
