@@ -103,6 +103,12 @@ class Pipeline:
         run = _Step(self, values, np.asarray(lr, self.lr_dtype), step, epoch)
         return run.go(timeout)
 
+    def kept_bytes(self, stage: int) -> int:
+        """What one micro-batch's activations held for stage `stage`'s backward weigh."""
+        facts = self.tg.forward.facts
+        return sum(facts.dtype(t).itemsize * int(np.prod(facts.shape(t), dtype=np.int64))
+                   for t in self.stages[stage].keeps)
+
     def weights(self) -> dict[str, np.ndarray]:
         """The trained weights and running statistics, fetched from their devices."""
         out: dict[str, np.ndarray] = {}

@@ -4,8 +4,6 @@ device kind."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import pytest
@@ -161,9 +159,7 @@ def test_activations_held_per_schedule(schedule: str) -> None:
     config = TrainConfig(batch_size=32, micro_batches=micro, schedule=schedule)
     with Trainer(model, data, labels, parse_devices("cpu:4"), config) as trainer:
         result = trainer.run()
-        one = [sum(trainer.tg.forward.facts.dtype(t).itemsize *
-                   math.prod(trainer.tg.forward.facts.shape(t)) for t in s.keeps)
-               for s in trainer.pipeline.stages]
+        one = [trainer.pipeline.kept_bytes(k) for k in range(len(trainer.pipeline.stages))]
     k = result.stages
     assert k == 4
     for stage, (peak, each) in enumerate(zip(result.peak_activation_bytes, one, strict=True)):
