@@ -4,24 +4,17 @@ samples along the first axis (other arrays in it, a test split say, are left alo
 from __future__ import annotations
 
 from pathlib import Path
-from zipfile import BadZipFile
 
 import numpy as np
 
 from runtime.errors import TrainingError
+from runtime.inputs import read_npz
 
 
 def read_training_data(path: str | Path, labels: str
                        ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(every array but the labels, the labels); one line naming the file otherwise."""
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except FileNotFoundError:
-        raise TrainingError(f"training data not found: {path}") from None
-    except (OSError, ValueError, BadZipFile) as exc:
-        raise TrainingError(f"{path} is not an .npz of arrays: {exc}") from None
+    arrays = read_npz(path, "training data", TrainingError)
     if labels not in arrays:
         raise TrainingError(f"{path} has no array {labels!r} for the labels; it has "
                             f"{', '.join(sorted(arrays)) or 'none'}")
