@@ -319,6 +319,44 @@ def softmax_cross_entropy_case(rng: Rng) -> Check:
                       inputs={"labels": labels}, order=order)
 
 
+def pad_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=3)  # a crop of one at each end leaves something
+    pads = [int(p) for p in rng.integers(-1, 3, 6)]
+    return node_check(rng, "Pad", {"x": normal(rng, *shape), "pads": np.asarray(pads, np.int64),
+                                   "value": np.asarray(0.0)})
+
+
+def split_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=3, high=5)
+    axis = int(rng.integers(0, 3))
+    first = int(rng.integers(1, shape[axis]))
+    # only the first output is the model's: the second's gradient is zeros
+    return node_check(rng, "Split", {"x": normal(rng, *shape),
+                                     "split": np.asarray([first, shape[axis] - first],
+                                                         np.int64)},
+                      {"axis": axis}, outputs=2)
+
+
+def variadic(op: str) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        a = shape_of(rng)
+        # distinct values: a tie has no derivative
+        operands = {"a": normal(rng, *a), "b": normal(rng, *broadcast_partner(rng, a)),
+                    "c": normal(rng, *broadcast_partner(rng, a))}
+        return node_check(rng, op, operands)
+    return make
+
+
+def hard_case(op: str) -> Callable[[Rng], Check]:
+    """Inputs spread over every piece of the function, none at a kink."""
+    def make(rng: Rng) -> Check:
+        x = rng.uniform(-5, 5, shape_of(rng))
+        x = np.where(np.abs(np.abs(x) - 3) < 0.1, x + 0.3, x)
+        x = np.where(np.abs(np.abs(x * 0.2 + 0.5) - 0.5) < 0.05, x + 0.5, x)
+        return node_check(rng, op, {"x": x})
+    return make
+
+
 CASES: dict[str, Callable[[Rng], Check]] = {
     "Add": binary("Add"), "Sub": binary("Sub"), "Mul": binary("Mul"),
     "Div": binary("Div", away_from_zero), "Sum": sum_case, "MatMul": matmul_case,
@@ -338,6 +376,10 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "GlobalAveragePool": global_average_pool_case, "BatchNormalization": batch_norm_case,
     "LayerNormalization": layer_norm_case,
     "SoftmaxCrossEntropyLoss": softmax_cross_entropy_case,
+    "Pad": pad_case, "Split": split_case, "Abs": relu_like("Abs"), "Max": variadic("Max"),
+    "Min": variadic("Min"), "Mean": variadic("Mean"), "Softplus": unary("Softplus"),
+    "Elu": relu_like("Elu", alpha=0.7), "HardSigmoid": hard_case("HardSigmoid"),
+    "HardSwish": hard_case("HardSwish"),
 }
 DRAWS = 3  # random shapes per rule and run
 
