@@ -49,8 +49,18 @@ class TrainingForward:
 
     @property
     def trained(self) -> tuple[str, ...]:
-        """Weights the optimizer updates: all but the running statistics."""
-        return tuple(w for w in self.weights if w not in self.statistics)
+        """Weights the optimizer updates: all but the running statistics and scalars. An
+        exporter folds constants into 0-d initializers (a Pow's exponent, an attention's
+        scale), which are not parameters: a parameter has at least one dimension."""
+        return tuple(w for w in self.weights
+                     if w not in self.statistics and self.weights[w].ndim > 0)
+
+    @property
+    def frozen(self) -> tuple[onnx.TensorProto, ...]:
+        """Float initializers training leaves as they are (the scalars), as constants."""
+        kept = set(self.trained) | set(self.statistics)
+        return tuple(numpy_helper.from_array(v, w) for w, v in self.weights.items()
+                     if w not in kept)
 
     def value_info(self, name: str) -> onnx.ValueInfoProto:
         shape = self.facts.shape(name)

@@ -61,10 +61,11 @@ class TrainingGraph:
     def extract(self, name: str, nodes: Sequence[onnx.NodeProto], outputs: Iterable[str],
                 extra_nodes: Sequence[onnx.NodeProto] = (),
                 extra_initializers: Sequence[onnx.TensorProto] = (),
-                types: Mapping[str, onnx.ValueInfoProto] | None = None) -> onnx.ModelProto:
+                types: Mapping[str, onnx.ValueInfoProto] | None = None,
+                frozen: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
         """A model running `nodes` (then `extra_nodes`), its inputs whatever they read and
         nobody among them writes, its outputs `outputs`; `types` declares tensors the
-        training graph does not know."""
+        training graph does not know, `frozen` weights held constant."""
         declared = dict(types or {})
 
         def typed(t: str) -> onnx.ValueInfoProto:
@@ -72,7 +73,7 @@ class TrainingGraph:
 
         every = [*nodes, *extra_nodes]
         constants = {t.name: t for t in (*self.forward.constants, *self.backward.initializers,
-                                         *extra_initializers)}
+                                         *extra_initializers, *frozen)}
         written = {o for n in every for o in n.output if o}
         read = list(dict.fromkeys(i for n in every for i in n.input if i))
         inputs = [t for t in read if t not in written and t not in constants]

@@ -172,7 +172,7 @@ def _forward_program(tg: TrainingGraph, k: int, forward: list[list[onnx.NodeProt
     updates = [(tg.forward.statistics[s], s) for s in statistics]
     outputs = list(dict.fromkeys([*sent, *loss, *kept]))
     model = tg.extract(f"{key}/stage{k}/forward", nodes,
-                       [*outputs, *(o for o, _ in updates)])
+                       [*outputs, *(o for o, _ in updates)], frozen=tg.forward.frozen)
     feeds = _fed(model, resident)
     return _program(f"{key}/stage{k}/forward", model, resident, updates, feeds, outputs,
                     config, received=feeds, sent=sent)
@@ -198,7 +198,8 @@ def _backward_program(tg: TrainingGraph, k: int, backward: list[list[onnx.NodePr
     if not nodes and not updates:  # a stage the gradient never reaches: a no-op
         return _nothing(name, config)
     model = tg.extract(name, nodes, [*sent, *(o for o, _ in updates)], extra_nodes=e.nodes,
-                       extra_initializers=list(e.initializers.values()), types=types)
+                       extra_initializers=list(e.initializers.values()), types=types,
+                       frozen=tg.forward.frozen)
     feeds = _fed(model, resident)
     forward_tensors = set(tg.forward.facts.shapes)
     return _program(name, model, resident, updates, feeds, sent, config,

@@ -84,14 +84,14 @@ def test_pipelined_steps_equal_full_batch_steps(schedule: str, optimizer: str, d
     with Trainer(model, data, labels, parse_devices(devices), config) as trainer:
         assert len(trainer.pipeline.stages) > 1
         ref = Reference(opt, {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-                              if t.data_type == onnx.TensorProto.FLOAT})
+                              if t.data_type == onnx.TensorProto.FLOAT and t.dims})
         for step in range(steps):
             rows = np.arange(step * batch, (step + 1) * batch)
             report = trainer.pipeline.step(trainer._micro_batches(rows), opt.lr, step)
             current = with_weights(model, {k: v.astype(np.float32) for k, v in ref.w.items()})
             want_loss, grads = loss_and_gradients(current, {k: v[rows] for k, v in data.items()},
                                                   labels[rows])
-            ref.step(grads)
+            ref.step({w: g for w, g in grads.items() if w in ref.w})
             assert report.loss == pytest.approx(want_loss, abs=1e-5)
             got = trainer.pipeline.weights()
             for w, value in ref.w.items():
