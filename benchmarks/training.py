@@ -70,6 +70,7 @@ def run(quick: bool = False) -> list[dict]:
                 _trainer(model, 1, schedule, x, y) as one:
             assert len(four.pipeline.stages) == STAGES
             per_micro = [four.pipeline.kept_bytes(k) for k in range(STAGES)]
+            modelled = four.pipeline.modelled_seconds()
             reports: dict[str, list] = {"four": [], "one": []}
             for step in range(steps + 1):  # the first of each is a warm-up
                 for name, trainer in (("four", four), ("one", one)):
@@ -92,7 +93,9 @@ def run(quick: bool = False) -> list[dict]:
         out.append(result(f"train, 4 sim devices, {schedule}: measured step / schedule's ideal",
                           ratio, "x", "<= 1.10", ratio <= 1.10,
                           f"measured {t4 * 1e3:.1f} ms, ideal {ideal * 1e3:.1f} ms (the "
-                          f"schedule on the measured run times, no host in between)"))
+                          f"schedule on the measured run times, no host in between; on the "
+                          f"modelled times {modelled * 1e3:.1f} ms, "
+                          f"{t4 / modelled:.3f}x)"))
     held = max(p / m for p, m in zip(peaks["1f1b"], per_micro, strict=True))
     out.append(result("train, 4 sim devices: 1F1B peak activations per stage, in "
                       "micro-batches", held, "micro-batches", f"<= {STAGES} (GPipe: {MICRO})",

@@ -103,6 +103,12 @@ class Pipeline:
         run = _Step(self, values, np.asarray(lr, self.lr_dtype), step, epoch)
         return run.go(timeout)
 
+    def modelled_seconds(self) -> float:
+        """The schedule's step with every program taking its modelled time (what a `sim`
+        device holds for): the ideal the cost model promises."""
+        return simulate(self.orders, self.links, lambda op: self.stages[op.stage].program(
+            op.phase).program.est_seconds)
+
     def kept_bytes(self, stage: int) -> int:
         """What one micro-batch's activations held for stage `stage`'s backward weigh."""
         facts = self.tg.forward.facts
