@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,14 +33,12 @@ from runtime.train.facts import Facts
 
 
 @dataclass
-class Grad:
-    """One forward node, as its gradient rule sees it."""
+class _NodeView:
+    """One forward node as a rule sees it: its attributes, the facts, the emitter."""
 
     node: onnx.NodeProto
     facts: Facts
     e: Emitter
-    douts: list[str | None]  # each output's gradient (None: nothing flows back from it)
-    wants: list[bool]  # which inputs need a gradient
 
     def __post_init__(self) -> None:
         self.attrs = {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
@@ -48,6 +46,21 @@ class Grad:
     def attr(self, name: str, default: Any = None) -> Any:
         value = self.attrs.get(name, default)
         return value.decode() if isinstance(value, bytes) else value
+
+    def shape(self, name: str) -> Shape:
+        return self.facts.shape(name)
+
+    def const(self, value: Any, like: str) -> str:
+        """A constant of `like`'s dtype."""
+        return self.e.const(value, self.facts.dtype(like))
+
+
+@dataclass
+class Grad(_NodeView):
+    """One forward node, as its gradient rule sees it (its facts: the training forward's)."""
+
+    douts: list[str | None] = field(default_factory=list)  # each output's gradient, or None
+    wants: list[bool] = field(default_factory=list)  # which inputs need a gradient
 
     def x(self, i: int = 0) -> str:
         return self.node.input[i]
@@ -61,13 +74,6 @@ class Grad:
     def needs(self, i: int) -> bool:
         return i < len(self.wants) and self.wants[i]
 
-    def shape(self, name: str) -> Shape:
-        return self.facts.shape(name)
-
-    def const(self, value: Any, like: str) -> str:
-        """A constant of `like`'s dtype."""
-        return self.e.const(value, self.facts.dtype(like))
-
     def static(self, i: int, what: str) -> np.ndarray:
         """Input `i`'s value, which must not depend on the data."""
         return self.facts.constant(self.node.input[i], self.node, what)
@@ -77,25 +83,9 @@ class Grad:
 
 
 @dataclass
-class Rewriting:
-    """One forward node to rewrite for training: write nodes producing its outputs."""
-
-    node: onnx.NodeProto
-    facts: Facts  # of the model as given
-    e: Emitter
-
-    def __post_init__(self) -> None:
-        self.attrs = {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        value = self.attrs.get(name, default)
-        return value.decode() if isinstance(value, bytes) else value
-
-    def shape(self, name: str) -> Shape:
-        return self.facts.shape(name)
-
-    def const(self, value: Any, like: str) -> str:
-        return self.e.const(value, self.facts.dtype(like))
+class Rewriting(_NodeView):
+    """One forward node to rewrite for training (its facts: the model's as given): write
+    nodes producing its outputs."""
 
 
 Backward = Callable[[Grad], Mapping[int, str]]
