@@ -49,8 +49,9 @@ def loss_and_gradients(model: str | Path | onnx.ModelProto | Graph,
         raise TrainingError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
     tg = TrainingGraph.build(load_graph(model), feeds, labels, Loss(loss))
     grads = tg.backward.grads
-    outputs = run_once(tg.model([LOSS, *dict.fromkeys(g for g in grads.values() if g)]),
-                       tg.feeds(), backend)
+    model = tg.model([LOSS, *dict.fromkeys(g for g in grads.values() if g)])
+    reads = {i.name for i in model.graph.input}  # a rewrite may leave a feed unread
+    outputs = run_once(model, {k: v for k, v in tg.feeds().items() if k in reads}, backend)
     weights = tg.forward.weights
     out = {}
     for w, value in weights.items():

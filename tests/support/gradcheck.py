@@ -62,12 +62,15 @@ LOSSES: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 
 def forward_runner(model: onnx.ModelProto) -> tuple[Callable[[dict], np.ndarray], list[str]]:
     """A function of (feeds with the weights) -> the first output, and the weights' names.
-    The model runs as trained: BatchNormalization in training mode (batch statistics)."""
+    The model runs as trained: BatchNormalization in training mode (batch statistics),
+    Dropout as in inference."""
     weights = [t.name for t in model.graph.initializer
                if numpy_helper.to_array(t).dtype.kind == "f"]
     open_model = onnx.ModelProto()
     open_model.CopyFrom(model)
     for node in open_model.graph.node:
+        if node.op_type == "Dropout":
+            del node.input[1:]  # no ratio, no training mode: as in inference
         if node.op_type == "BatchNormalization":
             kept = [a for a in node.attribute if a.name != "training_mode"]
             del node.attribute[:]

@@ -141,7 +141,8 @@ def classes_of(model: onnx.ModelProto) -> int:
 
 
 def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same model with every float32 tensor (weights, inputs, outputs) in float64."""
+    """The same model with every float32 tensor (weights, constants, inputs, outputs) in
+    float64."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for t in out.graph.initializer:
@@ -151,4 +152,58 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     for v in (*out.graph.input, *out.graph.output):
         if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
             v.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    for node in out.graph.node:
+        for a in node.attribute:
+            if node.op_type == "Constant" and a.t.data_type == onnx.TensorProto.FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(
+                    np.float64), a.t.name))
     return out
+
+
+def exported(rng: Rng, dtype=np.float32, classes: int = 4) -> onnx.ModelProto:
+    """As PyTorch's exporter writes a small CNN: Conv, BatchNormalization (inference form),
+    Relu, MaxPool, a Flatten through Shape, Gather, Unsqueeze, Concat and Reshape, an RMS
+    normalisation with Constant nodes (x / sqrt(mean(x ** 2) + eps)), Dropout, and a Gemm
+    with transB: image [batch, 2, 4, 4] -> logits [batch, classes]."""
+    c = 3
+    flat = c * 2 * 2
+    weights = {"conv.weight": _uniform(rng, 18, c, 2, 3, 3), "conv.bias": _uniform(rng, 18, c),
+               "bn.weight": rng.uniform(.5, 1.5, c), "bn.bias": rng.normal(0, .1, c),
+               "bn.running_mean": np.zeros(c), "bn.running_var": np.ones(c),
+               "fc.weight": _uniform(rng, flat, classes, flat),
+               "fc.bias": _uniform(rng, flat, classes)}
+    mk = helper.make_node
+
+    def constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return mk("Constant", [], [name], value=numpy_helper.from_array(value, name),
+                  name=f"/{name}")
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [mk("Conv", ["image", "conv.weight", "conv.bias"], ["c"], pads=[1] * 4,
+                name="/conv/Conv"),
+             mk("BatchNormalization", ["c", "bn.weight", "bn.bias", "bn.running_mean",
+                                       "bn.running_var"], ["b"], name="/bn/BatchNorm"),
+             mk("Relu", ["b"], ["r"], name="/Relu"),
+             mk("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2],
+                name="/MaxPool"),
+             mk("Shape", ["p"], ["shape"], name="/Shape"),
+             constant("zero", np.asarray(0, np.int64)),
+             mk("Gather", ["shape", "zero"], ["n"], axis=0, name="/Gather"),
+             constant("axes0", np.asarray([0], np.int64)),
+             mk("Unsqueeze", ["n", "axes0"], ["n1"], name="/Unsqueeze"),
+             constant("minus1", np.asarray([-1], np.int64)),
+             mk("Concat", ["n1", "minus1"], ["target"], axis=0, name="/Concat"),
+             mk("Reshape", ["p", "target"], ["f"], name="/Reshape"),
+             constant("two", np.asarray(2.0, dtype)),
+             mk("Pow", ["f", "two"], ["sq"], name="/Pow"),
+             mk("ReduceMean", ["sq"], ["ms"], axes=[1], keepdims=1, name="/ReduceMean"),
+             constant("eps", np.asarray(1e-5, dtype)),
+             mk("Add", ["ms", "eps"], ["mse"], name="/Add"),
+             mk("Sqrt", ["mse"], ["rms"], name="/Sqrt"),
+             mk("Div", ["f", "rms"], ["normed"], name="/Div"),
+             mk("Dropout", ["normed"], ["dropped"], name="/Dropout"),
+             mk("Gemm", ["dropped", "fc.weight", "fc.bias"], ["logits"], transB=1,
+                name="/fc/Gemm")]
+    return _model(nodes, weights, [helper.make_tensor_value_info("image", elem,
+                                                                 ["batch", 2, 4, 4])],
+                  "logits", ["batch", classes], dtype)

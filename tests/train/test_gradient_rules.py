@@ -188,7 +188,15 @@ def unsqueeze_case(rng: Rng) -> Check:
 
 
 def dropout_case(rng: Rng) -> Check:
-    return node_check(rng, "Dropout", {"x": normal(rng, *shape_of(rng))})
+    """In training mode too: trained as in inference."""
+    return node_check(rng, "Dropout", {"x": normal(rng, *shape_of(rng))},
+                      inputs={"ratio": np.asarray(0.5), "mode": np.asarray(True)},
+                      order=["x", "ratio", "mode"])
+
+
+def cast_like_case(rng: Rng) -> Check:
+    return node_check(rng, "CastLike", {"x": normal(rng, *shape_of(rng)),
+                                        "like": np.zeros(1)})
 
 
 def transpose_case(rng: Rng) -> Check:
@@ -379,7 +387,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "Pad": pad_case, "Split": split_case, "Abs": relu_like("Abs"), "Max": variadic("Max"),
     "Min": variadic("Min"), "Mean": variadic("Mean"), "Softplus": unary("Softplus"),
     "Elu": relu_like("Elu", alpha=0.7), "HardSigmoid": hard_case("HardSigmoid"),
-    "HardSwish": hard_case("HardSwish"),
+    "HardSwish": hard_case("HardSwish"), "CastLike": cast_like_case,
 }
 DRAWS = 3  # random shapes per rule and run
 

@@ -12,9 +12,17 @@ from onnx import helper, numpy_helper
 from runtime.errors import InvalidInputError, TrainingError
 from runtime.train import gradients, loss_and_gradients
 from tests.support.gradcheck import LOSSES, forward_runner, mismatches, numeric_gradients
-from tests.support.train_models import as_float64, attention, batch_for, classes_of, cnn, mlp
+from tests.support.train_models import (
+    as_float64,
+    attention,
+    batch_for,
+    classes_of,
+    cnn,
+    exported,
+    mlp,
+)
 
-MODELS = {"mlp": mlp, "cnn": cnn, "attention": attention}
+MODELS = {"mlp": mlp, "cnn": cnn, "attention": attention, "exported": exported}
 
 
 def labels_for(model: onnx.ModelProto, rng: np.random.Generator, batch: int, loss: str
@@ -84,6 +92,31 @@ def test_matches_pytorch_autograd() -> None:
     torch.nn.functional.cross_entropy(logits, torch.tensor(labels)).backward()
     for name, tensor in w.items():
         np.testing.assert_allclose(ours[name], tensor.grad.numpy(), rtol=1e-4, atol=1e-10)
+
+
+def test_a_cnn_matches_pytorch_autograd() -> None:
+    """Convolution, batch norm in training mode, max pooling, an RMS norm and a linear
+    layer, written in PyTorch on the same weights."""
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    rng = np.random.default_rng()
+    model = as_float64(exported(rng))
+    feeds, labels = batch_for(model, rng, 5), rng.integers(0, 4, 5)
+    ours = gradients(model, feeds, labels)
+    w = {t.name: torch.tensor(numpy_helper.to_array(t), requires_grad=True)
+         for t in model.graph.initializer}
+    h = functional.conv2d(torch.tensor(feeds["image"]), w["conv.weight"], w["conv.bias"],
+                          padding=1)
+    h = functional.batch_norm(h, w["bn.running_mean"].detach().clone(),
+                              w["bn.running_var"].detach().clone(), w["bn.weight"],
+                              w["bn.bias"], training=True, eps=1e-5)
+    h = functional.max_pool2d(functional.relu(h), 2).flatten(1)
+    h = h / torch.sqrt((h ** 2).mean(1, keepdim=True) + 1e-5)
+    logits = functional.linear(h, w["fc.weight"], w["fc.bias"])
+    functional.cross_entropy(logits, torch.tensor(labels)).backward()
+    for name in ("conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias"):
+        np.testing.assert_allclose(ours[name], w[name].grad.numpy(), rtol=1e-4, atol=1e-10,
+                                   err_msg=name)
 
 
 def test_running_statistics_get_zero_gradients() -> None:

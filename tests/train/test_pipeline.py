@@ -17,7 +17,7 @@ from runtime.train import loss_and_gradients
 from runtime.train.optimizers import Optimizer
 from runtime.train.trainer import TrainConfig, Trainer
 from tests.support.fakes import FakeDevice
-from tests.support.train_models import attention, batch_for, cnn, mlp
+from tests.support.train_models import attention, batch_for, cnn, exported, mlp
 
 WEIGHTS_ATOL = 1e-5
 
@@ -68,13 +68,15 @@ def data_for(model: onnx.ModelProto, rng: np.random.Generator, rows: int, classe
 @pytest.mark.parametrize(("schedule", "optimizer", "devices", "name"), [
     ("gpipe", "sgd", "cpu:3", "mlp"), ("1f1b", "momentum", "sim:3", "mlp"),
     ("1f1b", "adam", "cpu:2", "attention"), ("gpipe", "adam", "cpu:2,sim:2", "cnn_plain"),
+    ("1f1b", "momentum", "sim:3", "exported"),
 ])
 def test_pipelined_steps_equal_full_batch_steps(schedule: str, optimizer: str, devices: str,
                                                name: str) -> None:
     """Same loss and weights within 1e-5, step after step (the optimizer's state too)."""
     rng = np.random.default_rng()
     model = {"mlp": lambda: mlp(rng), "attention": lambda: attention(rng),
-             "cnn_plain": lambda: cnn(rng, batch_norm=False)}[name]()
+             "cnn_plain": lambda: cnn(rng, batch_norm=False),
+             "exported": lambda: exported_plain(rng)}[name]()
     classes = model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
     batch, micro, steps = 12, 4, 3
     data, labels = data_for(model, rng, batch * steps, classes)
@@ -97,6 +99,18 @@ def test_pipelined_steps_equal_full_batch_steps(schedule: str, optimizer: str, d
             for w, value in ref.w.items():
                 np.testing.assert_allclose(got[w], value, atol=WEIGHTS_ATOL, rtol=0,
                                            err_msg=f"{w} after step {step}")
+
+
+def exported_plain(rng: np.random.Generator) -> onnx.ModelProto:
+    """`exported` without its batch norm (whose statistics are per micro-batch)."""
+    model = exported(rng)
+    node = next(n for n in model.graph.node if n.op_type == "BatchNormalization")
+    node.CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]],
+                                   name=node.name))
+    kept = [t for t in model.graph.initializer if not t.name.startswith("bn.")]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
 
 
 def spied(trainer: Trainer) -> list[tuple[str, set[str], set[str]]]:
