@@ -134,11 +134,13 @@ def model_opset(model: onnx.ModelProto) -> int:
 
 
 def training_opset(graph: Graph) -> onnx.ModelProto:
-    """The model at opset TRAINING_OPSET or later. From 13 on, ai.onnx changed no op's
-    meaning up to 17 (only added types and attributes), so the import is raised; an older
-    model goes through onnx's version converter."""
+    """The model at opset TRAINING_OPSET or later, its unread optional outputs left out.
+    From 13 on, ai.onnx changed no op's meaning up to 17 (only added types and
+    attributes), so the import is raised; an older model goes through onnx's version
+    converter."""
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
+    _drop_unread_outputs(model.graph)
     opset = model_opset(model)
     if opset >= TRAINING_OPSET:
         return model
@@ -155,6 +157,16 @@ def training_opset(graph: Graph) -> onnx.ModelProto:
         raise TrainingError(f"{graph.name} is at opset {opset}; training needs 13 or later "
                             f"and onnx could not convert it ({str(exc).splitlines()[0]})"
                             ) from None
+
+
+def _drop_unread_outputs(graph: onnx.GraphProto) -> None:
+    """Trailing optional outputs nothing reads are left out (a BatchNormalization exported
+    in training mode gives its running and saved statistics, which onnxruntime's inference
+    kernel does not make and onnx's version converter refuses)."""
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    for node in graph.node:
+        while len(node.output) > 1 and node.output[-1] not in read:
+            del node.output[-1]
 
 
 def float_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:

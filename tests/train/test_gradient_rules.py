@@ -300,7 +300,7 @@ def batch_norm_case(rng: Rng) -> Check:
     return node_check(rng, "BatchNormalization", {
         "x": normal(rng, *shape), "scale": normal(rng, c), "bias": normal(rng, c),
         "mean": normal(rng, c), "var": positive(rng, c)},
-        {"epsilon": 1e-3, "training_mode": 1})
+        {"epsilon": 1e-3, "training_mode": 1}, outputs=3)  # as exported: running stats too
 
 
 def layer_norm_case(rng: Rng) -> Check:
