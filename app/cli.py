@@ -382,7 +382,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                        help="samples per step (default 32); a last short batch is left out")
     train.add_argument("--micro-batches", type=_number(int, 1), default=1, metavar="M",
                        help="micro-batches per step, pipelined over the stages (default 1)")
-    train.add_argument("--epochs", type=_number(int, 1), default=1, metavar="N")
+    train.add_argument("--epochs", type=_number(int, 1), default=1, metavar="N",
+                       help="passes over the data (default 1)")
     train.add_argument("--devices", required=True,
                        help="cpu:2, sim:4, ...: each partition of the plan is a stage")
     train.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
@@ -396,7 +397,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     watch.add_argument("--tui", action="store_true",
                        help="train under the terminal dashboard (q quits, stopping it)")
     watch.add_argument("--web", action="store_true",
-                       help="train under the browser dashboard (Ctrl-C stops it)")
+                       help="train under the browser dashboard: the run starts when the "
+                            "page is first opened (Ctrl-C stops it)")
     train.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                        help="with --web: port on 127.0.0.1 (default: a free one)")
     train.set_defaults(handler="app.train_cmd:run")
