@@ -216,7 +216,7 @@ class _Step:
         feeds = {LR: self.lr} if op.phase == "update" else \
             {t: self.values[op.micro][t] for t in sp.feeds}
         tag = {"network": pipe.network, "request": self.step,
-               "partition": f"{stage.partition}/{op.phase}"}
+               "partition": stage.partition}
         queued = time.perf_counter()
         pipe.devices[op.stage].call(sp.key, feeds, tag,
                                     lambda out, err: self._landed(op, queued, out, err))
