@@ -159,12 +159,20 @@ def training_opset(graph: Graph) -> onnx.ModelProto:
                             ) from None
 
 
+# Ops whose outputs after the first are optional extras (a Split's are not: their count
+# is the number of parts)
+OPTIONAL_OUTPUTS = frozenset({"BatchNormalization", "Dropout", "LayerNormalization",
+                              "MaxPool", "SoftmaxCrossEntropyLoss"})
+
+
 def _drop_unread_outputs(graph: onnx.GraphProto) -> None:
     """Trailing optional outputs nothing reads are left out (a BatchNormalization exported
     in training mode gives its running and saved statistics, which onnxruntime's inference
     kernel does not make and onnx's version converter refuses)."""
     read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for node in graph.node:
+        if node.op_type not in OPTIONAL_OUTPUTS:
+            continue
         while len(node.output) > 1 and node.output[-1] not in read:
             del node.output[-1]
 
