@@ -310,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--json", action="store_true", help="print the summary as JSON")
     quant.set_defaults(handler="app.quantize_cmd:run")
 
+    _add_train(sub)
+
     tui = sub.add_parser("tui", help="terminal dashboard: watch the runtime live, step "
                                      "through the partitioner")
     tui.add_argument("model", nargs="?", help="path to an .onnx file or a .prism bundle "
@@ -379,6 +381,52 @@ def build_parser() -> argparse.ArgumentParser:
                       help="list every test Prism fails, with its error")
     conf.set_defaults(handler="app.conformance_cmd:run")
     return parser
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from runtime.train.choices import LOSSES, OPTIMIZERS, SCHEDULES
+
+    train = sub.add_parser("train", help="train a model over the devices, pipelined, and write "
+                                         "it back as an inference model")
+    train.add_argument("model", help="path to an .onnx file whose first output is the logits "
+                                     "(cross_entropy) or the prediction (mse)")
+    train.add_argument("--data", required=True, metavar="DATA.npz",
+                       help="one array per model input and one of labels, samples along the "
+                            "first axis")
+    train.add_argument("--labels", required=True, metavar="NAME",
+                       help="the array of DATA.npz holding the labels (class indices for "
+                            "cross_entropy, targets for mse)")
+    train.add_argument("--loss", default="cross_entropy", choices=LOSSES,
+                       help="PyTorch's defaults: the mean over the batch (default "
+                            "cross_entropy)")
+    train.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                       help="sgd, momentum (0.9) or adam (0.9, 0.999); default sgd")
+    train.add_argument("--lr", type=_number(float, 0, above=True), default=0.01, metavar="LR",
+                       help="learning rate (default 0.01)")
+    train.add_argument("--batch-size", type=_number(int, 1), default=32, metavar="B",
+                       help="samples per step (default 32); a last short batch is left out")
+    train.add_argument("--micro-batches", type=_number(int, 1), default=1, metavar="M",
+                       help="micro-batches per step, pipelined over the stages (default 1)")
+    train.add_argument("--epochs", type=_number(int, 1), default=1, metavar="N",
+                       help="passes over the data (default 1)")
+    train.add_argument("--devices", required=True,
+                       help="cpu:2, sim:4, ...: each partition of the plan is a stage")
+    train.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
+                       help="gpipe (every forward, then every backward) or 1f1b (default)")
+    train.add_argument("--seed", type=_number(int, 0), default=0,
+                       help="seed of the shuffle (default 0)")
+    train.add_argument("-o", "--output", required=True, metavar="TRAINED.onnx",
+                       help="the trained model, written when every epoch has run")
+    train.add_argument("--json", action="store_true", help="print the figures as JSON")
+    watch = train.add_mutually_exclusive_group()
+    watch.add_argument("--tui", action="store_true",
+                       help="train under the terminal dashboard (q quits, stopping it)")
+    watch.add_argument("--web", action="store_true",
+                       help="train under the browser dashboard: the run starts when the "
+                            "page is first opened (Ctrl-C stops it)")
+    train.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
+                       help="with --web: port on 127.0.0.1 (default: a free one)")
+    train.set_defaults(handler="app.train_cmd:run")
 
 
 def _handler(path: str) -> Callable[[argparse.Namespace], int]:

@@ -36,8 +36,12 @@ class SourceSettings:
     connect: str | None = None  # a running server's URL to attach to instead of running
     token: str | None = None  # its token, if it asks for one
     remap: str | None = None  # a bundle's renamed devices: "OLD=NEW,OLD=NEW"
+    train: str | None = None  # a training run to run and show (TrainSettings as JSON)
 
     def __post_init__(self) -> None:
+        if self.train is not None and (self.model or self.replay or self.connect):
+            raise PrismError("a training run is its own source: MODEL, --replay and "
+                             "--connect do not go with it")
         if self.connect is not None and (self.model or self.devices or self.replay or
                                          self.remap):
             raise PrismError("--connect attaches to a running server: MODEL, --devices, "
@@ -55,6 +59,11 @@ class SourceSettings:
         return parse_remap(self.remap.split(",")) if self.remap else {}
 
     def open(self) -> RuntimeSource:
+        if self.train is not None:
+            from app.train_run import TrainingRun, TrainSettings
+            from app.train_source import TrainingSource
+
+            return TrainingSource(TrainingRun(TrainSettings.from_json(self.train)))
         if self.connect is not None:
             from app.remote import RemoteSource
 
@@ -82,7 +91,7 @@ class SourceSettings:
 
         return cls(get("model"), get("devices"), get("mode") or "balanced",
                    number("rate", float), number("concurrency", int), number("seed", int),
-                   get("replay"), get("connect"), get("token"), get("remap"))
+                   get("replay"), get("connect"), get("token"), get("remap"), get("train"))
 
 
 def _check_bundle(path: Path, devices: str | None, remap: Mapping[str, str]) -> None:

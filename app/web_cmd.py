@@ -98,10 +98,14 @@ def _settings(args: argparse.Namespace) -> SourceSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    port = args.port or free_port()
+    return serve(_settings(args).to_env(os.environ), args.port)
+
+
+def serve(env: dict[str, str], port: int = 0) -> int:
+    """Run the dashboard with `env` (its source's settings) until Ctrl-C or SIGTERM."""
+    port = port or free_port()
     url = f"http://{HOST}:{port}"
-    proc = subprocess.Popen(streamlit_command(port), env=settings.to_env(os.environ))
+    proc = subprocess.Popen(streamlit_command(port), env=env)
     # Ctrl-C even when started in the background, where SIGINT may come in ignored
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -91,6 +91,11 @@ class HostClosedError(PrismError):
     """The host is closed or closing and takes no more requests."""
 
 
+class TrainingError(PrismError):
+    """A model cannot be trained as asked: an op with no gradient rule, labels or data that
+    do not fit it, no trainable weights, devices that cannot keep weights."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's first non-blank line, or its type's name: for one-line messages."""
     return next((line.strip() for line in str(exc).splitlines() if line.strip()),

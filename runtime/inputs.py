@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from zipfile import BadZipFile
 
 import numpy as np
 
-from runtime.errors import InvalidInputError
+from runtime.errors import InvalidInputError, PrismError
 
 if TYPE_CHECKING:
     import onnx
@@ -201,6 +203,20 @@ def _structured(network: str, spec: InputSpec, kind: ValueType, value: object,
                                     f"{want}, got {array.dtype}")
         return array
     return value  # maps and other kinds go to the backend as given
+
+
+def read_npz(path: str | Path, what: str, error: type[PrismError] = InvalidInputError
+             ) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz file; `error`, one line naming the file (as `what`:
+    "calibration data"), when it is missing or not an .npz of arrays."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except (OSError, ValueError, BadZipFile) as exc:
+        raise error(f"{path} is not an .npz of arrays: {exc}") from None
 
 
 def array_text(array: np.ndarray) -> str:

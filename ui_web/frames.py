@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from app.dashboard import DeviceRow, PartitionRow, ScheduleRow, Series
+from app.dashboard import DeviceRow, PartitionRow, ScheduleRow, Series, TrainingView
 from runtime.units import human_bytes
 
 MS = 1e3
@@ -58,3 +58,17 @@ def series_frame(series: Series, column: str, scale: float = 1.0) -> pd.DataFram
     """A series as columns `seconds ago` and `column` (values times `scale`)."""
     return pd.DataFrame({"seconds ago": series.seconds_ago,
                          column: [v * scale for v in series.values]})
+
+
+def loss_frame(view: TrainingView) -> pd.DataFrame:
+    """The loss of every step so far (x: the step, counting from 1)."""
+    return pd.DataFrame({"step": range(1, len(view.losses) + 1), "loss": list(view.losses)})
+
+
+def timeline_frame(view: TrainingView) -> pd.DataFrame:
+    """The latest step's runs, one row each: device, what it ran (F3, B3, U), from and to
+    (ms since the step began)."""
+    return pd.DataFrame(
+        [{"device": b.device, "run": b.label, "phase": b.phase, "from ms": b.start * MS,
+          "to ms": b.end * MS} for b in view.timeline],
+        columns=["device", "run", "phase", "from ms", "to ms"])

@@ -39,6 +39,8 @@ def status_line(view: DashboardView) -> str:
     n = len(view.plan.partitions) if view.plan else 0
     if s.replay is not None:
         load = f"replay of `{Path(s.replay).name}`"
+    elif s.training:
+        load = "training"
     else:
         load = f"load {s.load.label} ({'paused' if s.load.paused else 'running'})"
     origin = f" · from bundle `{view.bundle.name}`" if view.bundle is not None else ""
@@ -120,6 +122,37 @@ def schedule(view: DashboardView) -> None:
     st.dataframe(frames.schedule_frame(view.bundle.schedule), hide_index=True, width="stretch")
 
 
+def training(view: DashboardView) -> None:
+    """A training run: where it is, its loss, and the latest step per device."""
+    t = view.training
+    if t is None:
+        return
+    st.subheader("Training", anchor=False)
+    cols = st.columns(5)
+    cols[0].metric("Epoch", f"{t.epoch}/{t.epochs}")
+    cols[1].metric("Step", f"{t.steps_done}/{t.steps}")
+    last = t.last
+    cols[2].metric("Loss", f"{last.loss:.4f}" if last else "–")
+    cols[3].metric("Step time", human_seconds(last.seconds) if last else "–",
+                   help=f"ideal for {t.schedule}: "
+                        f"{human_seconds(last.ideal_seconds) if last else '–'}")
+    cols[4].metric("Bubble", f"{last.bubble:.0%}" if last else "–",
+                   help="share of the stages' device time left idle in the step")
+    if t.error:
+        st.error(t.error)
+    left, right = st.columns([2, 3], gap="medium")
+    with left:
+        st.vega_lite_chart(frames.loss_frame(t),
+                           charts.line("step", "loss", "loss", x_title="step"),
+                           width="stretch", height=CHART_HEIGHT)
+    with right:
+        st.vega_lite_chart(frames.timeline_frame(t), charts.timeline(list(t.devices)),
+                           width="stretch", height=max(CHART_HEIGHT, 40 * len(t.devices)))
+    st.caption(f"{len(t.devices)} stages, {t.schedule}, {t.micro_batches} micro-batches: "
+               f"each device's forwards and backwards in the latest step; gaps are the "
+               f"bubble")
+
+
 def errors(view: DashboardView) -> None:
     if not view.errors:
         st.caption("No errors.")
@@ -131,7 +164,10 @@ def errors(view: DashboardView) -> None:
 def live() -> None:
     view = shared_live().view()
     st.markdown(status_line(view))
-    headline(view)
+    if view.training is not None:
+        training(view)
+    else:
+        headline(view)
     left, right = st.columns([3, 2], gap="medium")
     with left:
         st.subheader("Plan", anchor=False)

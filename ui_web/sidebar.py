@@ -68,8 +68,12 @@ def render(shared: SharedLive) -> None:
     if not status.changeable:
         with st.sidebar:
             st.header("Prism", anchor=False)
-            st.info(f"Replaying `{Path(status.replay or '').name}`: a recording cannot be "
-                    "changed.", icon=":material/replay:")
+            if status.training:
+                st.info(f"Training `{status.model}` on `{status.devices}`: a training run "
+                        "trains as started.", icon=":material/model_training:")
+            else:
+                st.info(f"Replaying `{Path(status.replay or '').name}`: a recording cannot "
+                        "be changed.", icon=":material/replay:")
         return
     choices = _model_choices(status)
     _defaults(status, choices)

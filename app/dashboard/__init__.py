@@ -18,7 +18,9 @@ from app.dashboard.source import (
     Status,
 )
 from app.dashboard.stepper import LegendEntry, Stepper, StepView
+from app.dashboard.training import StepFigures, TimelineBar, TrainingTracker, TrainingView
 
 __all__ = ["BundleInfo", "DashboardModel", "DashboardView", "DeviceRow",
            "LegendEntry", "LoadSetting", "LoadState", "PartitionRow", "PartitionSteps",
-           "RuntimeSource", "ScheduleRow", "Series", "Status", "StepView", "Stepper", "Totals"]
+           "RuntimeSource", "ScheduleRow", "Series", "Status", "StepFigures", "StepView",
+           "Stepper", "TimelineBar", "Totals", "TrainingTracker", "TrainingView"]

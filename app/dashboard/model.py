@@ -19,6 +19,7 @@ from app.dashboard.rows import DeviceRow, PartitionRow, device_rows, partition_r
 from app.dashboard.series import WINDOW, Series, binned, padded
 from app.dashboard.source import MODES, BundleInfo, LoadSetting, RuntimeSource, Status
 from app.dashboard.stepper import Stepper
+from app.dashboard.training import TrainingTracker, TrainingView
 from runtime.bundle.reader import is_bundle
 from runtime.observe.metrics import Metrics, Percentiles
 from runtime.partition import Plan
@@ -53,6 +54,7 @@ class DashboardView:
     totals: Totals
     errors: tuple[str, ...]  # the most recent failures (requests, workers), oldest first
     bundle: BundleInfo | None = None  # the bundle it came from; its schedule, coloured
+    training: TrainingView | None = None  # a training run: its loss and step timeline
 
 
 class DashboardModel:
@@ -65,6 +67,7 @@ class DashboardModel:
         self._drawing: PlanDrawing | None = None
         self._colors: dict[str, str] = {}
         self._bundle: BundleInfo | None = None
+        self.training = TrainingTracker()
         self.status = source.state()
 
     # -- the view -----------------------------------------------------------------------
@@ -78,6 +81,7 @@ class DashboardModel:
             self.metrics = Metrics(window_seconds=WINDOW)
             self._latencies.clear()
         self.metrics.feed(events)
+        self.training.feed(events)
         self._latencies.extend((e.ts, e.get("latency")) for e in events
                                if e.kind == "request.finished" and e.get("latency") is not None)
         now = self.source.now()
@@ -95,7 +99,7 @@ class DashboardModel:
             latency=binned(self._latencies, now, reduce=statistics.median),
             totals=Totals(snap.throughput, snap.requests_finished, snap.requests_failed,
                           snap.latency, snap.queue_depth[-1][1] if snap.queue_depth else 0),
-            errors=tuple(snap.errors), bundle=self._bundle)
+            errors=tuple(snap.errors), bundle=self._bundle, training=self.training.view())
 
     def _draw(self) -> PlanDrawing | None:
         """The running plan's drawing, made again only when the plan changes."""

@@ -67,6 +67,7 @@ class Status:
     recording: str | None = None
     replay: str | None = None
     bundle: bool = False  # loaded from a bundle (model_path is it): planned ahead of time
+    training: bool = False  # a training run (`prism train --tui/--web`), not served
 
     @property
     def model(self) -> str:
@@ -74,8 +75,8 @@ class Status:
 
     @property
     def changeable(self) -> bool:
-        """Load, plan and recording can be changed (not in a replay)."""
-        return self.replay is None
+        """Load, plan and recording can be changed (not in a replay nor a training run)."""
+        return self.replay is None and not self.training
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,12 @@ and all a backend author writes.
     device.run_now("net/p0", feeds)          # optional fast path: run on this thread, or None
     device.unload("net/p0"); device.stats(); device.close()
 
+A device may also keep tensors between runs (`place`, `fetch`, `release`): a program
+names graph inputs it reads from them (`Program.resident`) and outputs that replace them
+after each run (`Program.writes`), so weights and their optimizer state stay on the device
+from one training step to the next. `DeviceManager` keeps them; a device that cannot
+refuses such a program.
+
 A backend writes `_install` and `_uninstall` (compile and keep a program, drop it), `call`,
 `stats` and `close`. An abstract base class rather than a Protocol: the memory account
 (weights add up, activations share one arena as large as the largest) and its refusal
@@ -30,7 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +70,8 @@ class Program:
     est_seconds: float = 0.0  # one run's modelled time (a `sim` device is held for it)
     name: str = ""  # the model's graph name, for messages
     external: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False)
+    resident: tuple[str, ...] = ()  # inputs read from the device's resident tensors
+    writes: tuple[tuple[str, str], ...] = ()  # (output, resident tensor it replaces)
 
     @classmethod
     def of(cls, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
@@ -94,6 +102,8 @@ class Device(ABC):
     # True if `call` takes and returns `remote.RemoteValue`s (tensors left in another
     # process); the executor fetches them for devices that do not.
     takes_remote = False
+    # True if it keeps resident tensors between runs (`place`, Program.resident)
+    keeps_resident = False
 
     def __init__(self, config: DeviceConfig, bus: Any = None):
         self.config, self.name, self.bus = config, config.name, bus
@@ -101,6 +111,7 @@ class Device(ABC):
         self._weights: dict[str, int] = {}  # key -> weight bytes, loaded or loading
         self._arenas: dict[str, int] = {}  # key -> activation bytes
         self._loaded: dict[str, None] = {}  # keys ready to run, in load order
+        self._resident: dict[str, np.ndarray] = {}  # tensors kept between runs, by name
         self._used = 0
 
     def __repr__(self) -> str:
@@ -131,6 +142,7 @@ class Device(ABC):
         if unsupported:
             raise ProvisionError(f"{key} uses {', '.join(unsupported)}, which {self.name} "
                                  f"does not support")
+        self._check_resident(key, program)
         weights, arena = program.weight_bytes, program.activation_bytes
         if weights < 0 or arena < 0:
             raise ProvisionError(f"{key}: negative byte count for {self.name}")
@@ -171,10 +183,69 @@ class Device(ABC):
         return freed
 
     def _recount(self) -> int:
-        """Under the account lock: weights add up; activations share one arena as large
-        as the largest, since a device runs one program at a time."""
-        self._used = sum(self._weights.values()) + max(self._arenas.values(), default=0)
+        """Under the account lock: weights and resident tensors add up; activations share
+        one arena as large as the largest, since a device runs one program at a time."""
+        self._used = sum(self._weights.values()) + max(self._arenas.values(), default=0) \
+            + sum(a.nbytes for a in self._resident.values())
         return self._used
+
+    # -- resident tensors ----------------------------------------------------------------
+
+    def place(self, tensors: Mapping[str, np.ndarray]) -> None:
+        """Keep copies of `tensors` on the device, accounted as its memory, for programs to
+        read and write (`Program.resident`, `Program.writes`); all or none.
+        ProvisionError when the device keeps none or a name is taken, DeviceMemoryError
+        when they do not fit."""
+        if not self.keeps_resident:
+            raise ProvisionError(f"device {self.name} ({self.config.backend}) cannot keep "
+                                 f"tensors between runs")
+        copies = {name: np.array(value, copy=True) for name, value in tensors.items()}
+        with self._account:
+            taken = sorted(set(copies) & set(self._resident))
+            if taken:
+                raise ProvisionError(f"{taken[0]} is already resident on {self.name}")
+            before = self._used
+            self._resident.update(copies)
+            if self._recount() > self.config.memory_bytes:
+                for name in copies:
+                    del self._resident[name]
+                self._recount()
+                needed = sum(a.nbytes for a in copies.values())
+                raise DeviceMemoryError.short(f"{len(copies)} resident tensors", self.name,
+                                              needed, self.config.memory_bytes - before,
+                                              self.config.memory_bytes)
+        self.publish_memory()
+
+    def fetch(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """Copies of resident tensors, by name (KeyError naming one not resident)."""
+        with self._account:
+            missing = [n for n in names if n not in self._resident]
+            if missing:
+                raise KeyError(f"{missing[0]} is not resident on {self.name}")
+            return {n: self._resident[n].copy() for n in names}
+
+    def release(self, names: Iterable[str]) -> int:
+        """Forget resident tensors; returns the bytes freed."""
+        with self._account:
+            before = self._used
+            for name in names:
+                self._resident.pop(name, None)
+            freed = before - self._recount()
+        self.publish_memory()
+        return freed
+
+    def _check_resident(self, key: str, program: Program) -> None:
+        if not (program.resident or program.writes):
+            return
+        if not self.keeps_resident:
+            raise ProvisionError(f"{key} reads resident tensors, which {self.name} "
+                                 f"({self.config.backend}) cannot keep")
+        with self._account:
+            missing = [n for n in (*program.resident, *(r for _, r in program.writes))
+                       if n not in self._resident]
+        if missing:
+            raise ProvisionError(f"{key} reads {missing[0]}, which is not resident on "
+                                 f"{self.name}")
 
     @abstractmethod
     def _install(self, key: str, program: Program) -> None:

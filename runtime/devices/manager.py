@@ -85,6 +85,8 @@ class _Job:
 
 
 class DeviceManager(Device):
+    keeps_resident = True
+
     def __init__(self, config: DeviceConfig, compile: Compiler, bus: Any = None):
         super().__init__(config, bus)
         self._compile = compile
@@ -99,7 +101,10 @@ class DeviceManager(Device):
     def _install(self, key: str, program: Program) -> None:
         if self._closed:
             raise ProvisionError(f"cannot load {key}: device {self.name} is closed")
-        run = self._runner(key, self._compile(program, self.config))
+        function = self._compile(program, self.config)
+        if program.resident or program.writes:
+            function = ResidentFunction(function, self._resident, program)
+        run = self._runner(key, function)
         with self._cond:
             self._runs[key] = run
 
@@ -257,6 +262,29 @@ class DeviceManager(Device):
                 arrived: float) -> Outputs:
         """One run of a loaded function; a modelled device overrides this to keep time."""
         return function.run(feeds)
+
+
+class ResidentFunction:
+    """A function whose resident inputs come from its device's store, and whose written
+    outputs replace them there (all or none, after the run succeeded) instead of being
+    returned. Runs on a device are one at a time, so nothing else writes meanwhile."""
+
+    def __init__(self, function: Function, store: dict[str, np.ndarray], program: Program):
+        self.function, self.store = function, store
+        self.reads, self.writes = program.resident, dict(program.writes)
+        self.output_names = tuple(n for n in function.output_names if n not in self.writes)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> Outputs:
+        store = self.store
+        outputs = self.function.run({**feeds, **{n: store[n] for n in self.reads}})
+        written = {name: outputs.pop(out) for out, name in self.writes.items()}
+        for name, value in written.items():
+            old = store[name]
+            if value.shape != old.shape or value.dtype != old.dtype:
+                raise ValueError(f"resident {name} would change from {old.dtype}"
+                                 f"{list(old.shape)} to {value.dtype}{list(value.shape)}")
+        store.update(written)
+        return outputs
 
 
 def _settle(job: _Job, outputs: Outputs | None, error: ExecutionError | None) -> None:

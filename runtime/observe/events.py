@@ -44,6 +44,19 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "request.retried": ("network", "request", "error", "partition", "device"),
     "queue.depth": ("depth", "active"),
     "device.worker.replaced": ("device", "error"),
+    # training (runtime/train): a run's settings and stages, each step, each stage's
+    # forward, backward or update of a micro-batch on its device, each epoch, the end
+    "train.started": ("network", "schedule", "micro_batches", "batch_size", "epochs",
+                      "steps_per_epoch", "stages"),
+    "train.step.started": ("network", "epoch", "step"),
+    "train.stage.finished": ("network", "epoch", "step", "stage", "device", "phase",
+                             "micro_batch", "start", "seconds", "held_bytes"),
+    "train.step.finished": ("network", "epoch", "step", "loss", "seconds", "ideal_seconds",
+                            "bubble", "peak_activation_bytes"),
+    "train.epoch.finished": ("network", "epoch", "loss", "seconds", "steps"),
+    "train.finished": ("network", "epochs", "loss", "step_seconds", "ideal_step_seconds",
+                       "bubble"),
+    "train.failed": ("network", "error"),
     "bus.lost": ("lost",),
 }
 """The catalogue: kind -> fields every publisher of that kind sets (more may be added)."""

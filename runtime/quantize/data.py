@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from zipfile import BadZipFile
 
 import numpy as np
 
 from runtime.errors import PrismError
 from runtime.graph import Graph
-from runtime.inputs import input_specs
+from runtime.inputs import input_specs, read_npz
 
 DEFAULT_BATCH = 32  # samples per run where the model's batch dimension is free
 
@@ -111,12 +110,5 @@ def check_samples(arrays: dict[str, np.ndarray], graph: Graph, source: str) -> S
 
 
 def read_samples(path: str | Path, graph: Graph) -> Samples:
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except FileNotFoundError:
-        raise QuantizeError(f"calibration data not found: {path}") from None
-    except (OSError, ValueError, BadZipFile) as exc:
-        raise QuantizeError(f"{path} is not an .npz of arrays: {exc}") from None
+    arrays = read_npz(path, "calibration data", QuantizeError)
     return check_samples(arrays, graph, str(path))

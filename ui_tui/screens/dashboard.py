@@ -1,5 +1,6 @@
 """The dashboard: partition DAG, devices, per-partition latency, queue depth and errors;
-for a network from a bundle, its schedule table."""
+for a network from a bundle, its schedule table; for a training run, its loss and step
+timeline in place of the serving panels."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ui_tui.widgets.latency import LatencyTable
 from ui_tui.widgets.queue import QueuePanel
 from ui_tui.widgets.schedule import ScheduleTable
 from ui_tui.widgets.status import StatusBar
+from ui_tui.widgets.training import TrainingPanel
 
 
 def _panel(container: Vertical | VerticalScroll, title: str) -> Vertical | VerticalScroll:
@@ -39,6 +41,9 @@ class DashboardScreen(Screen):
                 yield PartitionDag(id="dag")
             with _panel(VerticalScroll(id="devices-panel"), "Devices"):
                 yield DevicesPanel(id="devices")
+        with _panel(Vertical(id="training-panel"), "Training · loss per step · the latest "
+                    "step per device: forwards, backwards (reversed), U update, · idle"):
+            yield TrainingPanel(id="training")
         with _panel(Vertical(id="latency-panel"), "Latency per partition (run time)"):
             yield LatencyTable(id="latency")
         with _panel(VerticalScroll(id="schedule-panel"), "Schedule"):
@@ -63,6 +68,9 @@ class DashboardScreen(Screen):
             self.query_one(PartitionDag).show(view.drawing,
                                               {r.name: r for r in view.partitions})
         self.query_one(DevicesPanel).show(view.devices)
+        self.set_class(view.training is not None, "training")
+        if view.training is not None:
+            self.query_one(TrainingPanel).show(view.training, view.colors)
         self.query_one(LatencyTable).show(view.partitions)
         self._show_schedule(view)
         self.query_one(QueuePanel).show(view)

@@ -22,6 +22,9 @@ def status_text(status: Status, busy: str | None = None) -> Text:
         text.append(" · ")
         text.append("replay", style="bold magenta")
         text.append(f" {Path(status.replay).name}")
+    elif status.training:
+        text.append(" · ")
+        text.append("training", style="bold cyan")
     elif status.load.setting is None:
         text.append(" · no load", style="dim")
     else:

@@ -1,0 +1,189 @@
+"""The forward pass as trained: the model's nodes (some rewritten for training by their
+rules: batch statistics for BatchNormalization, argmax indices for MaxPool) followed by the
+loss, with every float initializer a graph input (a weight), and the facts its gradient
+rules read, probed on one real batch.
+
+    fwd = TrainingForward.build(graph, feeds, labels, Loss("cross_entropy"))
+    fwd.nodes, fwd.weights, fwd.statistics, fwd.facts
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from runtime.errors import TrainingError
+from runtime.graph import DEFAULT_DOMAINS, Graph
+from runtime.inputs import check_feeds, input_specs
+from runtime.train.emit import Emitter
+from runtime.train.facts import Facts, probe
+from runtime.train.loss import LABELS, Loss
+from runtime.train.registry import Rewriting, rule_for
+
+TRAINING_OPSET = 17  # the oldest ai.onnx opset a training graph is written in
+LOSS = "train/loss"
+
+
+@dataclass(frozen=True)
+class TrainingForward:
+    graph: Graph  # the model as loaded (checked, nodes named)
+    opset: int
+    nodes: tuple[onnx.NodeProto, ...]  # forward (rewritten) then the loss
+    origins: Mapping[str, str]  # node -> the model's node it computes (or the loss)
+    weights: Mapping[str, np.ndarray]  # every float initializer, by name
+    constants: tuple[onnx.TensorProto, ...]  # other initializers, and rewrites' constants
+    statistics: Mapping[str, str]  # a running statistic -> the tensor of its next value
+    inputs: tuple[str, ...]  # the data inputs
+    prediction: str  # the model's first output
+    loss: Loss
+    facts: Facts
+    batch: Mapping[str, np.ndarray]  # the batch it was probed on, labels (LABELS) included
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def trained(self) -> tuple[str, ...]:
+        """Weights the optimizer updates: all but the running statistics and scalars. An
+        exporter folds constants into 0-d initializers (a Pow's exponent, an attention's
+        scale), which are not parameters: a parameter has at least one dimension."""
+        return tuple(w for w in self.weights
+                     if w not in self.statistics and self.weights[w].ndim > 0)
+
+    @property
+    def frozen(self) -> tuple[onnx.TensorProto, ...]:
+        """Float initializers training leaves as they are (the scalars), as constants."""
+        kept = set(self.trained) | set(self.statistics)
+        return tuple(numpy_helper.from_array(v, w) for w, v in self.weights.items()
+                     if w not in kept)
+
+    def value_info(self, name: str) -> onnx.ValueInfoProto:
+        shape = self.facts.shape(name)
+        return helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(self.facts.dtype(name)), list(shape))
+
+    @classmethod
+    def build(cls, graph: Graph, feeds: Mapping[str, object], labels: object, loss: Loss,
+              what: str = "labels") -> TrainingForward:
+        """Checks feeds (one line naming the input) and labels (naming `what`), rewrites,
+        appends the loss and probes it all on this batch."""
+        model = training_opset(graph)
+        weights = float_initializers(model)
+        if not weights:
+            raise TrainingError(f"{graph.name} has no trainable weights (no float "
+                                f"initializers)")
+        arrays = check_feeds(graph.name, input_specs(graph), feeds)
+        given = probe(model, arrays, set(arrays) | set(weights))
+        prediction = model.graph.output[0].name
+        label_array = loss.labels(labels, given.shape(prediction), given.dtype(prediction),
+                                  what)
+        e = Emitter(model_opset(model), prefix="train")
+        nodes: list[onnx.NodeProto] = []
+        origins: dict[str, str] = {}
+        statistics: dict[str, str] = {}
+        for node in model.graph.node:
+            rule = rule_for(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+            if rule is None or rule.rewrite is None:
+                nodes.append(node)
+                origins[node.name] = node.name
+                continue
+            start = len(e.nodes)
+            with e.serving(node.name):
+                statistics.update(rule.rewrite(Rewriting(node, given, e)))
+            nodes.extend(e.nodes[start:])
+        written = len(e.nodes)
+        loss.write(e, prediction, len(given.shape(prediction)), LOSS)
+        nodes.extend(e.nodes[written:])
+        origins.update(e.origins)
+        constants = (*[t for t in model.graph.initializer if t.name not in weights],
+                     *e.initializers.values())
+        trained = _forward_model(model, nodes, constants, weights, LABELS, label_array)
+        feeds_all = {**arrays, LABELS: label_array}
+        facts = probe(trained, feeds_all, set(feeds_all) | set(weights))
+        return cls(graph, model_opset(model), tuple(nodes), origins, weights,
+                   tuple(constants), statistics, tuple(arrays), prediction, loss, facts,
+                   feeds_all)
+
+
+def _forward_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
+                   constants: tuple[onnx.TensorProto, ...], weights: Mapping[str, np.ndarray],
+                   labels: str, label_array: np.ndarray) -> onnx.ModelProto:
+    """The training forward as a runnable model (weights as initializers), its outputs the
+    prediction and the loss."""
+    inputs = [i for i in model.graph.input if i.name not in weights
+              and i.name not in {c.name for c in constants}]
+    label_info = helper.make_tensor_value_info(
+        labels, helper.np_dtype_to_tensor_dtype(label_array.dtype), list(label_array.shape))
+    graph = helper.make_graph(
+        nodes, model.graph.name, [*inputs, label_info],
+        [model.graph.output[0], onnx.ValueInfoProto(name=LOSS)],
+        initializer=[*constants, *(numpy_helper.from_array(v, k) for k, v in weights.items())])
+    out = helper.make_model(graph, opset_imports=list(model.opset_import),
+                            ir_version=model.ir_version)
+    out.functions.extend(model.functions)
+    return out
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+
+
+def training_opset(graph: Graph) -> onnx.ModelProto:
+    """The model at opset TRAINING_OPSET or later, its unread optional outputs left out.
+    From 13 on, ai.onnx changed no op's meaning up to 17 (only added types and
+    attributes), so the import is raised; an older model goes through onnx's version
+    converter."""
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    _drop_unread_outputs(model.graph)
+    opset = model_opset(model)
+    if opset >= TRAINING_OPSET:
+        return model
+    if opset >= 13:
+        for o in model.opset_import:
+            if o.domain in DEFAULT_DOMAINS:
+                o.version = TRAINING_OPSET
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, TRAINING_OPSET)
+    except Exception as exc:
+        raise TrainingError(f"{graph.name} is at opset {opset}; training needs 13 or later "
+                            f"and onnx could not convert it ({str(exc).splitlines()[0]})"
+                            ) from None
+
+
+# Ops whose outputs after the first are optional extras (a Split's are not: their count
+# is the number of parts)
+OPTIONAL_OUTPUTS = frozenset({"BatchNormalization", "Dropout", "LayerNormalization",
+                              "MaxPool", "SoftmaxCrossEntropyLoss"})
+
+
+def _drop_unread_outputs(graph: onnx.GraphProto) -> None:
+    """Trailing optional outputs nothing reads are left out (a BatchNormalization exported
+    in training mode gives its running and saved statistics, which onnxruntime's inference
+    kernel does not make and onnx's version converter refuses)."""
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    for node in graph.node:
+        if node.op_type not in OPTIONAL_OUTPUTS:
+            continue
+        while len(node.output) > 1 and node.output[-1] not in read:
+            del node.output[-1]
+
+
+def float_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    out = {}
+    for t in model.graph.initializer:
+        if t.data_type in _FLOATS:
+            out[t.name] = numpy_helper.to_array(t)
+    return out
+
+
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+           onnx.TensorProto.BFLOAT16}

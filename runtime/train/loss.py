@@ -1,0 +1,74 @@
+"""The loss a training graph ends in, written as ai.onnx nodes after the prediction, and the
+labels it reads, checked and cast.
+
+Both losses are PyTorch's defaults: `cross_entropy` is `F.cross_entropy` (logits with the
+classes on axis 1, integer class labels, the mean over every labelled position), written
+as one SoftmaxCrossEntropyLoss node; `mse` is `F.mse_loss` (the mean over every element),
+written as Sub, Mul and ReduceMean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.errors import TrainingError
+from runtime.inputs import array_text
+from runtime.train.choices import LOSSES
+from runtime.train.emit import Emitter, Shape
+
+LABELS = "train/labels"  # the training graph's input holding the labels
+LOSS_ORIGIN = "loss"  # what the loss nodes serve (the stage of the prediction runs them)
+
+
+@dataclass(frozen=True)
+class Loss:
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSSES:
+            raise TrainingError(f"unknown loss {self.kind!r}; choose {' or '.join(LOSSES)}")
+
+    def labels(self, labels: object, prediction: Shape, dtype: np.dtype, what: str
+               ) -> np.ndarray:
+        """`labels` as the loss reads them, or one line saying why they do not fit a
+        prediction of this shape and dtype (`what` names where they came from)."""
+        array = np.asarray(labels)
+        if self.kind == "cross_entropy":
+            return self._classes(array, prediction, what)
+        if array.dtype.kind != "f":
+            raise TrainingError(f"{what}: mse takes float targets, got {array_text(array)}")
+        if tuple(array.shape) != tuple(prediction):
+            raise TrainingError(f"{what}: mse targets must have the prediction's shape "
+                                f"{list(prediction)}, got {list(array.shape)}")
+        return array.astype(dtype, copy=False)
+
+    def _classes(self, array: np.ndarray, prediction: Shape, what: str) -> np.ndarray:
+        if len(prediction) < 2:
+            raise TrainingError(f"{what}: cross_entropy needs logits of rank 2 or more "
+                                f"(batch, classes, ...), the model gives {list(prediction)}")
+        if array.dtype.kind not in "iu":
+            raise TrainingError(f"{what}: cross_entropy takes integer class labels, got "
+                                f"{array_text(array)}")
+        want = (prediction[0], *prediction[2:])
+        if tuple(array.shape) != want:
+            raise TrainingError(f"{what}: labels must have shape {list(want)} for logits "
+                                f"{list(prediction)}, got {list(array.shape)}")
+        classes = prediction[1]
+        if array.size and (array.min() < 0 or array.max() >= classes):
+            bad = array.min() if array.min() < 0 else array.max()
+            raise TrainingError(f"{what}: label {int(bad)} is outside the {classes} classes "
+                                f"of the logits")
+        return array.astype(np.int64, copy=False)
+
+    def write(self, e: Emitter, prediction: str, rank: int, out: str) -> None:
+        """Nodes computing the loss of `prediction` (of `rank`) against LABELS into `out`."""
+        with e.serving(LOSS_ORIGIN):
+            if self.kind == "cross_entropy":
+                e.ops("SoftmaxCrossEntropyLoss", [prediction, LABELS], [out],
+                      reduction="mean")
+                return
+            diff = e.op("Sub", [prediction, LABELS])
+            square = e.op("Mul", [diff, diff])
+            e.reduce("ReduceMean", square, list(range(rank)), keepdims=False, out=out)

@@ -1,0 +1,79 @@
+"""Sliding-window geometry shared by Conv, MaxPool and AveragePool: a node's explicit
+pads (auto_pad resolved), and the ConvTranspose that spreads a window-wise gradient back
+over the input's exact shape."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.train.registry import Grad
+
+
+@dataclass(frozen=True)
+class Windows:
+    spatial: tuple[int, ...]  # the input's spatial size
+    out: tuple[int, ...]  # the output's
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[int, ...]  # pads
+    end: tuple[int, ...]
+
+    @classmethod
+    def of(cls, g: Grad, kernel: tuple[int, ...]) -> Windows:
+        x_shape, y_shape = g.shape(g.x()), g.shape(g.y())
+        spatial, out = tuple(x_shape[2:]), tuple(y_shape[2:])
+        n = len(spatial)
+        strides = tuple(g.attr("strides") or [1] * n)
+        dilations = tuple(g.attr("dilations") or [1] * n)
+        auto = g.attr("auto_pad", "NOTSET")
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            begin, end = [], []
+            for size, o, k, s, d in zip(spatial, out, kernel, strides, dilations, strict=True):
+                total = max(0, (o - 1) * s + (k - 1) * d + 1 - size)
+                small = total // 2
+                begin.append(small if auto == "SAME_UPPER" else total - small)
+                end.append(total - begin[-1])
+            return cls(spatial, out, kernel, strides, dilations, tuple(begin), tuple(end))
+        pads = g.attr("pads") or [0] * 2 * n
+        if auto == "VALID":
+            pads = [0] * 2 * n
+        return cls(spatial, out, kernel, strides, dilations, tuple(pads[:n]), tuple(pads[n:]))
+
+    def spread(self) -> dict:
+        """ConvTranspose attributes that map the output's positions back onto exactly the
+        input's: windows reaching past the padded input (ceil_mode) crop more at the end,
+        a remainder the last window never reached is added as output padding."""
+        end, extra = [], []
+        for size, o, k, s, d, b, e in zip(self.spatial, self.out, self.kernel, self.strides,
+                                          self.dilations, self.begin, self.end, strict=True):
+            reach = (o - 1) * s + (k - 1) * d + 1
+            if reach - b - e >= size:
+                end.append(reach - b - size)
+                extra.append(0)
+            else:
+                end.append(e)
+                extra.append(size - (reach - b - e))
+        return {"kernel_shape": list(self.kernel), "strides": list(self.strides),
+                "dilations": list(self.dilations), "pads": [*self.begin, *end],
+                "output_padding": extra}
+
+    def taps(self, include_pad: bool) -> list[list[int]]:
+        """Per spatial axis, how many of each window's taps land inside the input (or,
+        with `include_pad`, inside the padded input)."""
+        counts = []
+        for size, o, k, s, d, b, e in zip(self.spatial, self.out, self.kernel, self.strides,
+                                          self.dilations, self.begin, self.end, strict=True):
+            low, high = (-b, size + e) if include_pad else (0, size)
+            counts.append([sum(low <= i * s - b + t * d < high for t in range(k))
+                           for i in range(o)])
+        return counts
+
+
+def kernel_of(g: Grad) -> tuple[int, ...]:
+    return tuple(g.attr("kernel_shape"))
+
+
+def volume(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

@@ -1,0 +1,60 @@
+"""Conv (any spatial rank, groups, strides, dilations, pads or auto_pad).
+
+dX is a ConvTranspose of dY by the same weights (one per group, concatenated, unless each
+group is one channel: onnx's reference evaluator computes grouped ConvTranspose right
+only then). dW is itself a convolution: of X with
+batch and channels swapped, by dY as the kernel, strides and dilations exchanged, cut to
+the kernel's size; groups ride along by folding each group's channels next to the batch.
+dB sums dY over batch and space.
+"""
+
+from __future__ import annotations
+
+from runtime.train.registry import Grad, gradient
+from runtime.train.rules._windows import Windows
+
+
+@gradient("Conv")
+def conv(g: Grad) -> dict[int, str]:
+    dy, e = g.dy(), g.e
+    assert dy is not None
+    x, w = g.x(0), g.x(1)
+    x_shape, w_shape, y_shape = g.shape(x), g.shape(w), g.shape(g.y())
+    kernel = tuple(w_shape[2:])
+    win = Windows.of(g, kernel)
+    group = int(g.attr("group", 1))
+    n, rank = x_shape[0], len(kernel)
+    grads = {}
+    if g.needs(0):
+        grads[0] = _input_gradient(g, dy, w, group, win)
+    if g.needs(1):
+        cin, cout = w_shape[1], w_shape[0] // group  # per group
+        spatial = list(range(3, 3 + rank))
+        # X (N, G*cin, S) -> (cin, G*N, S): group j's channel c of sample i at [c, j*N + i]
+        xt = e.reshape(e.transpose(e.reshape(x, [n, group, cin, *win.spatial]),
+                                   [2, 1, 0, *spatial]), [cin, group * n, *win.spatial])
+        # dY (N, G*cout, O) -> (G*cout, N, O)
+        dyt = e.reshape(e.transpose(e.reshape(dy, [n, group, cout, *win.out]),
+                                    [1, 2, 0, *spatial]), [group * cout, n, *win.out])
+        full = e.op("Conv", [xt, dyt], group=group, strides=list(win.dilations),
+                    dilations=list(win.strides), pads=[*win.begin, *win.end])
+        cut = e.op("Slice", [full, e.ints([0] * rank), e.ints(list(kernel)),
+                             e.ints(list(range(2, 2 + rank)))])
+        grads[1] = e.transpose(cut, [1, 0, *range(2, 2 + rank)])
+    if g.has(2) and g.needs(2):
+        grads[2] = e.sum(dy, [0, *range(2, len(y_shape))], keepdims=False)
+    return grads
+
+
+def _input_gradient(g: Grad, dy: str, w: str, group: int, win: Windows) -> str:
+    e = g.e
+    w_shape = g.shape(w)
+    cout, cin = w_shape[0] // group, w_shape[1]
+    if group == 1 or cout == cin == 1:
+        return e.op("ConvTranspose", [dy, w], group=group, **win.spread())
+    parts = []
+    for j in range(group):
+        dy_j = e.op("Slice", [dy, e.ints([j * cout]), e.ints([(j + 1) * cout]), e.ints([1])])
+        w_j = e.op("Slice", [w, e.ints([j * cout]), e.ints([(j + 1) * cout]), e.ints([0])])
+        parts.append(e.op("ConvTranspose", [dy_j, w_j], **win.spread()))
+    return e.op("Concat", parts, axis=1)

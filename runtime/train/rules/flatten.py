@@ -1,0 +1,6 @@
+"""Flatten: the same elements in another shape; the gradient is shaped back."""
+
+from runtime.train.registry import gradient
+from runtime.train.rules._shared import shaped_back
+
+gradient("Flatten")(shaped_back)

@@ -1,0 +1,6 @@
+"""Max (elementwise, any number of operands): see `_extremes`."""
+
+from runtime.train.registry import gradient
+from runtime.train.rules._extremes import to_extremes
+
+gradient("Max")(to_extremes)

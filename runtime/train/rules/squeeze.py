@@ -1,0 +1,6 @@
+"""Squeeze: the same elements in another shape; the gradient is shaped back."""
+
+from runtime.train.registry import gradient
+from runtime.train.rules._shared import shaped_back
+
+gradient("Squeeze")(shaped_back)

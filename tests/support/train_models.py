@@ -1,0 +1,209 @@
+"""Small trainable models, written with onnx.helper, random weights from a given generator:
+an MLP, a CNN (with batch norm), and an attention block (embedding, LayerNorm, softmax
+attention, an Erf-written Gelu), each with a symbolic batch dimension."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+Rng = np.random.Generator
+
+
+def _model(nodes: list[onnx.NodeProto], weights: dict[str, np.ndarray],
+           inputs: list[onnx.ValueInfoProto], output: str, out_dims: list, dtype: np.dtype,
+           opset: int = 17) -> onnx.ModelProto:
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        nodes, "trainable", inputs, [helper.make_tensor_value_info(output, elem, out_dims)],
+        [numpy_helper.from_array(np.asarray(v, dtype=dtype if v.dtype.kind == "f"
+                                            else v.dtype), k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=9)
+
+
+def _uniform(rng: Rng, fan_in: int, *shape: int) -> np.ndarray:
+    bound = 1 / math.sqrt(fan_in)
+    return rng.uniform(-bound, bound, shape)
+
+
+def mlp(rng: Rng, dtype=np.float32, sizes: tuple[int, ...] = (6, 8, 5, 3)) -> onnx.ModelProto:
+    """Gemm, Relu, Gemm, Tanh, Gemm: x [batch, sizes[0]] -> logits [batch, sizes[-1]]."""
+    nodes, weights, x = [], {}, "x"
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        weights[f"w{i}"] = _uniform(rng, a, b, a)
+        weights[f"b{i}"] = _uniform(rng, a, b)
+        y = f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [y], transB=1,
+                                      name=f"fc{i}"))
+        if i < len(sizes) - 2:
+            act = "Relu" if i % 2 == 0 else "Tanh"
+            nodes.append(helper.make_node(act, [y], [f"{y}_act"], name=f"act{i}"))
+            y = f"{y}_act"
+        x = y
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return _model(nodes, weights, [helper.make_tensor_value_info("x", elem,
+                                                                 ["batch", sizes[0]])],
+                  x, ["batch", sizes[-1]], dtype)
+
+
+def cnn(rng: Rng, dtype=np.float32, channels: tuple[int, int] = (3, 4), side: int = 6,
+        classes: int = 5, batch_norm: bool = True) -> onnx.ModelProto:
+    """Conv, [BatchNormalization], Relu, MaxPool, Conv, Relu, AveragePool, Flatten, Gemm:
+    image [batch, 1, side, side] -> logits [batch, classes]."""
+    c1, c2 = channels
+    weights = {"conv1.w": _uniform(rng, 9, c1, 1, 3, 3), "conv1.b": _uniform(rng, 9, c1),
+               "conv2.w": _uniform(rng, 9 * c1, c2, c1, 3, 3),
+               "conv2.b": _uniform(rng, 9 * c1, c2)}
+    nodes = [helper.make_node("Conv", ["image", "conv1.w", "conv1.b"], ["c1"], pads=[1] * 4,
+                              name="conv1")]
+    x = "c1"
+    if batch_norm:
+        weights.update({"bn.scale": rng.uniform(0.5, 1.5, c1), "bn.bias": rng.normal(0, .1, c1),
+                        "bn.mean": np.zeros(c1), "bn.var": np.ones(c1)})
+        nodes.append(helper.make_node("BatchNormalization", [x, "bn.scale", "bn.bias",
+                                                             "bn.mean", "bn.var"], ["bn"],
+                                      name="bn"))
+        x = "bn"
+    half = side // 2
+    flat = c2 * (half // 2) ** 2
+    weights.update({"fc.w": _uniform(rng, flat, flat, classes), "fc.b": _uniform(rng, flat,
+                                                                                classes)})
+    nodes += [helper.make_node("Relu", [x], ["r1"], name="relu1"),
+              helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2],
+                               name="pool1"),
+              helper.make_node("Conv", ["p1", "conv2.w", "conv2.b"], ["c2"], pads=[1] * 4,
+                               name="conv2"),
+              helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+              helper.make_node("AveragePool", ["r2"], ["p2"], kernel_shape=[2, 2],
+                               strides=[2, 2], name="pool2"),
+              helper.make_node("Flatten", ["p2"], ["f"], name="flatten"),
+              helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], name="fc")]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return _model(nodes, weights, [helper.make_tensor_value_info(
+        "image", elem, ["batch", 1, side, side])], "logits", ["batch", classes], dtype)
+
+
+def attention(rng: Rng, dtype=np.float32, vocab: int = 7, width: int = 4, tokens: int = 3,
+              outputs: int = 2) -> onnx.ModelProto:
+    """Token ids [batch, tokens] -> an embedding, one head of softmax attention with a
+    residual, LayerNormalization, a Gelu written with Erf (as exporters write it), a mean
+    over tokens and a MatMul + Add head -> [batch, outputs]."""
+    weights = {"embed": rng.normal(0, 1, (vocab, width)),
+               "wq": _uniform(rng, width, width, width), "wk": _uniform(rng, width, width, width),
+               "wv": _uniform(rng, width, width, width), "ln.scale": rng.uniform(.5, 1.5, width),
+               "ln.bias": rng.normal(0, .1, width), "head.w": _uniform(rng, width, width,
+                                                                        outputs),
+               "head.b": _uniform(rng, width, outputs),
+               "scale": np.asarray(1 / math.sqrt(width)), "sqrt2": np.asarray(math.sqrt(2)),
+               "one": np.asarray(1.0), "half": np.asarray(0.5)}
+    mk = helper.make_node
+    nodes = [mk("Gather", ["embed", "ids"], ["e"], name="embed"),
+             mk("MatMul", ["e", "wq"], ["q"], name="q"), mk("MatMul", ["e", "wk"], ["k"],
+                                                             name="k"),
+             mk("MatMul", ["e", "wv"], ["v"], name="v"),
+             mk("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+             mk("MatMul", ["q", "kt"], ["s"], name="scores"),
+             mk("Mul", ["s", "scale"], ["ss"], name="scaled"),
+             mk("Softmax", ["ss"], ["a"], axis=-1, name="softmax"),
+             mk("MatMul", ["a", "v"], ["att"], name="attend"),
+             mk("Add", ["att", "e"], ["res"], name="residual"),
+             mk("LayerNormalization", ["res", "ln.scale", "ln.bias"], ["ln"], axis=-1,
+                name="ln"),
+             mk("Div", ["ln", "sqrt2"], ["g0"], name="gelu_div"),
+             mk("Erf", ["g0"], ["g1"], name="gelu_erf"),
+             mk("Add", ["g1", "one"], ["g2"], name="gelu_add"),
+             mk("Mul", ["ln", "g2"], ["g3"], name="gelu_mul"),
+             mk("Mul", ["g3", "half"], ["g"], name="gelu_half"),
+             mk("ReduceMean", ["g"], ["pooled"], axes=[1], keepdims=0, name="pool"),
+             mk("MatMul", ["pooled", "head.w"], ["hw"], name="head"),
+             mk("Add", ["hw", "head.b"], ["out"], name="head_bias")]
+    return _model(nodes, weights, [helper.make_tensor_value_info(
+        "ids", onnx.TensorProto.INT64, ["batch", tokens])], "out", ["batch", outputs], dtype)
+
+
+def batch_for(model: onnx.ModelProto, rng: Rng, batch: int) -> dict[str, np.ndarray]:
+    """Random feeds for one of the models above."""
+    name = model.graph.input[0].name
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1:]
+    if name == "ids":
+        return {name: rng.integers(0, 7, (batch, *dims)).astype(np.int64)}
+    dtype = helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    return {name: rng.standard_normal((batch, *dims)).astype(dtype)}
+
+
+def classes_of(model: onnx.ModelProto) -> int:
+    return model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
+
+
+def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model with every float32 tensor (weights, constants, inputs, outputs) in
+    float64."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),
+                                               t.name))
+    for v in (*out.graph.input, *out.graph.output):
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    for node in out.graph.node:
+        for a in node.attribute:
+            if node.op_type == "Constant" and a.t.data_type == onnx.TensorProto.FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(
+                    np.float64), a.t.name))
+    return out
+
+
+def exported(rng: Rng, dtype=np.float32, classes: int = 4) -> onnx.ModelProto:
+    """As PyTorch's exporter writes a small CNN: Conv, BatchNormalization (inference form),
+    Relu, MaxPool, a Flatten through Shape, Gather, Unsqueeze, Concat and Reshape, an RMS
+    normalisation with Constant nodes (x / sqrt(mean(x ** 2) + eps)), Dropout, and a Gemm
+    with transB: image [batch, 2, 4, 4] -> logits [batch, classes]."""
+    c = 3
+    flat = c * 2 * 2
+    weights = {"conv.weight": _uniform(rng, 18, c, 2, 3, 3), "conv.bias": _uniform(rng, 18, c),
+               "bn.weight": rng.uniform(.5, 1.5, c), "bn.bias": rng.normal(0, .1, c),
+               "bn.running_mean": np.zeros(c), "bn.running_var": np.ones(c),
+               "fc.weight": _uniform(rng, flat, classes, flat),
+               "fc.bias": _uniform(rng, flat, classes)}
+    mk = helper.make_node
+
+    def constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return mk("Constant", [], [name], value=numpy_helper.from_array(value, name),
+                  name=f"/{name}")
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [mk("Conv", ["image", "conv.weight", "conv.bias"], ["c"], pads=[1] * 4,
+                name="/conv/Conv"),
+             mk("BatchNormalization", ["c", "bn.weight", "bn.bias", "bn.running_mean",
+                                       "bn.running_var"], ["b"], name="/bn/BatchNorm"),
+             mk("Relu", ["b"], ["r"], name="/Relu"),
+             mk("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2],
+                name="/MaxPool"),
+             mk("Shape", ["p"], ["shape"], name="/Shape"),
+             constant("zero", np.asarray(0, np.int64)),
+             mk("Gather", ["shape", "zero"], ["n"], axis=0, name="/Gather"),
+             constant("axes0", np.asarray([0], np.int64)),
+             mk("Unsqueeze", ["n", "axes0"], ["n1"], name="/Unsqueeze"),
+             constant("minus1", np.asarray([-1], np.int64)),
+             mk("Concat", ["n1", "minus1"], ["target"], axis=0, name="/Concat"),
+             mk("Reshape", ["p", "target"], ["f"], name="/Reshape"),
+             constant("two", np.asarray(2.0, dtype)),
+             mk("Pow", ["f", "two"], ["sq"], name="/Pow"),
+             mk("ReduceMean", ["sq"], ["ms"], axes=[1], keepdims=1, name="/ReduceMean"),
+             constant("eps", np.asarray(1e-5, dtype)),
+             mk("Add", ["ms", "eps"], ["mse"], name="/Add"),
+             mk("Sqrt", ["mse"], ["rms"], name="/Sqrt"),
+             mk("Div", ["f", "rms"], ["normed"], name="/Div"),
+             mk("Dropout", ["normed"], ["dropped"], name="/Dropout"),
+             mk("Gemm", ["dropped", "fc.weight", "fc.bias"], ["logits"], transB=1,
+                name="/fc/Gemm")]
+    return _model(nodes, weights, [helper.make_tensor_value_info("image", elem,
+                                                                 ["batch", 2, 4, 4])],
+                  "logits", ["batch", classes], dtype)

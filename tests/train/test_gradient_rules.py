@@ -1,0 +1,407 @@
+"""Every gradient rule against central differences in float64 (PyTorch gradcheck's
+tolerances: eps 1e-6, atol 1e-5, rtol 1e-3; see tests/support/gradcheck.py), on shapes
+drawn at random for each run, broadcasting included.
+
+Each case is one node whose float operands are initializers, so `gradients` has to give
+every operand's gradient; the loss on top is mse against a random target (the rule for
+SoftmaxCrossEntropyLoss is checked as a node too). Every registered rule must have a case
+here: a rule added without one fails `test_every_rule_is_checked`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from runtime.train import gradients
+from runtime.train.registry import rules
+from tests.support.gradcheck import mismatches, numeric_gradients, typed_model
+
+Rng = np.random.Generator
+
+
+@dataclass(frozen=True)
+class Check:
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    target: np.ndarray
+
+
+def node_check(rng: Rng, op: str, weights: dict[str, np.ndarray], attrs: dict | None = None,
+               inputs: dict[str, np.ndarray] | None = None, outputs: int = 1,
+               opset: int = 17, order: list[str] | None = None) -> Check:
+    names = order or [*weights, *(inputs or {})]
+    outs = [f"y{i}" for i in range(outputs)]
+    node = helper.make_node(op, names, outs, name=op.lower(), **(attrs or {}))
+    model = typed_model([node], weights, outs[:1], inputs, opset)
+    shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    return Check(model, dict(inputs or {}), rng.standard_normal(shape))
+
+
+def normal(rng: Rng, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape)
+
+
+def away_from_zero(rng: Rng, *shape: int) -> np.ndarray:
+    return rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+
+
+def positive(rng: Rng, *shape: int) -> np.ndarray:
+    return rng.uniform(0.5, 2.0, shape)
+
+
+def shape_of(rng: Rng, rank: int | None = None, low: int = 1, high: int = 4
+             ) -> tuple[int, ...]:
+    rank = int(rng.integers(1, 4)) if rank is None else rank
+    return tuple(int(d) for d in rng.integers(low, high + 1, rank))
+
+
+def broadcast_partner(rng: Rng, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape numpy broadcasts against `shape` to `shape`: some dims 1, some leading
+    ones dropped."""
+    dropped = int(rng.integers(0, len(shape) + 1))
+    return tuple(1 if rng.random() < 0.4 else d for d in shape[dropped:])
+
+
+def binary(op: str, operand: Callable[..., np.ndarray] = normal) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        a = shape_of(rng)
+        b = broadcast_partner(rng, a)
+        if rng.random() < 0.5:
+            a, b = b, a
+        return node_check(rng, op, {"a": normal(rng, *a), "b": operand(rng, *b)})
+    return make
+
+
+def unary(op: str, operand: Callable[..., np.ndarray] = normal, **attrs) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        return node_check(rng, op, {"x": operand(rng, *shape_of(rng))}, attrs)
+    return make
+
+
+def relu_like(op: str, **attrs) -> Callable[[Rng], Check]:
+    """Kinks at zero: inputs kept away from it, where central differences are exact."""
+    return unary(op, away_from_zero, **attrs)
+
+
+def sum_case(rng: Rng) -> Check:
+    a = shape_of(rng)
+    return node_check(rng, "Sum", {"a": normal(rng, *a), "b": normal(rng, *broadcast_partner(
+        rng, a)), "c": normal(rng, *broadcast_partner(rng, a))})
+
+
+def matmul_case(rng: Rng) -> Check:
+    m, k, n = (int(d) for d in rng.integers(1, 5, 3))
+    batch = shape_of(rng, int(rng.integers(0, 3)))
+    kind = rng.integers(0, 4)
+    a, b = (*batch, m, k), (*broadcast_partner(rng, batch), k, n)
+    if kind == 1:
+        a = (k,)
+    elif kind == 2:
+        b = (k,)
+    elif kind == 3:
+        a, b = (m, k), (*batch, k, n)
+    return node_check(rng, "MatMul", {"a": normal(rng, *a), "b": normal(rng, *b)})
+
+
+def gemm_case(rng: Rng) -> Check:
+    m, k, n = (int(d) for d in rng.integers(1, 5, 3))
+    ta, tb = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+    c = [(n,), (1, n), (m, 1), (m, n), ()][int(rng.integers(0, 5))]
+    return node_check(rng, "Gemm", {"a": normal(rng, *((k, m) if ta else (m, k))),
+                                    "b": normal(rng, *((n, k) if tb else (k, n))),
+                                    "c": normal(rng, *c)},
+                      {"transA": ta, "transB": tb, "alpha": float(rng.uniform(0.5, 2)),
+                       "beta": float(rng.uniform(0.5, 2))})
+
+
+def gelu_case(rng: Rng) -> Check:
+    approximate = ["none", "tanh"][int(rng.integers(0, 2))]
+    return node_check(rng, "Gelu", {"x": normal(rng, *shape_of(rng))},
+                      {"approximate": approximate}, opset=20)
+
+
+def axis_case(op: str) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        shape = shape_of(rng, low=2)
+        axis = int(rng.integers(-len(shape), len(shape)))
+        return node_check(rng, op, {"x": normal(rng, *shape)}, {"axis": axis})
+    return make
+
+
+def pow_case(rng: Rng) -> Check:
+    a = shape_of(rng)
+    return node_check(rng, "Pow", {"a": positive(rng, *a),
+                                   "b": normal(rng, *broadcast_partner(rng, a))})
+
+
+def clip_case(rng: Rng) -> Check:
+    x = away_from_zero(rng, *shape_of(rng))
+    return node_check(rng, "Clip", {"x": x, "lo": np.asarray(-0.75), "hi": np.asarray(1.25)})
+
+
+def where_case(rng: Rng) -> Check:
+    shape = shape_of(rng)
+    return node_check(rng, "Where", {"a": normal(rng, *broadcast_partner(rng, shape)),
+                                     "b": normal(rng, *shape)},
+                      inputs={"cond": rng.random(shape) < 0.5}, order=["cond", "a", "b"])
+
+
+def cast_case(rng: Rng) -> Check:
+    return node_check(rng, "Cast", {"x": normal(rng, *shape_of(rng))},
+                      {"to": TensorProto.DOUBLE})
+
+
+def expand_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3)
+    small = broadcast_partner(rng, shape)
+    return node_check(rng, "Expand", {"x": normal(rng, *small)},
+                      inputs={"shape": np.asarray(shape, np.int64)}, order=["x", "shape"])
+
+
+def reshape_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3)
+    return node_check(rng, "Reshape", {"x": normal(rng, *shape),
+                                       "shape": np.asarray([-1, shape[-1]], np.int64)})
+
+
+def flatten_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3)
+    return node_check(rng, "Flatten", {"x": normal(rng, *shape)},
+                      {"axis": int(rng.integers(0, 3))})
+
+
+def squeeze_case(rng: Rng) -> Check:
+    shape = (*shape_of(rng, 2), 1)
+    return node_check(rng, "Squeeze", {"x": normal(rng, *shape),
+                                       "axes": np.asarray([2], np.int64)})
+
+
+def unsqueeze_case(rng: Rng) -> Check:
+    return node_check(rng, "Unsqueeze", {"x": normal(rng, *shape_of(rng, 2)),
+                                         "axes": np.asarray([0, 3], np.int64)})
+
+
+def dropout_case(rng: Rng) -> Check:
+    """In training mode too: trained as in inference."""
+    return node_check(rng, "Dropout", {"x": normal(rng, *shape_of(rng))},
+                      inputs={"ratio": np.asarray(0.5), "mode": np.asarray(True)},
+                      order=["x", "ratio", "mode"])
+
+
+def cast_like_case(rng: Rng) -> Check:
+    return node_check(rng, "CastLike", {"x": normal(rng, *shape_of(rng)),
+                                        "like": np.zeros(1)})
+
+
+def transpose_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=2)
+    return node_check(rng, "Transpose", {"x": normal(rng, *shape)},
+                      {"perm": [int(p) for p in rng.permutation(3)]})
+
+
+def concat_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3)
+    axis = int(rng.integers(0, 3))
+    parts = {}
+    for name in "abc":
+        part = list(shape)
+        part[axis] = int(rng.integers(1, 4))
+        parts[name] = normal(rng, *part)
+    return node_check(rng, "Concat", parts, {"axis": axis - 3 if rng.random() < 0.5 else axis})
+
+
+def slice_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=3, high=6)
+    step = [1, 2, -1][int(rng.integers(0, 3))]
+    if step > 0:
+        starts, ends = [1, -3], [2**62, -1]
+    else:
+        starts, ends = [-1, 3], [-(2**62), 0]
+    return node_check(rng, "Slice", {"x": normal(rng, *shape),
+                                     "starts": np.asarray(starts, np.int64),
+                                     "ends": np.asarray(ends, np.int64),
+                                     "axes": np.asarray([0, 2], np.int64),
+                                     "steps": np.asarray([step, 1 if step > 0 else -1],
+                                                         np.int64)})
+
+
+def gather_case(rng: Rng) -> Check:
+    shape = shape_of(rng, int(rng.integers(1, 4)), low=2)
+    axis = int(rng.integers(0, len(shape)))
+    size = shape[axis]
+    indices = rng.integers(-size, size, shape_of(rng, int(rng.integers(0, 3))))
+    return node_check(rng, "Gather", {"x": normal(rng, *shape)}, {"axis": axis},
+                      inputs={"i": indices.astype(np.int64)}, order=["x", "i"])
+
+
+def reduce_case(op: str) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        shape = shape_of(rng, 3)
+        axes = sorted(int(a) for a in rng.choice(3, int(rng.integers(1, 3)), replace=False))
+        return node_check(rng, op, {"x": normal(rng, *shape), "axes": np.asarray(axes, np.int64)},
+                          {"keepdims": int(rng.integers(0, 2))}, opset=18)
+    return make
+
+
+def conv_case(rng: Rng) -> Check:
+    rank = int(rng.integers(1, 3))
+    group = int(rng.integers(1, 3))
+    cin, cout = group * int(rng.integers(1, 3)), group * int(rng.integers(1, 3))
+    kernel = tuple(int(k) for k in rng.integers(1, 4, rank))
+    strides = [int(s) for s in rng.integers(1, 3, rank)]
+    dilations = [int(d) for d in rng.integers(1, 3, rank)]
+    spatial = [int(rng.integers((k - 1) * d + 1, (k - 1) * d + 5))
+               for k, d in zip(kernel, dilations, strict=True)]
+    attrs: dict = {"group": group, "strides": strides, "dilations": dilations}
+    if rng.random() < 0.3:
+        attrs["auto_pad"] = "SAME_UPPER" if rng.random() < 0.5 else "SAME_LOWER"
+    else:
+        attrs["pads"] = [int(p) for p in rng.integers(0, 2, 2 * rank)]
+    weights = {"x": normal(rng, 2, cin, *spatial),
+               "w": normal(rng, cout, cin // group, *kernel)}
+    if rng.random() < 0.7:
+        weights["b"] = normal(rng, cout)
+    return node_check(rng, "Conv", weights, attrs)
+
+
+def pool_case(op: str) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        kernel = [int(k) for k in rng.integers(1, 4, 2)]
+        strides = [int(s) for s in rng.integers(1, 3, 2)]
+        begin = [min(int(p), k - 1) for p, k in zip(rng.integers(0, 2, 2), kernel, strict=True)]
+        # pads begin = end: onnx's evaluator pools asymmetric pads wrong
+        attrs: dict = {"kernel_shape": kernel, "strides": strides, "pads": begin * 2,
+                       "ceil_mode": int(rng.integers(0, 2))}
+        if attrs["ceil_mode"]:  # where onnxruntime and onnx's evaluator agree: no pads, and
+            attrs["pads"] = [0] * 4  # no window left empty (strides within the kernel)
+            attrs["strides"] = [min(s, k) for s, k in zip(strides, kernel, strict=True)]
+        if op == "AveragePool":
+            attrs["count_include_pad"] = int(rng.integers(0, 2))
+        spatial = [int(rng.integers(k + 1, k + 5)) for k in kernel]
+        # distinct values: a tie for the max has no derivative
+        x = rng.permutation(2 * 2 * spatial[0] * spatial[1]).reshape(2, 2, *spatial) / 7.0
+        return node_check(rng, op, {"x": x}, attrs)
+    return make
+
+
+def global_average_pool_case(rng: Rng) -> Check:
+    return node_check(rng, "GlobalAveragePool", {"x": normal(rng, 2, 3, *shape_of(rng, 2))})
+
+
+def batch_norm_case(rng: Rng) -> Check:
+    c = int(rng.integers(1, 4))
+    shape = (int(rng.integers(2, 4)), c, *shape_of(rng, int(rng.integers(0, 3))))
+    return node_check(rng, "BatchNormalization", {
+        "x": normal(rng, *shape), "scale": normal(rng, c), "bias": normal(rng, c),
+        "mean": normal(rng, c), "var": positive(rng, c)},
+        {"epsilon": 1e-3, "training_mode": 1}, outputs=3)  # as exported: running stats too
+
+
+def layer_norm_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=2)
+    axis = int(rng.integers(1, 3))
+    scale = broadcast_partner(rng, shape[axis:])
+    return node_check(rng, "LayerNormalization", {
+        "x": normal(rng, *shape), "scale": normal(rng, *scale),
+        "bias": normal(rng, *shape[axis:])}, {"axis": axis, "epsilon": 1e-3})
+
+
+def softmax_cross_entropy_case(rng: Rng) -> Check:
+    n, c = int(rng.integers(2, 5)), int(rng.integers(2, 5))
+    extra = shape_of(rng, int(rng.integers(0, 2)))
+    labels = rng.integers(0, c, (n, *extra)).astype(np.int64)
+    attrs: dict = {"reduction": ["mean", "sum", "none"][int(rng.integers(0, 3))]}
+    if rng.random() < 0.5:
+        attrs["ignore_index"] = int(labels.reshape(-1)[0])
+    weights = {"scores": normal(rng, n, c, *extra)}
+    if rng.random() < 0.6:
+        weights["w"] = positive(rng, c)
+    order = ["scores", "labels", *(["w"] if "w" in weights else [])]
+    return node_check(rng, "SoftmaxCrossEntropyLoss", weights, attrs,
+                      inputs={"labels": labels}, order=order)
+
+
+def pad_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=3)  # a crop of one at each end leaves something
+    pads = [int(p) for p in rng.integers(-1, 3, 6)]
+    return node_check(rng, "Pad", {"x": normal(rng, *shape), "pads": np.asarray(pads, np.int64),
+                                   "value": np.asarray(0.0)})
+
+
+def split_case(rng: Rng) -> Check:
+    shape = shape_of(rng, 3, low=3, high=5)
+    axis = int(rng.integers(0, 3))
+    first = int(rng.integers(1, shape[axis]))
+    # only the first output is the model's: the second's gradient is zeros
+    return node_check(rng, "Split", {"x": normal(rng, *shape),
+                                     "split": np.asarray([first, shape[axis] - first],
+                                                         np.int64)},
+                      {"axis": axis}, outputs=2)
+
+
+def variadic(op: str) -> Callable[[Rng], Check]:
+    def make(rng: Rng) -> Check:
+        a = shape_of(rng)
+        # distinct values: a tie has no derivative
+        operands = {"a": normal(rng, *a), "b": normal(rng, *broadcast_partner(rng, a)),
+                    "c": normal(rng, *broadcast_partner(rng, a))}
+        return node_check(rng, op, operands)
+    return make
+
+
+def hard_case(op: str) -> Callable[[Rng], Check]:
+    """Inputs spread over every piece of the function, none at a kink."""
+    def make(rng: Rng) -> Check:
+        x = rng.uniform(-5, 5, shape_of(rng))
+        x = np.where(np.abs(np.abs(x) - 3) < 0.1, x + 0.3, x)
+        x = np.where(np.abs(np.abs(x * 0.2 + 0.5) - 0.5) < 0.05, x + 0.5, x)
+        return node_check(rng, op, {"x": x})
+    return make
+
+
+CASES: dict[str, Callable[[Rng], Check]] = {
+    "Add": binary("Add"), "Sub": binary("Sub"), "Mul": binary("Mul"),
+    "Div": binary("Div", away_from_zero), "Sum": sum_case, "MatMul": matmul_case,
+    "Gemm": gemm_case, "Relu": relu_like("Relu"),
+    "LeakyRelu": relu_like("LeakyRelu", alpha=0.2), "Sigmoid": unary("Sigmoid"),
+    "Tanh": unary("Tanh"), "Erf": unary("Erf"), "Gelu": gelu_case,
+    "Softmax": axis_case("Softmax"), "LogSoftmax": axis_case("LogSoftmax"),
+    "Neg": unary("Neg"), "Exp": unary("Exp"), "Log": unary("Log", positive),
+    "Sqrt": unary("Sqrt", positive), "Reciprocal": unary("Reciprocal", away_from_zero),
+    "Pow": pow_case, "Clip": clip_case, "Where": where_case, "Cast": cast_case,
+    "Expand": expand_case, "Identity": unary("Identity"), "Reshape": reshape_case,
+    "Flatten": flatten_case, "Squeeze": squeeze_case, "Unsqueeze": unsqueeze_case,
+    "Dropout": dropout_case, "Transpose": transpose_case, "Concat": concat_case,
+    "Slice": slice_case, "Gather": gather_case, "ReduceSum": reduce_case("ReduceSum"),
+    "ReduceMean": reduce_case("ReduceMean"), "Conv": conv_case,
+    "MaxPool": pool_case("MaxPool"), "AveragePool": pool_case("AveragePool"),
+    "GlobalAveragePool": global_average_pool_case, "BatchNormalization": batch_norm_case,
+    "LayerNormalization": layer_norm_case,
+    "SoftmaxCrossEntropyLoss": softmax_cross_entropy_case,
+    "Pad": pad_case, "Split": split_case, "Abs": relu_like("Abs"), "Max": variadic("Max"),
+    "Min": variadic("Min"), "Mean": variadic("Mean"), "Softplus": unary("Softplus"),
+    "Elu": relu_like("Elu", alpha=0.7), "HardSigmoid": hard_case("HardSigmoid"),
+    "HardSwish": hard_case("HardSwish"), "CastLike": cast_like_case,
+}
+DRAWS = 3  # random shapes per rule and run
+
+
+def test_every_rule_is_checked() -> None:
+    assert set(rules()) == set(CASES)
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_rule_matches_central_differences(op: str) -> None:
+    rng = np.random.default_rng()
+    for _ in range(DRAWS):
+        check = CASES[op](rng)
+        analytic = gradients(check.model, check.feeds, check.target, loss="mse")
+        numeric = numeric_gradients(check.model, check.feeds, check.target, "mse")
+        assert not mismatches(analytic, numeric), (op, onnx.printer.to_text(check.model.graph),
+                                                   mismatches(analytic, numeric))

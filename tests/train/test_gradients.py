@@ -1,0 +1,178 @@
+"""`runtime.train.gradients` on whole models: against central differences in float64
+(gradcheck's tolerances), float32 against float64, every device kind running the backward
+graph, PyTorch's autograd when torch is installed, and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from runtime.errors import InvalidInputError, TrainingError
+from runtime.train import gradients, loss_and_gradients
+from tests.support.gradcheck import LOSSES, forward_runner, mismatches, numeric_gradients
+from tests.support.train_models import (
+    as_float64,
+    attention,
+    batch_for,
+    classes_of,
+    cnn,
+    exported,
+    mlp,
+)
+
+MODELS = {"mlp": mlp, "cnn": cnn, "attention": attention, "exported": exported}
+
+
+def labels_for(model: onnx.ModelProto, rng: np.random.Generator, batch: int, loss: str
+               ) -> np.ndarray:
+    if loss == "cross_entropy":
+        return rng.integers(0, classes_of(model), batch)
+    return rng.standard_normal((batch, classes_of(model)))
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_whole_model_matches_central_differences(name: str, loss: str) -> None:
+    rng = np.random.default_rng()
+    model = as_float64(MODELS[name](rng))
+    batch = int(rng.integers(2, 5))
+    feeds = batch_for(model, rng, batch)
+    labels = labels_for(model, rng, batch, loss)
+    value, analytic = loss_and_gradients(model, feeds, labels, loss)
+    assert not mismatches(analytic, numeric_gradients(model, feeds, labels, loss))
+    run, _ = forward_runner(model)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+               if t.data_type == onnx.TensorProto.DOUBLE}
+    # 1e-7: onnx's reference evaluator, which runs float64 Erf here, computes it in float32
+    assert value == pytest.approx(LOSSES[loss](run({**feeds, **weights}), labels), rel=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_float32_gradients_agree_with_float64(name: str) -> None:
+    """What a float32 model's gradients lose to float64: 1e-4 relative (a gradient that is
+    zero in exact arithmetic, a bias before batch norm, is float32 noise: 1e-6 of the
+    largest gradient absolute)."""
+    rng = np.random.default_rng()
+    model = MODELS[name](rng)
+    feeds = batch_for(model, rng, 8)
+    labels = labels_for(model, rng, 8, "cross_entropy")
+    single = gradients(model, feeds, labels)
+    double = gradients(as_float64(model), {k: v.astype(np.float64) if v.dtype.kind == "f"
+                                           else v for k, v in feeds.items()}, labels)
+    scale = max(float(np.abs(g).max()) for g in double.values())
+    for w, want in double.items():
+        assert single[w].dtype == np.float32
+        np.testing.assert_allclose(single[w], want, rtol=1e-4, atol=1e-6 * scale, err_msg=w)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_every_backend_runs_the_backward_graph(backend: str) -> None:
+    rng = np.random.default_rng()
+    model = cnn(rng)
+    feeds, labels = batch_for(model, rng, 4), rng.integers(0, 5, 4)
+    got = gradients(model, feeds, labels, backend=backend)
+    want = gradients(model, feeds, labels, backend="auto")
+    for w in want:
+        np.testing.assert_allclose(got[w], want[w], rtol=1e-4, atol=1e-6, err_msg=w)
+
+
+def test_matches_pytorch_autograd() -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    model = as_float64(mlp(rng, sizes=(5, 7, 4)))
+    feeds, labels = batch_for(model, rng, 6), rng.integers(0, 4, 6)
+    ours = gradients(model, feeds, labels)
+    w = {t.name: torch.tensor(numpy_helper.to_array(t), requires_grad=True)
+         for t in model.graph.initializer}
+    x = torch.tensor(feeds["x"])
+    hidden = torch.relu(x @ w["w0"].T + w["b0"])
+    logits = hidden @ w["w1"].T + w["b1"]
+    torch.nn.functional.cross_entropy(logits, torch.tensor(labels)).backward()
+    for name, tensor in w.items():
+        np.testing.assert_allclose(ours[name], tensor.grad.numpy(), rtol=1e-4, atol=1e-10)
+
+
+def test_a_cnn_matches_pytorch_autograd() -> None:
+    """Convolution, batch norm in training mode, max pooling, an RMS norm and a linear
+    layer, written in PyTorch on the same weights."""
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    rng = np.random.default_rng()
+    model = as_float64(exported(rng))
+    feeds, labels = batch_for(model, rng, 5), rng.integers(0, 4, 5)
+    ours = gradients(model, feeds, labels)
+    w = {t.name: torch.tensor(numpy_helper.to_array(t), requires_grad=True)
+         for t in model.graph.initializer}
+    h = functional.conv2d(torch.tensor(feeds["image"]), w["conv.weight"], w["conv.bias"],
+                          padding=1)
+    h = functional.batch_norm(h, w["bn.running_mean"].detach().clone(),
+                              w["bn.running_var"].detach().clone(), w["bn.weight"],
+                              w["bn.bias"], training=True, eps=1e-5)
+    h = functional.max_pool2d(functional.relu(h), 2).flatten(1)
+    h = h / torch.sqrt((h ** 2).mean(1, keepdim=True) + 1e-5)
+    logits = functional.linear(h, w["fc.weight"], w["fc.bias"])
+    functional.cross_entropy(logits, torch.tensor(labels)).backward()
+    for name in ("conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias"):
+        np.testing.assert_allclose(ours[name], w[name].grad.numpy(), rtol=1e-4, atol=1e-10,
+                                   err_msg=name)
+
+
+def test_running_statistics_get_zero_gradients() -> None:
+    """In training the batch norm uses batch statistics: its running ones do not move the
+    loss."""
+    rng = np.random.default_rng()
+    model = cnn(rng)
+    grads = gradients(model, batch_for(model, rng, 3), rng.integers(0, 5, 3))
+    assert not grads["bn.mean"].any() and not grads["bn.var"].any()
+    assert grads["bn.scale"].any() and grads["conv1.w"].any()
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def test_an_op_without_a_rule_is_refused_naming_node_and_op() -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng, sizes=(4, 3))
+    node = helper.make_node("Round", ["h0"], ["rounded"], name="the_round")
+    model.graph.node.append(node)
+    model.graph.output[0].name = "rounded"
+    with pytest.raises(TrainingError) as info:
+        gradients(model, batch_for(model, rng, 2), rng.integers(0, 3, 2))
+    message = str(info.value)
+    assert "the_round" in message and "Round" in message and "\n" not in message
+
+
+def test_a_model_without_float_weights_is_refused() -> None:
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "bare",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                             [2, 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT,
+                                                             [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=9)
+    with pytest.raises(TrainingError, match="no trainable weights"):
+        gradients(model, {"x": np.zeros((2, 3), np.float32)}, np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize(("loss", "labels", "says"), [
+    ("cross_entropy", np.zeros((4, 3)), "integer class labels"),
+    ("cross_entropy", np.zeros((4, 1), np.int64), "must have shape [4]"),
+    ("cross_entropy", np.asarray([0, 1, 2, 3]), "label 3 is outside the 3 classes"),
+    ("mse", np.zeros(4, np.int64), "float targets"),
+    ("mse", np.zeros((4, 2)), "prediction's shape [4, 3]"),
+    ("hinge", np.zeros(4, np.int64), "unknown loss"),
+])
+def test_labels_that_do_not_fit_are_refused(loss: str, labels: np.ndarray, says: str) -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng, sizes=(4, 3))
+    with pytest.raises(TrainingError, match=f"^.*{says.replace('[', '.').replace(']', '.')}"):
+        gradients(model, batch_for(model, rng, 4), labels, loss)
+
+
+def test_feeds_that_do_not_fit_are_refused() -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng, sizes=(4, 3))
+    with pytest.raises(InvalidInputError, match="'x'"):
+        gradients(model, {"x": np.zeros((4, 4), np.float64)}, np.zeros(4, np.int64))

@@ -1,0 +1,305 @@
+"""The pipelined training step: it equals the unpipelined full-batch step, keeps weights on
+their devices, runs stages at once, holds what each schedule promises, and runs on every
+device kind."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from runtime.devices import parse_devices
+from runtime.devices.config import DeviceConfig
+from runtime.errors import ProvisionError, TrainingError
+from runtime.observe.events import EVENT_KINDS, Event, EventBus
+from runtime.train import loss_and_gradients
+from runtime.train.optimizers import Optimizer
+from runtime.train.trainer import TrainConfig, Trainer
+from tests.support.fakes import FakeDevice
+from tests.support.train_models import attention, batch_for, cnn, exported, mlp
+
+WEIGHTS_ATOL = 1e-5
+
+
+def with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        if t.name in weights:
+            t.CopyFrom(numpy_helper.from_array(weights[t.name], t.name))
+    return out
+
+
+class Reference:
+    """The unpipelined step, written here from PyTorch's definitions: the full batch's
+    gradients (`runtime.train.gradients`, checked against central differences elsewhere),
+    then the optimizer in numpy."""
+
+    def __init__(self, optimizer: Optimizer, weights: dict[str, np.ndarray]) -> None:
+        self.o, self.t = optimizer, 0
+        self.w = {k: v.astype(np.float64) for k, v in weights.items()}
+        self.state = {k: [np.zeros_like(v), np.zeros_like(v)] for k, v in self.w.items()}
+
+    def step(self, grads: dict[str, np.ndarray]) -> None:
+        o = self.o
+        self.t += 1
+        for name, g in grads.items():
+            g = g.astype(np.float64)
+            a, b = self.state[name]
+            if o.kind == "sgd":
+                update = g
+            elif o.kind == "momentum":
+                a[...] = o.momentum * a + g
+                update = a
+            else:
+                a[...] = o.beta1 * a + (1 - o.beta1) * g
+                b[...] = o.beta2 * b + (1 - o.beta2) * g * g
+                update = (a / (1 - o.beta1 ** self.t)) / (
+                    np.sqrt(b / (1 - o.beta2 ** self.t)) + o.eps)
+            self.w[name] = self.w[name] - o.lr * update
+
+
+def data_for(model: onnx.ModelProto, rng: np.random.Generator, rows: int, classes: int
+             ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    return batch_for(model, rng, rows), rng.integers(0, classes, rows)
+
+
+@pytest.mark.parametrize(("schedule", "optimizer", "devices", "name"), [
+    ("gpipe", "sgd", "cpu:3", "mlp"), ("1f1b", "momentum", "sim:3", "mlp"),
+    ("1f1b", "adam", "cpu:2", "attention"), ("gpipe", "adam", "cpu:2,sim:2", "cnn_plain"),
+    ("1f1b", "momentum", "sim:3", "exported"),
+])
+def test_pipelined_steps_equal_full_batch_steps(schedule: str, optimizer: str, devices: str,
+                                               name: str) -> None:
+    """Same loss and weights within 1e-5, step after step (the optimizer's state too)."""
+    rng = np.random.default_rng()
+    model = {"mlp": lambda: mlp(rng), "attention": lambda: attention(rng),
+             "cnn_plain": lambda: cnn(rng, batch_norm=False),
+             "exported": lambda: exported_plain(rng)}[name]()
+    classes = model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
+    batch, micro, steps = 12, 4, 3
+    data, labels = data_for(model, rng, batch * steps, classes)
+    opt = Optimizer(optimizer, lr=0.05 if optimizer != "adam" else 0.01)
+    config = TrainConfig(optimizer=opt, batch_size=batch, micro_batches=micro, epochs=1,
+                         schedule=schedule, seed=None)
+    with Trainer(model, data, labels, parse_devices(devices), config) as trainer:
+        assert len(trainer.pipeline.stages) > 1
+        ref = Reference(opt, {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                              if t.data_type == onnx.TensorProto.FLOAT and t.dims})
+        for step in range(steps):
+            rows = np.arange(step * batch, (step + 1) * batch)
+            report = trainer.pipeline.step(trainer._micro_batches(rows), opt.lr, step)
+            current = with_weights(model, {k: v.astype(np.float32) for k, v in ref.w.items()})
+            want_loss, grads = loss_and_gradients(current, {k: v[rows] for k, v in data.items()},
+                                                  labels[rows])
+            ref.step({w: g for w, g in grads.items() if w in ref.w})
+            assert report.loss == pytest.approx(want_loss, abs=1e-5)
+            got = trainer.pipeline.weights()
+            for w, value in ref.w.items():
+                np.testing.assert_allclose(got[w], value, atol=WEIGHTS_ATOL, rtol=0,
+                                           err_msg=f"{w} after step {step}")
+
+
+def exported_plain(rng: np.random.Generator) -> onnx.ModelProto:
+    """`exported` without its batch norm (whose statistics are per micro-batch)."""
+    model = exported(rng)
+    node = next(n for n in model.graph.node if n.op_type == "BatchNormalization")
+    node.CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]],
+                                   name=node.name))
+    kept = [t for t in model.graph.initializer if not t.name.startswith("bn.")]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
+
+
+def spied(trainer: Trainer) -> list[tuple[str, set[str], set[str]]]:
+    """Every run the trainer's devices are given: (key, feed names, output names)."""
+    seen: list[tuple[str, set[str], set[str]]] = []
+    for device in trainer.devices.values():
+        original = device.call
+
+        def call(key, feeds, tag, done, original=original):
+            def landed(outputs, error):
+                seen.append((key, set(feeds), set(outputs or {})))
+                done(outputs, error)
+            original(key, feeds, tag, landed)
+
+        device.call = call  # type: ignore[method-assign]
+    return seen
+
+
+def test_weights_and_optimizer_state_stay_on_their_devices() -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng)
+    data, labels = data_for(model, rng, 32, 3)
+    config = TrainConfig(optimizer=Optimizer("adam", 0.01), batch_size=16, micro_batches=4,
+                         epochs=2, schedule="1f1b")
+    with Trainer(model, data, labels, parse_devices("sim:3"), config) as trainer:
+        seen = spied(trainer)
+        trainer.run()
+        weights = {t.name for t in model.graph.initializer}
+        moved = [(key, (feeds | outs) & weights) for key, feeds, outs in seen
+                 if (feeds | outs) & weights]
+        assert seen and not moved
+        for stage in trainer.pipeline.stages:
+            device = trainer.devices[stage.device]
+            resident = sum(v.nbytes for v in stage.resident.values())
+            assert device.stats().used_bytes >= resident > 0
+
+
+def test_stages_run_at_once_on_their_devices() -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng, sizes=(8, 8, 8, 8, 4))
+    data, labels = data_for(model, rng, 32, 4)
+    config = TrainConfig(batch_size=32, micro_batches=8, schedule="gpipe")
+    devices = parse_devices("sim:4:flops=20M")  # each run held for about a millisecond
+    with Trainer(model, data, labels, devices, config) as trainer:
+        report = trainer.run() and trainer.reports[0]
+    spans = [(r.device, r.start, r.start + r.seconds) for r in report.records if r.seconds]
+    overlapping = {(a[0], b[0]) for a in spans for b in spans
+                   if a[0] != b[0] and a[1] < b[2] and b[1] < a[2]}
+    assert len({d for pair in overlapping for d in pair}) >= 3
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_activations_held_per_schedule(schedule: str) -> None:
+    """GPipe holds all M micro-batches' activations in the first stage; 1F1B at most
+    K - k in stage k."""
+    rng = np.random.default_rng()
+    model = mlp(rng, sizes=(8, 8, 8, 8, 4))
+    micro = 8
+    data, labels = data_for(model, rng, 32, 4)
+    config = TrainConfig(batch_size=32, micro_batches=micro, schedule=schedule)
+    with Trainer(model, data, labels, parse_devices("cpu:4"), config) as trainer:
+        result = trainer.run()
+        one = [trainer.pipeline.kept_bytes(k) for k in range(len(trainer.pipeline.stages))]
+    k = result.stages
+    assert k == 4
+    for stage, (peak, each) in enumerate(zip(result.peak_activation_bytes, one, strict=True)):
+        held = micro if schedule == "gpipe" else min(k - stage, micro)
+        assert peak == held * each, (stage, peak, each)
+
+
+@pytest.mark.parametrize("spec", ["cpu:2", "sim:2", "reference:2"])
+def test_every_device_kind_trains(spec: str) -> None:
+    rng = np.random.default_rng(7)
+    model = cnn(rng)
+    data, labels = data_for(model, rng, 24, 5)
+    config = TrainConfig(optimizer=Optimizer("momentum", 0.05), batch_size=8,
+                         micro_batches=2, epochs=2, seed=3)
+    with Trainer(model, data, labels, parse_devices("cpu:1"), config) as trainer:
+        want = trainer.run()
+    with Trainer(model, data, labels, parse_devices(spec), config) as trainer:
+        got = trainer.run()
+        assert got.stages == 2
+    for a, b in zip(got.epochs, want.epochs, strict=True):
+        assert a.loss == pytest.approx(b.loss, abs=1e-5)
+
+
+def test_batch_norm_running_statistics_are_updated() -> None:
+    """BatchNormalization straight on the input: its running mean after one step is
+    0.9 * 0 + 0.1 * the batch's per-channel mean, its variance likewise (unbiased)."""
+    rng = np.random.default_rng()
+    c = 3
+    weights = {"s": np.ones(c, np.float32), "b": np.zeros(c, np.float32),
+               "m": np.zeros(c, np.float32), "v": np.ones(c, np.float32),
+               "w": rng.standard_normal((c * 4, 2)).astype(np.float32)}
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Flatten", ["n"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, ["batch", c, 2, 2])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x = rng.standard_normal((8, c, 2, 2)).astype(np.float32) * 3 + 1
+    config = TrainConfig(batch_size=8, micro_batches=1, seed=None)
+    with Trainer(model, {"x": x}, rng.integers(0, 2, 8), parse_devices("cpu:1"),
+                 config) as trainer:
+        trainer.run()
+        trained = {t.name: numpy_helper.to_array(t)
+                   for t in trainer.trained_model().graph.initializer}
+    np.testing.assert_allclose(trained["m"], 0.1 * x.mean(axis=(0, 2, 3)), atol=1e-5)
+    np.testing.assert_allclose(trained["v"], 0.9 + 0.1 * x.var(axis=(0, 2, 3), ddof=1),
+                               atol=1e-4)
+
+
+def test_every_stage_step_is_an_event() -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng)
+    data, labels = data_for(model, rng, 32, 3)
+    bus = EventBus()
+    seen = bus.subscribe(maxlen=100_000)
+    config = TrainConfig(batch_size=16, micro_batches=4, epochs=2)
+    with Trainer(model, data, labels, parse_devices("cpu:3"), config, bus=bus) as trainer:
+        result = trainer.run()
+    got = seen.drain()
+    kinds = [e.kind for e in got]
+    steps = result.steps
+    assert kinds.count("train.started") == 1 and kinds.count("train.finished") == 1
+    assert kinds.count("train.epoch.finished") == 2
+    assert kinds.count("train.step.started") == kinds.count("train.step.finished") == steps
+    stage_steps = [e for e in got if e.kind == "train.stage.finished"]
+    assert len(stage_steps) == steps * result.stages * (2 * 4 + 1)
+    assert {e["phase"] for e in stage_steps} == {"forward", "backward", "update"}
+    runs = [e for e in got if e.kind == "partition.run.finished"]
+    assert runs and all(e["network"] == trainer.name for e in runs)
+    for e in got:
+        assert not set(EVENT_KINDS.get(e.kind, ())) - set(e.fields), e.kind
+        assert Event.from_json(e.to_json()) == e
+
+
+def test_the_trained_model_runs_in_plain_onnxruntime_and_learned() -> None:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    model = mlp(rng, sizes=(6, 16, 16, 3))
+    x = rng.standard_normal((96, 6)).astype(np.float32)
+    labels = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)
+    config = TrainConfig(optimizer=Optimizer("adam", 0.02), batch_size=16, micro_batches=2,
+                         epochs=15)
+    with Trainer(model, {"x": x}, labels, parse_devices("cpu:2"), config) as trainer:
+        result = trainer.run()
+        trained = trainer.trained_model()
+    assert result.epochs[-1].loss < 0.5 * result.epochs[0].loss
+    session = ort.InferenceSession(trained.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    accuracy = float(np.mean(session.run(None, {"x": x})[0].argmax(1) == labels))
+    assert accuracy > 0.8
+    assert [n.op_type for n in trained.graph.node] == [n.op_type for n in model.graph.node]
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"data": {}}, "no array 'x'"),
+    ({"labels": np.zeros(31, np.int64)}, "x has 32 rows but labels has 31"),
+    ({"data": {"x": np.zeros((32, 6), np.float64)}}, "'x'"),
+    ({"data": {"x": np.zeros((32, 5), np.float32)}}, "'x'"),
+    ({"labels": np.zeros((32, 3))}, "integer class labels"),
+    ({"config": {"batch_size": 64}}, "32 samples are fewer than one batch of 64"),
+    ({"config": {"batch_size": 16, "micro_batches": 3}}, "does not split into 3"),
+    ({"config": {"schedule": "zigzag"}}, "unknown schedule"),
+])
+def test_bad_input_is_one_line(change: dict, says: str) -> None:
+    rng = np.random.default_rng()
+    model = mlp(rng)
+    data = change.get("data", {"x": rng.standard_normal((32, 6)).astype(np.float32)})
+    labels = change.get("labels", rng.integers(0, 3, 32))
+    with pytest.raises(Exception) as info:
+        config = TrainConfig(**{"batch_size": 8, **change.get("config", {})})
+        Trainer(model, data, labels, parse_devices("cpu:2"), config)
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert isinstance(info.value, TrainingError) or "input" in str(info.value)
+
+
+def test_a_device_that_cannot_keep_weights_is_refused() -> None:
+    """A device of another kind (a Ray actor, a fake) keeps no resident tensors."""
+    device = FakeDevice(DeviceConfig("fake0"))
+    try:
+        with pytest.raises(ProvisionError, match=r"fake0 .* cannot keep tensors between runs"):
+            device.place({"w": np.zeros(2)})
+    finally:
+        device.close()
