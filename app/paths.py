@@ -20,7 +20,8 @@ OUTPUTS = {"output": "-o", "dot": "--dot", "record": "--record", "trace": "--tra
 INPUTS = {"model": "the model", "bundle": "the bundle", "models": "the model",
           "inputs": "--inputs", "annotate": "--annotate", "partition": "--partition",
           "devices": "--devices", "profile": "--profile", "calibrate": "--calibrate",
-          "replay": "--replay", "model_repository": "--model-repository"}
+          "replay": "--replay", "model_repository": "--model-repository",
+          "data": "--data"}
 
 
 class OutputError(Exception):

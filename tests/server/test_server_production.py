@@ -611,7 +611,8 @@ def _link(kind: str, target: Path, at: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["same", "symlink", "hardlink"])
 @pytest.mark.parametrize("command", ["export-onnx", "compile", "run --trace", "run --record",
-                                     "partition --dot", "quantize", "profile"])
+                                     "partition --dot", "quantize", "profile", "train",
+                                     "train --data"])
 def test_no_command_writes_over_its_input(capsys, tmp_path, bundle, command, kind):
     """Before: `export-onnx b.prism -o b.prism`, `compile m.onnx -o m.onnx` and `run --trace
     m.onnx` destroyed their input and exited 0."""
@@ -619,7 +620,8 @@ def test_no_command_writes_over_its_input(capsys, tmp_path, bundle, command, kin
     model.write_bytes(MLP.read_bytes())
     inputs = tmp_path / "x.npz"
     np.savez(inputs, x=mlp_feeds(np.random.default_rng(), 4)["x"])
-    source = {"export-onnx": tmp_path / "b.prism", "profile": inputs}.get(command, model)
+    source = {"export-onnx": tmp_path / "b.prism", "profile": inputs,
+              "train --data": inputs}.get(command, model)
     if command == "export-onnx":
         source.write_bytes(bundle.read_bytes())
     target = _link(kind, source, tmp_path / f"out{source.suffix}")
@@ -632,6 +634,8 @@ def test_no_command_writes_over_its_input(capsys, tmp_path, bundle, command, kin
                             str(target)],
         "quantize": ["quantize", str(model), "--calibrate", str(inputs), "-o", str(target)],
         "profile": ["profile", str(model), "--inputs", str(inputs), "-o", str(target)],
+        **{train: ["train", str(model), "--data", str(inputs), "--labels", "y", "--devices",
+                   "cpu:1", "-o", str(target)] for train in ("train", "train --data")},
     }[command]
     before = hashlib.sha256(source.read_bytes()).hexdigest()
     line = one_line_error(capsys, argv)
