@@ -89,6 +89,7 @@ def publish_plan(bus: Any, name: str, steps: Sequence[Step], plan: Plan) -> None
                     nodes=list(step.nodes))
     bus.publish("partition.planned", network=name, mode=plan.mode,
                 bottleneck_seconds=plan.bottleneck_seconds,
+                lower_bound_seconds=plan.lower_bound_seconds, costs=plan.costs,
                 partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
                              "est_seconds": p.est_seconds} for p in plan.partitions])
 
@@ -114,6 +115,24 @@ def place_replicas(name: str, plan: Plan, made: Mapping[str, Program],
         raise
     return tuple(loaded), tuple(Executor(face, replica, name, bus, None if graph is None else [
         OutputCheck.of(graph, lp.partition.outputs) for lp in replica]) for replica in loaded)
+
+
+def free_bytes(devices: Mapping[str, Device]) -> dict[str, int]:
+    """Device -> the bytes free now, for each device other networks already use: what a
+    new network's plan may fill. Counting the new network's activations on top of the
+    arena a device already has is conservative (a device shares one arena among its
+    programs), so what the plan fits, the device takes."""
+    return {d.name: d.free_bytes for d in devices.values() if d.used_bytes}
+
+
+def as_loaded(plan: Plan, replica: Sequence[LoadedPartition],
+              devices: Mapping[str, Device]) -> Plan:
+    """The plan naming the devices its first replica's partitions were loaded on (a
+    provisioner finding a planned device full loads onto a twin), each with its own
+    configuration (its whole memory, not what was free when the plan was made)."""
+    where = {lp.partition.name: lp.device.name for lp in replica}
+    return plan.moved(where, {name: devices[name].config for name in {
+        *where.values(), *(d.name for d in plan.devices if d.name in devices)}})
 
 
 def device_pool(devices: Mapping[str, Device], names: Sequence[str]) -> dict[str, Device]:
