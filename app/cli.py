@@ -93,7 +93,15 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> N
                              "fallback = device")
     parser.add_argument("--fallback", metavar="DEVICE",
                         help="device for nodes their preferred device cannot run")
+    _add_costs_arg(parser)
     _add_ray_arg(parser)
+
+
+def _add_costs_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--costs", choices=("measured", "model"), default=None,
+                        help="what plans are made with: measured (default: cpu and ray "
+                             "devices' node times timed on this machine at the first load, "
+                             "then cached) or model (the roofline)")
 
 
 def _add_ray_arg(parser: argparse.ArgumentParser) -> None:

@@ -72,15 +72,34 @@ def fingerprint(graph: Graph) -> str:
     return digest.hexdigest()
 
 
+def _machine() -> list[str]:
+    """What every entry depends on besides the network: versions and the processor."""
+    ours = versions(())
+    return [ours["prism"], installed("onnxruntime"), ours["python"], cpu_model(), str(FORMAT)]
+
+
 class TimingsCache:
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = Path(directory) if directory is not None else cache_dir()
 
     def key(self, graph: Graph, kind: str) -> str:
-        ours = versions(())
-        context = [fingerprint(graph), kind, ours["prism"], installed("onnxruntime"),
-                   ours["python"], cpu_model(), str(FORMAT)]
+        context = [fingerprint(graph), kind, *_machine()]
         return hashlib.sha256("\n".join(context).encode()).hexdigest()[:32]
+
+    def hop_path(self, kind: str) -> Path:
+        digest = hashlib.sha256("\n".join(["hop", kind, *_machine()]).encode()).hexdigest()
+        return self.directory / "costs" / f"hop-{digest[:32]}.json"
+
+    def get_hop(self, kind: str) -> float | None:
+        """The dispatch seconds measured for devices of `kind` (`cpu/1`) on this machine."""
+        try:
+            return float(json.loads(self.hop_path(kind).read_text(encoding="utf-8"))["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put_hop(self, kind: str, seconds: float) -> Path | None:
+        return self._write(self.hop_path(kind), {"format": FORMAT, "kind": kind,
+                                                 "cpu": cpu_model(), "seconds": seconds})
 
     def path(self, graph: Graph, kind: str) -> Path:
         return self.directory / "costs" / f"{self.key(graph, kind)}.json"
@@ -95,10 +114,13 @@ class TimingsCache:
     def put(self, graph: Graph, kind: str, timings: Timings) -> Path | None:
         """Store the times (atomically: a reader sees the old file or the new); the path,
         or None when the cache cannot be written."""
-        path = self.path(graph, kind)
         entry = {"format": FORMAT, "network": graph.name, "kind": kind, "cpu": cpu_model(),
                  "onnxruntime": installed("onnxruntime"), "prism": versions(())["prism"],
                  "timings": timings.to_dict()}
+        return self._write(self.path(graph, kind), entry)
+
+    @staticmethod
+    def _write(path: Path, entry: dict) -> Path | None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp",

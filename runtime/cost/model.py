@@ -32,8 +32,6 @@ from runtime.cost.roofline import (
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 
-COSTS = ("measured", "model")  # what `costs=` takes: measured on this machine, or the roofline
-
 
 def kind_of(device: DeviceConfig) -> str | None:
     """The kind of device measured times carry over between (onnxruntime's CPU provider at

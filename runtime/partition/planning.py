@@ -56,10 +56,11 @@ def checked_costs(costs: CostsSpec | None) -> CostsSpec:
 
 def measured_model(graph: Graph, devices: Sequence[DeviceConfig],
                    hops: Mapping[str, float] | None = None,
-                   on_progress: Progress | None = None, cache: TimingsCache | None = None
-                   ) -> tuple[CostModel, list[str]]:
+                   on_progress: Progress | None = None, cache: TimingsCache | None = None,
+                   measure: bool = True) -> tuple[CostModel, list[str]]:
     """The measured cost model for these devices and the kinds measured just now (the
-    others came from the cache, or stay on the roofline when they cannot be measured)."""
+    others came from the cache, or stay on the roofline when they cannot be measured;
+    `measure=False`: the cache's times only)."""
     cache = cache or TimingsCache()
     timings: dict[str, Timings] = {}
     fresh = []
@@ -68,22 +69,31 @@ def measured_model(graph: Graph, devices: Sequence[DeviceConfig],
         if kind is None or kind in timings:
             continue
         known = cache.get(graph, kind)
-        if known is None:
+        if known is None and measure:
             known = measure_nodes(graph, device, on_progress)
             if known is not None:
                 fresh.append(kind)
         if known is not None:
             timings[kind] = known
-    hops = dict(hops) if hops is not None else _process_hops(devices) if timings else {}
+    hops = dict(hops) if hops is not None else cpu_hops(devices, cache) if timings else {}
     return CostModel(CostModel.roofline(graph).costs, timings, hops), fresh
 
 
-def _process_hops(devices: Sequence[DeviceConfig]) -> dict[str, float]:
-    """The dispatch cost of in-process `cpu` devices, measured on devices opened for it."""
+def cpu_hops(devices: Sequence[DeviceConfig], cache: TimingsCache | None = None
+             ) -> dict[str, float]:
+    """The dispatch cost of in-process `cpu` devices (`{"cpu": seconds}`, or {} without
+    one): from the cache, else measured on two opened for it and cached."""
     from runtime.devices.hop import process_hop
 
     threads = next((d.threads for d in devices if d.backend == "cpu"), None)
-    hop = process_hop(threads) if threads is not None else None
+    if threads is None:
+        return {}
+    cache = cache or TimingsCache()
+    hop = cache.get_hop(f"cpu/{threads}")
+    if hop is None:
+        hop = process_hop(threads)
+        if hop is not None:
+            cache.put_hop(f"cpu/{threads}", hop)
     return {} if hop is None else {"cpu": hop}
 
 
@@ -140,6 +150,29 @@ def plan_network(graph: Graph, devices: Sequence[DeviceConfig],
         for kind in fresh:
             (cache or TimingsCache()).put(graph, kind, model.timings[kind])
     return steps, plan
+
+
+def live_costs(graph: Graph, plan: Plan, seconds: Mapping[str, float],
+               hops: Mapping[str, float] | None = None, cache: TimingsCache | None = None
+               ) -> CostModel:
+    """The cost model a running plan's own run times make: each partition's nodes scaled
+    so that, with its fixed run cost, they sum to the (median) seconds its runs took
+    (`seconds`: partition -> run time); nodes of partitions that have not run keep the
+    times this machine's cache has for them (or the roofline's); devices of a modelled
+    kind (`sim`) keep their model. Re-planning with it moves work off the stages that
+    ran slower than planned. `hops`: as for `plan_network` (default: measured here)."""
+    base, _ = measured_model(graph, plan.devices, {}, cache=cache, measure=False)
+    roofline = CostModel.roofline(graph)
+    timings = dict(base.timings)
+    for device in plan.devices:
+        kind = kind_of(device)
+        if kind is not None and kind not in timings:
+            timings[kind] = Timings({n.name: roofline.node_seconds(n.name, device)
+                                     for n in graph.nodes})
+    hops = dict(hops) if hops is not None else cpu_hops(plan.devices, cache)
+    scaled = refined(CostModel(base.costs, timings, hops), plan, seconds)
+    return CostModel(scaled.costs, {kind: Timings(t.nodes, t.run_seconds, "live")
+                                    for kind, t in scaled.timings.items()}, scaled.hops)
 
 
 def _assignment(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
