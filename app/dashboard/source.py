@@ -185,6 +185,11 @@ class RuntimeSource(Protocol):
     def repartition(self, mode: str | None = None, devices: str | None = None,
                     model: str | Path | None = None) -> Plan: ...
 
+    def replan_measured(self, seconds: Mapping[str, float]) -> Plan:
+        """Re-plan the running network on the run times its partitions showed (`seconds`:
+        partition -> median run time), as `repartition` does."""
+        ...
+
     def start_recording(self, path: str | Path) -> str: ...
 
     def stop_recording(self) -> str | None: ...
@@ -211,6 +216,9 @@ class ReadOnly:
     def repartition(self, mode: str | None = None, devices: str | None = None,
                     model: str | Path | None = None) -> Plan:
         raise self._refuse("re-partition")
+
+    def replan_measured(self, seconds: Mapping[str, float]) -> Plan:
+        raise self._refuse("re-plan from measurements")
 
     def start_recording(self, path: str | Path) -> str:
         raise self._refuse("record")
