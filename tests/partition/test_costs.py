@@ -5,6 +5,7 @@ what is checked is where times come from and where they go."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +142,7 @@ def _chain(n: int) -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
     names = ["x", *(f"h{i}" for i in range(n - 1)), "y"]
     nodes = [helper.make_node("Relu", [a], [b], name=f"r{i}")
-             for i, (a, b) in enumerate(zip(names, names[1:], strict=False))]
+             for i, (a, b) in enumerate(itertools.pairwise(names))]
     model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
