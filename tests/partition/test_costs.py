@@ -233,3 +233,27 @@ def test_a_host_measures_by_default_and_says_so_on_the_bus(monkeypatch, tmp_path
         x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
         outs = [host.infer(n, {"image": x})["logits"] for n in ("cnn", "cnn2", "cnn3")]
         np.testing.assert_allclose(outs[0], outs[2], rtol=1e-5, atol=1e-5)
+
+
+def test_replicas_auto_is_decided_on_the_costs_the_plan_is_made_with():
+    """Non-twin devices (4 threads and 1): the roofline shares the work between them in
+    a pipeline; measured (here: set so), the one-thread device is a hundred times slower,
+    so the network stays whole on the other. `auto` follows the model it is given."""
+    graph = load_graph(CNN)
+    devices = [DeviceConfig(name="big", threads=4), DeviceConfig(name="small")]
+    measured = CostModel(CostModel.roofline(graph).costs, {
+        kind_of(d): Timings({n.name: per_node for n in graph.nodes}, 5e-6)
+        for d, per_node in zip(devices, (2e-5, 2e-3), strict=True)}, {"cpu": 1e-5})
+
+    def rate(plan) -> float:
+        return 1 / plan.bottleneck_seconds
+
+    for model in (CostModel.roofline(graph), measured):
+        _, auto = plan_network(graph, devices, replicas="auto", costs=model)
+        options = [partition(graph, devices[:k], "balanced", costs=model) for k in (1, 2)]
+        assert rate(auto) == pytest.approx(max(rate(p) for p in options))
+        assert auto.costs == model.name
+    _, roofline = plan_network(graph, devices, replicas="auto", costs=CostModel.roofline(graph))
+    _, timed = plan_network(graph, devices, replicas="auto", costs=measured)
+    assert len({p.device for p in roofline.partitions}) == 2
+    assert {p.device for p in timed.partitions} == {"big"}

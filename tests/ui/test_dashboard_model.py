@@ -362,7 +362,7 @@ def test_a_network_from_a_bundle_shows_its_origin_schedule_and_recorded_steps(
         assert [r.device for r in rows] == [p.device for p in view.plan.partitions]
         assert all(r.color == view.colors[r.device] for r in rows)
         with monkeypatch.context() as m:  # the stepper must not partition again
-            m.setattr("app.dashboard.source.partition_steps", _no_partitioning)
+            m.setattr("app.dashboard.source.plan_network", _no_partitioning)
             steps = model.stepper().run
         assert list(steps.steps) == _recorded_steps(path)
         assert steps.plan.partitions == compiled.plan.partitions
