@@ -24,19 +24,27 @@ POLL = 0.1  # seconds between looks at the host's events while it loads
 
 @contextmanager
 def measuring(console: Console) -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback `(what, done, total)`; the bar shows once something is measured."""
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = None
+    """A progress callback `(what, done, total)`; the bar starts with the first report (a
+    load that measures nothing prints nothing)."""
+    bar: Progress | None = None
+    task = None
 
-        def report(what: str, done: int, total: int) -> None:
-            nonlocal task
-            if task is None:
-                task = bar.add_task(what, total=total or None)
-            bar.update(task, description=what, completed=done, total=total or None)
+    def report(what: str, done: int, total: int) -> None:
+        nonlocal bar, task
+        if bar is None:
+            bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                           MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                           transient=True)
+            bar.start()
+            task = bar.add_task(what, total=total or None)
+        assert task is not None
+        bar.update(task, description=what, completed=done, total=total or None)
 
+    try:
         yield report
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def add_network_measuring(host: HostManager, console: Console, name: str, model: Any,

@@ -44,7 +44,8 @@ def test_catalogue_names():
         "network", "request", "partition", "device", "queue_wait", "run_seconds")
     assert EVENT_KINDS["bus.lost"] == ("lost",)
     assert EVENT_KINDS["device.worker.replaced"] == ("device", "error")
-    assert len(EVENT_KINDS) == 18
+    assert EVENT_KINDS["cost.measure"] == ("network", "what", "done", "total")
+    assert len(EVENT_KINDS) == 19
 
 
 def test_publish_order_across_threads():
