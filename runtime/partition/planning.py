@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from runtime.cost import COSTS, CostModel, Timings, kind_of
 from runtime.cost.cache import TimingsCache
@@ -97,25 +98,55 @@ def cpu_hops(devices: Sequence[DeviceConfig], cache: TimingsCache | None = None
     return {} if hop is None else {"cpu": hop}
 
 
+@dataclass
+class Planned:
+    """A plan, the steps that made it, the cost model it was made with, the device kinds
+    measured for it just now (their times are not cached yet: `store`), and how to plan
+    again on other costs (`replan`)."""
+
+    steps: list[Step]
+    plan: Plan
+    model: CostModel
+    fresh: list[str]
+    replan: Callable[[CostModel], tuple[list[Step], Plan]]
+    cache: TimingsCache
+
+    def store(self, graph: Graph) -> None:
+        """Keep what was measured for the next load."""
+        for kind in self.fresh:
+            self.cache.put(graph, kind, self.model.timings[kind])
+
+
 def plan_network(graph: Graph, devices: Sequence[DeviceConfig],
-                 partition: PartitionSpec = "balanced", *,
-                 annotations: str | Path | Mapping | None = None, fallback: str | None = None,
-                 replicas: int | str = 1, on_step: Callable[[Step], None] | None = None,
-                 costs: CostsSpec | None = None, hops: Mapping[str, float] | None = None,
-                 on_progress: Progress | None = None, cache: TimingsCache | None = None,
-                 free: Mapping[str, int] | None = None) -> tuple[list[Step], Plan]:
-    """The plan and the partitioner's steps that made it. A replica search may try several
-    device sets: `on_step` sees every step of every try (for progress), the steps returned
-    are the kept plan's. `hops`: measured dispatch seconds by backend (a host measures
-    its own devices'); `on_progress(what, done, total)` hears about measuring. `free`:
-    device -> bytes it has free (other networks loaded): a mode's plan fits those (a
-    user's map puts partitions where it says; a provisioner finding the device full
-    uses a twin), and names the devices with their own configurations."""
+                 partition: PartitionSpec = "balanced", **options: Any
+                 ) -> tuple[list[Step], Plan]:
+    """The plan and the partitioner's steps that made it (`make_plan`, with what it
+    measured cached)."""
+    made = make_plan(graph, devices, partition, **options)
+    made.store(graph)
+    return made.steps, made.plan
+
+
+def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
+              partition: PartitionSpec = "balanced", *,
+              annotations: str | Path | Mapping | None = None, fallback: str | None = None,
+              replicas: int | str = 1, on_step: Callable[[Step], None] | None = None,
+              costs: CostsSpec | None = None, hops: Mapping[str, float] | None = None,
+              on_progress: Progress | None = None, cache: TimingsCache | None = None,
+              free: Mapping[str, int] | None = None) -> Planned:
+    """The plan, the partitioner's steps that made it and its cost model. A replica
+    search may try several device sets: `on_step` sees every step of every try (for
+    progress), the steps returned are the kept plan's. `hops`: measured dispatch seconds
+    by backend (a host measures its own devices'); `on_progress(what, done, total)` hears
+    about measuring. `free`: device -> bytes it has free (other networks loaded): a mode's
+    plan fits those (a user's map puts partitions where it says; a provisioner finding
+    the device full uses a twin), and names the devices with their own configurations."""
     if isinstance(partition, str) and partition in MODES:
         mode, user_map = partition, None
     else:
         mode, user_map = "user", partition
     costs = checked_costs(costs)
+    cache = cache or TimingsCache()
     room_for = dict(free or {}) if mode != "user" else {}
     fresh: list[str] = []
     if isinstance(costs, CostModel):
@@ -147,9 +178,7 @@ def plan_network(graph: Graph, devices: Sequence[DeviceConfig],
     steps, plan = planned(model)
     if fresh:
         steps, plan, model = _refine(graph, model, steps, plan, planned, on_progress)
-        for kind in fresh:
-            (cache or TimingsCache()).put(graph, kind, model.timings[kind])
-    return steps, plan
+    return Planned(steps, plan, model, fresh, planned, cache)
 
 
 def live_costs(graph: Graph, plan: Plan, seconds: Mapping[str, float],
@@ -173,6 +202,11 @@ def live_costs(graph: Graph, plan: Plan, seconds: Mapping[str, float],
     scaled = refined(CostModel(base.costs, timings, hops), plan, seconds)
     return CostModel(scaled.costs, {kind: Timings(t.nodes, t.run_seconds, "live")
                                     for kind, t in scaled.timings.items()}, scaled.hops)
+
+
+def same_assignment(a: Plan, b: Plan) -> bool:
+    """Do the plans put the same nodes on the same devices, partition by partition?"""
+    return _assignment(a) == _assignment(b)
 
 
 def _assignment(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:

@@ -111,7 +111,7 @@ def place_replicas(name: str, plan: Plan, made: Mapping[str, Program],
                                           tag=f"#{r}" if r else "", bus=bus, onto=onto,
                                           groups=groups)))
     except BaseException:
-        _unload(name, loaded, bus)
+        unload_replicas(name, loaded, bus)
         raise
     return tuple(loaded), tuple(Executor(face, replica, name, bus, None if graph is None else [
         OutputCheck.of(graph, lp.partition.outputs) for lp in replica]) for replica in loaded)
@@ -146,11 +146,13 @@ def device_pool(devices: Mapping[str, Device], names: Sequence[str]) -> dict[str
 
 def unload_network(net: LoadedNetwork, bus: Any) -> None:
     """Unload every replica, then let go of the bundle file it was loaded from, if any."""
-    _unload(net.name, net.loaded, bus)
+    unload_replicas(net.name, net.loaded, bus)
     if net.bundle is not None:
         net.bundle.close()
 
 
-def _unload(name: str, loaded: Sequence[Sequence[LoadedPartition]], bus: Any) -> None:
+def unload_replicas(name: str, loaded: Sequence[Sequence[LoadedPartition]], bus: Any
+                    ) -> None:
+    """Unload every loaded replica of network `name`."""
     for replica in loaded:
         unload(replica, network=name, bus=bus)
