@@ -236,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--partition", choices=("balanced", "memory"),
                        help="partition mode for the models loaded at start (default balanced, "
                             "or the model's config.pbtxt)")
+    _add_costs_arg(serve)
     _add_serving_args(serve)
     serve.add_argument("--max-queue", type=int, default=1024, metavar="N",
                        help="requests that may wait (default 1024); more get 503")
