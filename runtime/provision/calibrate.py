@@ -10,6 +10,13 @@ partition, `BURST_SECONDS` at most, `2 x` partitions in flight, feeds drawn as f
 measuring), reads each partition's median run time from its `partition.run.finished`
 events, scales its nodes to it (`measure.refined`) and plans again; a plan that changes
 is loaded in place of the old and checked the same way (`ROUNDS` at most).
+
+What a burst sees beyond the runtime's own cost is not the network's: on a machine other
+work shares, a stage's thread may lose its core for half its runs, and that must not be
+cached as the network's time. So a partition is taken to run under load at most
+`LOAD_WAIT_MAX` (a GIL wait after each run: tens of microseconds, docs/performance.md)
+or `LOAD_SHARE_MAX` of its time alone (shared caches and memory), whichever is more,
+above what it ran alone (`bounded`); a burst that saw it run faster is believed.
 """
 
 from __future__ import annotations
@@ -30,6 +37,14 @@ BURST_RUNS = 60  # runs of every partition
 BURST_SECONDS = 2.0  # at most, however few runs that leaves
 ROUNDS = 2  # plans checked under load, the first included
 DRAIN_SECONDS = 10.0  # bound on waiting for the requests in flight at the end
+LOAD_WAIT_MAX = 50e-6  # seconds a run may wait under load beyond its time alone...
+LOAD_SHARE_MAX = 0.2  # ... or this share of it, whichever is more
+
+
+def bounded(alone: float, loaded: float) -> float:
+    """A partition's run time under load as the cost model takes it: what the burst saw,
+    at most LOAD_WAIT_MAX or LOAD_SHARE_MAX more than its time alone."""
+    return min(loaded, alone + max(LOAD_WAIT_MAX, LOAD_SHARE_MAX * alone))
 
 
 def loaded_medians(network: str, replica: Sequence[LoadedPartition], face: Signature,

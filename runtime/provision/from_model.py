@@ -31,7 +31,7 @@ from runtime.partition.planning import (
 )
 from runtime.partition.replicas import further, twin_maps
 from runtime.partition.submodel import extract
-from runtime.provision.calibrate import ROUNDS, loaded_medians
+from runtime.provision.calibrate import ROUNDS, bounded, loaded_medians
 from runtime.provision.hops import device_hops
 from runtime.provision.network import (
     LoadedNetwork,
@@ -117,7 +117,9 @@ def _under_load(name: str, graph: Graph, made: Planned, face: Signature,
             raise
         if medians is None:
             break
-        made.model = refined(made.model, made.plan, medians)
+        alone = {p.name: p.est_seconds for p in made.plan.partitions}
+        made.model = refined(made.model, made.plan,
+                             {p: bounded(alone[p], seconds) for p, seconds in medians.items()})
         steps, plan = made.replan(made.model)
         moved = not same_assignment(plan, made.plan)
         made.steps, made.plan = steps, plan
