@@ -75,6 +75,7 @@ class Run:
     plan: Plan
     p50: dict[str, float]  # partition -> median run time under the load
     load_seconds: float  # add_network, measuring included
+    cores: float  # CPU seconds this process used per second of the load: what it was given
 
 
 def pipelined(net: Network, devices: list[DeviceConfig], requests: int, **options) -> Run:
@@ -87,13 +88,15 @@ def pipelined(net: Network, devices: list[DeviceConfig], requests: int, **option
         LoadGenerator(host, net.name, concurrency=CLIENTS, requests=CLIENTS * 10,
                       feeds=net.feeds, bindings=net.bindings).measure()  # warm
         runs = host.bus.subscribe(maxlen=requests * 4, kinds=("partition.run.finished",))
+        cpu, wall = time.process_time(), time.perf_counter()
         rate = LoadGenerator(host, net.name, concurrency=CLIENTS, requests=requests,
                              feeds=net.feeds, bindings=net.bindings).measure()
+        cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
         metrics = Metrics(samples=requests)
         metrics.feed(runs.drain())
     stats = metrics.snapshot().partitions
     return Run(rate, plan, {p.name: stats[f"{net.name}/{p.name}"].p50
-                            for p in plan.partitions}, loaded)
+                            for p in plan.partitions}, loaded, cores)
 
 
 def bound_gaps(quick: bool) -> list[dict]:
@@ -130,7 +133,7 @@ def estimates(quick: bool) -> list[dict]:
         out.append(result(f"{net.name} on cpu:2: worst estimate off its p50 under load",
                           100 * worst, "%", "<= 25", worst <= 0.25,
                           f"{detail}; {run.plan.costs} costs; first load "
-                          f"{run.load_seconds:.2f} s"))
+                          f"{run.load_seconds:.2f} s; the process got {run.cores:.2f} cores"))
         out.append(result(f"{net.name} on cpu:2: slowest stage / fastest (p50)", balance, "x",
                           "<= 1.15", balance <= 1.15, f"{len(stages)} stages"))
         out.append(result(f"{net.name} on cpu:2: weight tensors crossing devices per request",
