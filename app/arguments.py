@@ -84,7 +84,7 @@ def network_options(args: argparse.Namespace) -> dict:
     mode, user_map = mode_and_map(args.partition)
     return {"partition": user_map or mode, "bindings": bindings(args.bind, args.model),
             "annotations": args.annotate, "fallback": args.fallback,
-            "batching": _batching(args), "replicas": args.replicas or 1}
+            "batching": _batching(args), "replicas": args.replicas or 1, "costs": args.costs}
 
 
 def load_options(args: argparse.Namespace) -> dict:
@@ -98,7 +98,8 @@ def load_options(args: argparse.Namespace) -> dict:
         return network_options(args)
     return {"partition": args.partition, "bindings": bindings(args.bind) or None,
             "annotations": args.annotate, "fallback": args.fallback,
-            "batching": _batching(args), "replicas": args.replicas, "remap": remap}
+            "batching": _batching(args), "replicas": args.replicas, "remap": remap,
+            "costs": args.costs}
 
 
 def output_file(path: str, flag: str) -> Path:

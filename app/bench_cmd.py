@@ -14,6 +14,7 @@ from rich.text import Text
 from app.arguments import load_options
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
+from app.measuring import add_network_measuring
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.model).stem
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:
-        host.add_network(name, args.model, **options)
+        add_network_measuring(host, plain_console(stderr=True), name, args.model, **options)
         graph = host.graph(name)
         load = LoadGenerator(host, name, concurrency=args.concurrency, requests=args.requests,
                              bindings=options["bindings"])

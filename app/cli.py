@@ -100,7 +100,15 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> N
                              "fallback = device")
     parser.add_argument("--fallback", metavar="DEVICE",
                         help="device for nodes their preferred device cannot run")
+    _add_costs_arg(parser)
     _add_ray_arg(parser)
+
+
+def _add_costs_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--costs", choices=("measured", "model"), default=None,
+                        help="what plans are made with: measured (default: cpu and ray "
+                             "devices' node times timed on this machine at the first load, "
+                             "then cached) or model (the roofline)")
 
 
 def _add_ray_arg(parser: argparse.ArgumentParser) -> None:
@@ -239,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--partition", choices=("balanced", "memory"),
                        help="partition mode for the models loaded at start (default balanced, "
                             "or the model's config.pbtxt)")
+    _add_costs_arg(serve)
     _add_serving_args(serve)
     serve.add_argument("--max-queue", type=_number(int, 1, MAX_QUEUE), default=1024,
                        metavar="N", help="requests that may wait (default 1024); more get 503")

@@ -25,6 +25,7 @@ from app.defaults import DEFAULT_MODEL, DEFAULT_RATE, default_devices
 from app.loadgen import LoadGenerator
 from runtime.bundle.contents import open_contents
 from runtime.bundle.reader import is_bundle
+from runtime.cost import CostModel
 from runtime.devices import parse_devices
 from runtime.devices.device import DeviceStats
 from runtime.errors import DeviceMemoryError, PrismError
@@ -32,6 +33,7 @@ from runtime.host import HostManager
 from runtime.observe.events import Event, JsonlRecorder, write_jsonl
 from runtime.partition import Plan
 from runtime.partition.dot import Outline
+from runtime.partition.planning import live_costs
 
 MAX_QUEUE = 1000
 EVENTS_KEPT = 100_000  # events the dashboard's subscription holds between two polls
@@ -79,10 +81,11 @@ class LiveRuntime:
         self.mode = self._plan.mode
         self._outline = Outline.of(host.graph(self.network))
 
-    def _add(self, host: HostManager, name: str, model: Path, mode: str | None) -> Plan:
+    def _add(self, host: HostManager, name: str, model: Path, mode: str | None,
+             costs: CostModel | None = None) -> Plan:
         """`add_network`, with `--remap` for the bundle it was given for."""
         path, remap = self._remap
-        return host.add_network(name, model, partition=mode,
+        return host.add_network(name, model, partition=mode, costs=costs,
                                 remap=remap if remap and model.resolve() == path else None)
 
     def _start_load(self, paused: bool = False) -> None:
@@ -201,7 +204,19 @@ class LiveRuntime:
             self._replace_network(new_model, new_mode)
         return self._plan
 
-    def _replace_network(self, model: Path, mode: str | None) -> None:
+    def replan_measured(self, seconds: Mapping[str, float]) -> Plan:
+        """Re-plan the running network with its partitions' measured run times
+        (`planning.live_costs`): load the new plan beside the old, then switch the load."""
+        if is_bundle(self.model):
+            raise PrismError(f"{self.model.name} is a bundle, planned when it was compiled: "
+                             f"recompile it to plan it again")
+        host = self._running()
+        costs = live_costs(host.graph(self.network), self._plan, seconds)
+        self._replace_network(self.model, self.mode, costs)
+        return self._plan
+
+    def _replace_network(self, model: Path, mode: str | None,
+                         costs: CostModel | None = None) -> None:
         """Load the new plan beside the old one (the old keeps serving if it fails), then
         switch the load over. If both do not fit, the old one goes first and comes back
         should the new one fail."""
@@ -210,13 +225,13 @@ class LiveRuntime:
         name, old = f"{model.stem}#{self._generation}", self.network
         paused = self.paused
         try:
-            self._add(host, name, model, mode)
+            self._add(host, name, model, mode, costs)
             self._stop_load()
         except DeviceMemoryError:
             self._stop_load()
             host.remove_network(old, timeout=10.0)
             try:
-                self._add(host, name, model, mode)
+                self._add(host, name, model, mode, costs)
             except PrismError:
                 self._add(host, old, self.model, self.mode)
                 self._start_load(paused)

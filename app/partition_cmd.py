@@ -11,16 +11,18 @@ from rich.text import Text
 
 from app.arguments import load, mode_and_map, output_file, writing
 from app.console import plain_console
+from app.measuring import measuring
 from runtime.errors import PrismError
 from runtime.graph import Graph
-from runtime.partition import Plan, partition_steps
+from runtime.partition import Plan
 from runtime.partition.memory_plan import DeviceMemoryPlan, memory_plans, memory_plans_dict
-from runtime.partition.record import finish, tap
+from runtime.partition.planning import plan_network
 from runtime.units import human_bytes, human_seconds
 
 
 def plan_table(plan: Plan) -> Table:
-    table = Table(title=f"{plan.network}: {plan.mode} plan, {len(plan.partitions)} partitions",
+    table = Table(title=f"{plan.network}: {plan.mode} plan, {len(plan.partitions)} partitions "
+                        f"({plan.costs} costs)",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("part", "device", "nodes", "weights", "activ.", "compute", "copy in",
                 "copy out", "in", "out"):
@@ -89,12 +91,14 @@ def run(args: argparse.Namespace) -> int:
     mode, user_map = mode_and_map(args.partition)
     dot = output_file(args.dot, "--dot") if args.dot else None
     graph, devices = load(args)
-    steps = partition_steps(graph, devices, mode, user_map=user_map,
-                            annotations=args.annotate, fallback=args.fallback)
+    with measuring(plain_console(stderr=True)) as progress:
+        steps, plan = plan_network(graph, devices, user_map or mode, annotations=args.annotate,
+                                   fallback=args.fallback, costs=args.costs,
+                                   on_progress=progress)
     if args.steps and not args.json:
-        steps = tap(steps, lambda step: console.print(Text.assemble(
-            (f"{step.index:>5}", "dim"), f" {step.kind:<8} {step.reason}")))
-    plan = finish(steps)
+        for step in steps:
+            console.print(Text.assemble((f"{step.index:>5}", "dim"),
+                                        f" {step.kind:<8} {step.reason}"))
     if dot:
         writing(dot, "--dot", lambda: dot.write_text(plan.to_dot(graph)))
     memory_plan = getattr(args, "memory_plan", False)
@@ -120,4 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "bottleneck: ", (human_seconds(plan.bottleneck_seconds), "bold"),
         f" per request (busiest device), {len(plan.transfers)} copies between devices, "
         f"{human_bytes(sum(t.bytes for t in plan.transfers))} per request"))
+    console.print(Text.assemble(
+        "lower bound: ", (human_seconds(plan.lower_bound_seconds), "bold"),
+        f" (no split over these devices beats it); this plan is {plan.gap:.0%} above it"))
     return 0

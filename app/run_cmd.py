@@ -20,6 +20,7 @@ from rich.table import Table
 from app.arguments import load_options, output_file, writing
 from app.console import plain_console
 from app.loadgen import LoadGenerator, LoadStats
+from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices import parse_devices
 from runtime.devices.ort.sessions import cpu_session, loadable
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)
         trace = ChromeTrace(host.bus) if trace_path else None  # before the load: memory
-        host.add_network(name, args.model, **options)
+        add_network_measuring(host, plain_console(stderr=True), name, args.model, **options)
         # a bundle is checked against the whole network stored inside it
         check = OutputCheck(host.graph(name).model) if args.check else None
         recorder = writing(record, "--record", lambda: JsonlRecorder(host.bus, record)) \

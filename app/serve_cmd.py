@@ -148,6 +148,8 @@ def _parameters(args: argparse.Namespace) -> dict:
         params.update(max_batch_size=args.max_batch, max_queue_delay_ms=args.max_delay_ms)
     if args.replicas not in (None, 1):
         params["replicas"] = args.replicas
+    if args.costs:
+        params["costs"] = args.costs
     return params
 
 

@@ -17,6 +17,7 @@ from benchmarks import (
     overhead,
     partition_speed,
     pipeline,
+    plans,
     quantized,
     ray_devices,
     serving,
@@ -26,7 +27,7 @@ from benchmarks import (
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
           "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
           "cold": cold_start.run, "http": http_serving.run, "ray": ray_devices.run,
-          "training": training.run}
+          "training": training.run, "plans": plans.run}
 HERE = Path(__file__).parent
 
 

@@ -23,6 +23,7 @@ from onnx import external_data_helper, helper, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
 from runtime.errors import DeviceMemoryError, ModelLoadError
+from runtime.fold import FoldReport, fold_constants
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -91,6 +92,7 @@ class Graph:
     dag: nx.DiGraph = field(default_factory=nx.DiGraph)
     # analyses that hold as long as the graph does (e.g. which backend runs which node)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    folded: FoldReport = field(default_factory=FoldReport)  # what folding did at load
 
     def __post_init__(self) -> None:
         self.by_name = {n.name: n for n in self.nodes}
@@ -339,10 +341,13 @@ def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: i
 
 def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                bindings: Mapping[str, int] | None = None, default_dim: int = 1,
-               name: str | None = None, max_bytes: int | None = None) -> Graph:
-    """Read, check, name and shape a model. `bindings` maps symbolic dims to values.
-    A Graph already loaded (with the same bindings) is reused, renamed if asked.
-    `max_bytes`: a model file larger is refused unread (`read_model`)."""
+               name: str | None = None, max_bytes: int | None = None, fold: bool = True
+               ) -> Graph:
+    """Read, check, name, fold and shape a model. `bindings` maps symbolic dims to values.
+    `max_bytes`: a model file larger is refused unread (`read_model`). `fold`: compute
+    every tensor that depends on constants alone now (`runtime.fold`), so no such node is
+    work and no such tensor crosses devices per request.
+    A Graph already loaded (with the same bindings) is reused, renamed if asked."""
     if isinstance(source, Graph):
         if not bindings or dict(bindings) == source.bindings:
             graph = copy.copy(source)  # shares the model, tensors and memo; not re-checked
@@ -354,6 +359,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     _check(model, label)
     _name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
+    report = FoldReport()
+    if fold:
+        model, report = fold_constants(model)
     bindings = dict(bindings or {})
     declared = _infer(model)
     bound = _infer(_bound_model(model, bindings, default_dim))
@@ -384,5 +392,6 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     types = {t: v.type for t, v in declared.items() if v.type.WhichOneof("value")}
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
-                 bindings=bindings, name=name or g.name or "network", types=types)
+                 bindings=bindings, name=name or g.name or "network", types=types,
+                 folded=report)
 

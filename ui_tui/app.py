@@ -9,6 +9,8 @@ never blocked and no UI code ever runs on a runtime thread.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,6 +21,7 @@ from textual.worker import WorkerFailed
 
 from app.dashboard import DashboardModel, DashboardView
 from runtime.errors import PrismError
+from runtime.partition import Plan
 from runtime.units import human_seconds
 from ui_tui.keys import KeyState, key_enabled
 from ui_tui.messages import Repartitioned, StepperReady
@@ -41,6 +44,7 @@ class PrismApp(App[int]):
         Binding("minus", "slower", "Slower", key_display="-"),
         Binding("m", "next_mode", "Mode"),
         Binding("r", "repartition", "Replan"),
+        Binding("t", "replan_measured", "Replan measured"),
         Binding("s", "stepper", "Stepper"),
         Binding("e", "record", "Record"),
         Binding("e", "stop_recording", "Stop rec"),
@@ -162,6 +166,10 @@ class PrismApp(App[int]):
     def action_repartition(self) -> None:
         self._start_repartition("re-plan", mode=self.model.status.mode)
 
+    def action_replan_measured(self) -> None:
+        """Re-plan on the run times the running plan measured (its partitions' medians)."""
+        self._start_repartition("from measured times", replan=self.model.replan_measured)
+
     def action_devices(self) -> None:
         if self._refuse_while_busy():
             return
@@ -172,17 +180,18 @@ class PrismApp(App[int]):
 
         self.push_screen(DevicesPrompt(self.model.status.devices), chosen)
 
-    def _start_repartition(self, what: str, **change: str) -> None:
+    def _start_repartition(self, what: str, replan: Callable[[], Plan] | None = None,
+                           **change: str) -> None:
         if self._refuse_while_busy():
             return
         self.busy, self.swapping = f"re-partitioning ({what})", True
         self._show_busy()
-        self._repartition(what, change)
+        self._repartition(what, replan or partial(self.model.repartition, **change))
 
     @work(thread=True, group="runtime", exit_on_error=False)
-    def _repartition(self, what: str, change: dict[str, str]) -> None:
+    def _repartition(self, what: str, replan: Callable[[], Plan]) -> None:
         try:
-            plan = self.model.repartition(**change)
+            plan = replan()
         except Exception as exc:  # shown to the user; the old plan keeps serving
             self.post_message(Repartitioned(what, None, str(exc) or type(exc).__name__))
         else:
@@ -198,7 +207,7 @@ class PrismApp(App[int]):
             n = len(plan.partitions)
             self.notify(f"{n} partition{'s' if n != 1 else ''}, bottleneck "
                         f"{human_seconds(plan.bottleneck_seconds)}",
-                        title=f"Re-partitioned ({plan.mode})")
+                        title=f"Re-partitioned ({plan.mode}, {plan.costs} costs)")
         self.tick()
         if isinstance(self.screen, StepperScreen):
             self._start_stepper("re-running the partitioner")

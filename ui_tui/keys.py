@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LIVE_ONLY = frozenset({"pause", "resume", "faster", "slower", "next_mode", "repartition",
-                       "record", "stop_recording", "devices"})
+                       "replan_measured", "record", "stop_recording", "devices"})
 DASHBOARD_ONLY = frozenset({"pause", "resume", "faster", "slower", "record", "stop_recording",
                             "stepper"})
 

@@ -29,13 +29,16 @@ def devices_frame(rows: tuple[DeviceRow, ...]) -> pd.DataFrame:
 
 
 def partitions_frame(rows: tuple[PartitionRow, ...]) -> pd.DataFrame:
-    """One row per partition of the running plan: run-time percentiles in ms."""
+    """One row per partition of the running plan: the plan's estimate beside the measured
+    run-time percentiles, in ms, and how far the estimate is off the median (%)."""
     return pd.DataFrame(
         [{"partition": f"{r.name} @ {r.device}", "nodes": r.nodes, "runs": r.runs,
-          "p50 ms": r.p50 * MS, "p95 ms": r.p95 * MS, "p99 ms": r.p99 * MS,
-          "wait ms": r.mean_wait * MS, "est ms": r.est_seconds * MS} for r in rows],
-        columns=["partition", "nodes", "runs", "p50 ms", "p95 ms", "p99 ms", "wait ms",
-                 "est ms"])
+          "est ms": r.est_seconds * MS, "p50 ms": r.p50 * MS,
+          "est off %": None if r.off_by is None else 100 * r.off_by,
+          "p95 ms": r.p95 * MS, "p99 ms": r.p99 * MS, "wait ms": r.mean_wait * MS}
+         for r in rows],
+        columns=["partition", "nodes", "runs", "est ms", "p50 ms", "est off %", "p95 ms",
+                 "p99 ms", "wait ms"])
 
 
 def schedule_frame(rows: tuple[ScheduleRow, ...]) -> pd.DataFrame:

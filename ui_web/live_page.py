@@ -16,7 +16,7 @@ import streamlit as st
 from app.dashboard import DashboardView
 from runtime.partition.dot import COPY
 from runtime.units import human_seconds
-from ui_web import charts, frames
+from ui_web import charts, frames, sidebar
 from ui_web.cached import shared_live
 
 REFRESH_SECONDS = 1.0
@@ -108,8 +108,21 @@ def latency(view: DashboardView) -> None:
                        charts.grouped_bars("partition", "percentile", "ms", "run time (ms)"),
                        width="stretch")
     st.dataframe(parts, hide_index=True, width="stretch", column_config={
-        name: st.column_config.NumberColumn(name, format="%.3f")
-        for name in ("p50 ms", "p95 ms", "p99 ms", "wait ms", "est ms")})
+        **{name: st.column_config.NumberColumn(name, format="%.3f")
+           for name in ("p50 ms", "p95 ms", "p99 ms", "wait ms", "est ms")},
+        "est off %": st.column_config.NumberColumn(
+            "est off %", format="%+.0f%%",
+            help="the plan's estimate against the measured median")})
+    if view.status.changeable and not view.status.bundle:
+        st.button("Re-plan from measurements", key="replan_measured",
+                  icon=":material/speed:", on_click=_replan_measured,
+                  help="plan again with each partition's measured median run time "
+                       "(the new plan loads beside this one, then takes the load)")
+        sidebar.show_result()
+
+
+def _replan_measured() -> None:
+    st.session_state[sidebar.RESULT_KEY] = shared_live().replan_measured()
 
 
 def schedule(view: DashboardView) -> None:

@@ -90,6 +90,22 @@ class SharedLive:
             except Exception as exc:  # never take the dashboard down with it
                 return Applied(kept, error=self._plain(f"{type(exc).__name__}: {exc}"))
 
+    def replan_measured(self) -> Applied:
+        """Re-plan on the running plan's measured run times; on a failure the running
+        network keeps serving and the error comes back."""
+        with self.lock:
+            self._view = None
+            kept = f"kept {self.model.status.model} running"
+            try:
+                plan = self.model.replan_measured()
+            except PrismError as exc:
+                return Applied(kept, error=self._plain(str(exc)))
+            except Exception as exc:  # never take the dashboard down with it
+                return Applied(kept, error=self._plain(f"{type(exc).__name__}: {exc}"))
+            n = len(plan.partitions)
+            return Applied(f"re-planned from measured run times: {n} partition"
+                           f"{'s' * (n != 1)}, bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms")
+
     def close(self) -> None:
         with self.lock:
             if self._closed:

@@ -21,10 +21,12 @@ from app.dashboard.source import MODES, BundleInfo, LoadSetting, RuntimeSource, 
 from app.dashboard.stepper import Stepper
 from app.dashboard.training import TrainingTracker, TrainingView
 from runtime.bundle.reader import is_bundle
+from runtime.errors import PrismError
 from runtime.observe.metrics import Metrics, Percentiles
 from runtime.partition import Plan
 
 FASTER = 1.5  # one press of faster (slower divides)
+MIN_RUNS = 20  # runs a partition needs before its median feeds a re-plan
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,24 @@ class DashboardModel:
                        f"({mode}) on {devices.strip()}")
         self.set_load(load)
         return message
+
+    def measured_times(self) -> dict[str, float]:
+        """partition -> the median run time its runs showed, for each partition of the
+        running plan that has run at least MIN_RUNS times."""
+        snap = self.metrics.snapshot(self.source.now())
+        network = self.source.state().network
+        return {row.name: row.p50 for row in partition_rows(self._plan, network, snap, {})
+                if row.runs >= MIN_RUNS}
+
+    def replan_measured(self) -> Plan:
+        """Re-plan from what the running plan measured: each partition's median run time
+        feeds the next plan (`planning.live_costs`). The old plan keeps serving if the
+        new one fails, and the error is raised."""
+        seconds = self.measured_times()
+        if not seconds:
+            raise PrismError(f"no partition has run {MIN_RUNS} times yet: nothing measured "
+                             f"to re-plan from")
+        return self.source.replan_measured(seconds)
 
     def start_recording(self, path: str | Path) -> str:
         return self.source.start_recording(path)

@@ -51,6 +51,12 @@ class PartitionRow:
     mean_wait: float = 0.0
     slowest: bool = False  # the highest median of the plan's partitions
 
+    @property
+    def off_by(self) -> float | None:
+        """How far the plan's estimate is from the measured median, as a share of the
+        median (+0.2: estimated 20% above it), or None before a run."""
+        return self.est_seconds / self.p50 - 1.0 if self.runs and self.p50 > 0 else None
+
 
 def device_rows(plan: Plan | None, counters: Mapping[str, DeviceStats],
                 metrics: MetricsSnapshot, colors: Mapping[str, str]) -> list[DeviceRow]:

@@ -19,9 +19,9 @@ from runtime.devices.device import DeviceStats
 from runtime.errors import PrismError
 from runtime.graph import Graph
 from runtime.observe.events import Event
-from runtime.partition import Plan, Step, partition_steps
+from runtime.partition import Plan, Step
 from runtime.partition.dot import Outline
-from runtime.partition.record import finish, tap
+from runtime.partition.planning import plan_network
 
 MODES = ("balanced", "memory")  # the modes a dashboard switches between
 
@@ -130,9 +130,9 @@ class PartitionSteps:
 
     @classmethod
     def run(cls, graph: Graph, devices: str, mode: str, model: str) -> PartitionSteps:
-        """Run the partitioner on `graph` over the `devices` spec, keeping every step."""
-        steps: list[Step] = []
-        plan = finish(tap(partition_steps(graph, parse_devices(devices), mode), steps.append))
+        """Run the partitioner on `graph` over the `devices` spec, keeping every step, with
+        the costs a host plans with (measured ones come from the cache its load filled)."""
+        steps, plan = plan_network(graph, parse_devices(devices), mode)
         return cls(model, mode, devices, tuple(steps), plan, Outline.of(graph))
 
     @classmethod
@@ -186,6 +186,11 @@ class RuntimeSource(Protocol):
     def repartition(self, mode: str | None = None, devices: str | None = None,
                     model: str | Path | None = None) -> Plan: ...
 
+    def replan_measured(self, seconds: Mapping[str, float]) -> Plan:
+        """Re-plan the running network on the run times its partitions showed (`seconds`:
+        partition -> median run time), as `repartition` does."""
+        ...
+
     def start_recording(self, path: str | Path) -> str: ...
 
     def stop_recording(self) -> str | None: ...
@@ -212,6 +217,9 @@ class ReadOnly:
     def repartition(self, mode: str | None = None, devices: str | None = None,
                     model: str | Path | None = None) -> Plan:
         raise self._refuse("re-partition")
+
+    def replan_measured(self, seconds: Mapping[str, float]) -> Plan:
+        raise self._refuse("re-plan from measurements")
 
     def start_recording(self, path: str | Path) -> str:
         raise self._refuse("record")

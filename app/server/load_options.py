@@ -6,8 +6,9 @@ From the configuration: `max_batch_size` with `dynamic_batching`
 (`max_queue_delay_microseconds`, `preferred_batch_size`) turns on Prism's batching, the
 `instance_group` counts are replicas, and `parameters` (`partition`, `devices`,
 `replicas`) are Prism's own. Load parameters: partition, devices, replicas,
-max_batch_size, max_queue_delay_ms, preferred_batch_sizes, version, config. Values may be
-strings, as Triton's clients send them.
+max_batch_size, max_queue_delay_ms, preferred_batch_sizes, version, config, costs
+(`measured` or `model`: the cost model the plan is made with). Values may be strings, as
+Triton's clients send them.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.cost import COSTS
 from runtime.errors import PrismError
 from runtime.partition.replicas import FILL
 
 PARAMETERS = ("partition", "devices", "replicas", "max_batch_size", "max_queue_delay_ms",
-              "preferred_batch_sizes", "version", "config")
+              "preferred_batch_sizes", "version", "config", "costs")
 MODES = ("balanced", "memory")  # a user map would name a file: not over the network
 
 
@@ -38,6 +40,7 @@ class LoadOptions:
     max_batch_size: int = 0  # 0: no dynamic batching
     max_queue_delay_ms: float = 1.0
     preferred_batch_sizes: tuple[int, ...] = ()
+    costs: str | None = None  # None: the host's default (measured)
 
     def add_network(self) -> dict[str, Any]:
         """Keywords for `HostManager.add_network`."""
@@ -45,7 +48,7 @@ class LoadOptions:
             "max_batch_size": self.max_batch_size, "max_queue_delay_ms": self.max_queue_delay_ms,
             "preferred_batch_sizes": list(self.preferred_batch_sizes)}
         return {"partition": self.partition, "devices": self.devices,
-                "replicas": self.replicas, "batching": batching}
+                "replicas": self.replicas, "batching": batching, "costs": self.costs}
 
 
 def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) -> LoadOptions:
@@ -142,6 +145,10 @@ def _checked(found: dict[str, Any]) -> LoadOptions:
         sizes = sizes if isinstance(sizes, list) else [sizes]
         options["preferred_batch_sizes"] = tuple(_whole(s, "preferred_batch_sizes", 1)
                                                  for s in sizes if s != "")
+    if "costs" in found:
+        if found["costs"] not in COSTS:
+            raise LoadOptionError(f"costs {found['costs']!r}: use one of {', '.join(COSTS)}")
+        options["costs"] = found["costs"]
     if "version" in found:
         options["version"] = str(_whole(found["version"], "version", 1))
     return LoadOptions(**options)

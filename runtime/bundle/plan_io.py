@@ -35,7 +35,9 @@ def plan_from_dict(data: Mapping) -> Plan:
                 bottleneck_seconds=data["bottleneck_seconds"],
                 device_seconds=dict(data["device_seconds"]), order=tuple(data["order"]),
                 reasons=dict(data["reasons"]), arenas=dict(data.get("arenas", {})),
-                precisions=dict(data.get("precisions", {})))
+                precisions=dict(data.get("precisions", {})),
+                lower_bound_seconds=float(data.get("lower_bound_seconds", 0.0)),
+                costs=str(data.get("costs", "model")))
 
 
 def rename_devices(plan: Plan, names: Mapping[str, str],

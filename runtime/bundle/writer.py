@@ -255,8 +255,10 @@ def compile_bundle(model: str | Path | onnx.ModelProto | Graph,
                    partition: str | Mapping = "balanced", annotations=None,
                    fallback: str | None = None, replicas: int | str = 1,
                    batching: Mapping | None = None, bindings: Mapping[str, int] | None = None,
-                   name: str | None = None, on_progress: Progress | None = None) -> Compiled:
-    """Load, partition and write `model` as a bundle at `out`; see `write_bundle`."""
+                   name: str | None = None, on_progress: Progress | None = None,
+                   costs: str | None = None) -> Compiled:
+    """Load, partition and write `model` as a bundle at `out`; see `write_bundle`.
+    `costs`: as for `HostManager.add_network` (default measured)."""
     report = on_progress or (lambda what, done, total: None)
     report("loading", 0, 0)
     label = name or (Path(model).stem if isinstance(model, str | Path) else None)
@@ -271,7 +273,8 @@ def compile_bundle(model: str | Path | onnx.ModelProto | Graph,
             report("partitioning", step.index, 0)
 
     steps, plan = plan_network(graph, devices, partition, annotations=annotations,
-                               fallback=fallback, replicas=replicas, on_step=seen)
+                               fallback=fallback, replicas=replicas, on_step=seen,
+                               costs=costs, on_progress=report)
     options = {"replicas": replicas,
                "batching": None if config is None else {
                    "max_batch_size": config.max_batch_size,

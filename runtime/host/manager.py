@@ -41,7 +41,7 @@ from runtime.types import BatchingConfig
 if TYPE_CHECKING:
     from runtime.bundle.placed import LoadedBundle
     from runtime.graph import Graph
-    from runtime.partition.planning import PartitionSpec
+    from runtime.partition.planning import CostsSpec, PartitionSpec
     from runtime.provision.from_model import ModelSource
 
 
@@ -78,7 +78,8 @@ class HostManager:
                     batching: Mapping | BatchingConfig | None = None,
                     bindings: Mapping[str, int] | None = None, timeout: float | None = None,
                     devices: Sequence[str] | None = None, *,
-                    remap: Mapping[str, str] | None = None) -> Plan:
+                    remap: Mapping[str, str] | None = None,
+                    costs: CostsSpec | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
         `model`: an ONNX model (path, bytes, ModelProto or Graph), or the path of a bundle
@@ -95,6 +96,11 @@ class HostManager:
         `annotations`: {"nodes": {name: device or kind}, "ops": {op: device or kind},
         "fallback": device} or a TOML file of the same; `fallback` overrides its fallback.
         `devices`: the names of the host's devices it may use (default: all of them).
+        `costs`: "measured" (the default, or $PRISM_COSTS: devices that run onnxruntime on
+        the CPU get their nodes timed on this machine at the first load, cached after),
+        "model" (the roofline), or a CostModel (`live_costs` of a running plan, say).
+        The plan is made against the memory each device has free, and names the devices
+        its partitions run on.
         """
         pool = self.devices if devices is None else device_pool(self.devices, devices)
         limit = self.timeout if timeout is None else checked_timeout(timeout, f"timeout of {name}")
@@ -102,7 +108,8 @@ class HostManager:
         try:
             loaded = load(name, model, pool, self.bus, partition=partition,
                           annotations=annotations, fallback=fallback, replicas=replicas,
-                          batching=BatchingConfig.of(batching), bindings=bindings, remap=remap)
+                          batching=BatchingConfig.of(batching), bindings=bindings, remap=remap,
+                          costs=costs)
         except BaseException:
             self._slots.release(name)
             raise

@@ -23,7 +23,10 @@ from runtime.errors import PrismError
 EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "network.loaded": ("network", "mode", "partitions", "devices", "nodes"),
     "partition.step": ("network", "index", "step", "reason", "partition", "device", "nodes"),
-    "partition.planned": ("network", "mode", "partitions", "bottleneck_seconds"),
+    "partition.planned": ("network", "mode", "partitions", "bottleneck_seconds",
+                          "lower_bound_seconds", "costs"),
+    # the first load of a network measures its nodes on this machine: how far it has got
+    "cost.measure": ("network", "what", "done", "total"),
     "provision.loaded": ("network", "partition", "device", "weight_bytes", "activation_bytes",
                          "seconds"),
     "provision.evicted": ("network", "partition", "device", "bytes"),

@@ -55,11 +55,14 @@ def _upper_bound(seg: Segments, devices: Sequence[DeviceConfig]) -> float:
                                     [d for _, _, d in greedy]))
 
 
-def optimal_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split:
+def optimal_split(seg: Segments, devices: Sequence[DeviceConfig], every: bool = False
+                  ) -> Split:
+    """The split minimising the slowest stage; `every`: one whose every device takes at
+    least one node (what the split would be were none left idle)."""
     n, k = seg.n, len(devices)
     if n == 0:
         return []
-    limit = _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
+    limit = np.inf if every else _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
     # Rows of consecutive devices that differ only by name, and that placement lets run
     # the same nodes, share their vectors.
     runs: list[tuple[int, int, DeviceConfig, np.ndarray, np.ndarray]] = []
@@ -70,7 +73,10 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split:
         else:
             runs.append((i, i + 1, dev, seg.prefix_seconds(dev), seg.lowest_start(dev)))
     best = np.full((k + 1, n + 1), np.inf)
-    best[:, 0] = 0.0
+    if every:  # no device may be empty: only zero devices hold zero nodes
+        best[0, 0] = 0.0
+    else:
+        best[:, 0] = 0.0
     choice = np.full((k + 1, n + 1), -1, dtype=np.int64)
     copy_bytes = np.zeros(n + 1)
     copy_count = np.zeros(n + 1)
@@ -101,12 +107,15 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split:
             if sends_over_link(dev):  # add what [a, b) makes and later stages read
                 count = count + np.cumsum(send_count[lo:b][::-1])[::-1]
                 moved = moved + np.cumsum(send_bytes[lo:b][::-1])[::-1]
-            stage = (prefix[b] - prefix[lo:b]) + count * dev.link_latency \
-                + moved / dev.link_bandwidth
+            stage = (prefix[b] - prefix[lo:b]) + seg.model.fixed_seconds(dev) \
+                + count * seg.model.latency(dev) + moved / dev.link_bandwidth
             cand = np.maximum(best[i0:i1, lo:b], stage)
             at = cand.argmin(axis=1)
             col[i0:i1] = cand[np.arange(i1 - i0), at]
             arg[i0:i1] = at + lo
+        if every:  # device j takes [a, b) with a < b: no device is skipped
+            best[1:, b], choice[1:, b] = col, arg
+            continue
         acc = np.minimum.accumulate(col)
         before = np.concatenate(([best[0, b]], acc[:-1]))
         best[1:, b] = np.minimum(acc, before)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import networkx as nx
 
-from runtime.cost import NodeCost, device_seconds, link_seconds, send_seconds, transfer_seconds
+from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
@@ -17,7 +17,7 @@ from runtime.partition.plan import Partition, Plan, Transfer
 from runtime.precision import node_precisions
 
 
-def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[DeviceConfig],
+def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                groups: Sequence[tuple[str, str, Sequence[str]]], *, mode: str,
                order: Sequence[str], reasons: dict[str, str] | None = None) -> Plan:
     """A Plan from (partition name, device name, node names); partitions run nodes in `order`."""
@@ -58,10 +58,11 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
                     dsts = tuple(dict.fromkeys(r for r in readers if device_of[r] == dname))
                     dst = by_device[dname]
                     transfers.append(Transfer(t, src.name, dname, size,
-                                              transfer_seconds(size, src, dst), pname, dsts))
-                    incoming[min(dsts, key=topo.index)] += link_seconds(size, dst)
+                                              model.transfer_seconds(size, src, dst), pname,
+                                              dsts))
+                    incoming[min(dsts, key=topo.index)] += model.receive_seconds(size, dst)
                 if away:
-                    outgoing[pname] += send_seconds(size, src)
+                    outgoing[pname] += model.send_seconds(size, src)
 
     partitions = []
     for pname in topo:
@@ -79,9 +80,10 @@ def build_plan(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
             weights=tuple(weight_names(graph, nodes)),
             weight_bytes=weight_bytes(graph, nodes),
             activation_bytes=peak_activation_bytes(graph, nodes),
-            est_seconds=sum(device_seconds(costs[n.name], dev) for n in nodes),
-            transfer_in_seconds=incoming[pname],
-            flops=sum(costs[n.name].flops for n in nodes),
+            est_seconds=model.run_seconds(dev) + sum(model.node_seconds(n.name, dev)
+                                                     for n in nodes),
+            transfer_in_seconds=incoming[pname] + model.hop_seconds(dev),
+            flops=sum(model.costs[n.name].flops for n in nodes),
             transfer_out_seconds=outgoing[pname]))
     busy = dict.fromkeys((d.name for d in devices), 0.0)
     for p in partitions:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from runtime.cost import NodeCost
+from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
@@ -45,7 +45,7 @@ def _moves(graph: Graph, home: Mapping[str, str], device: Mapping[str, str],
     return moves
 
 
-def keep_pairs(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[DeviceConfig],
+def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                plan: Plan, allowed: Mapping[str, frozenset[str]], rec: Recorder, *,
                move: bool = True) -> Steps[tuple[Plan, dict[str, str]]]:
     """Move quantize/dequantize nodes across boundaries to their ops (if `move`); return
@@ -60,7 +60,7 @@ def keep_pairs(graph: Graph, costs: dict[str, NodeCost], devices: Sequence[Devic
                                             key=position.__getitem__))
                   for p in plan.partitions]
         try:
-            moved = build_plan(graph, costs, devices, [g for g in groups if g[2]],
+            moved = build_plan(graph, model, devices, [g for g in groups if g[2]],
                                mode=plan.mode, order=plan.order)
             validate_plan(moved, graph, allowed)
         except PartitionError as exc:

@@ -12,11 +12,12 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from runtime.cost import graph_costs
+from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
-from runtime.partition.balanced import balanced_mode
+from runtime.partition.balanced import balanced_mode, optimal_split
+from runtime.partition.bound import lower_bound
 from runtime.partition.build import build_plan
 from runtime.partition.canonical import canonical_devices
 from runtime.partition.greedy import Split, memory_mode
@@ -70,12 +71,14 @@ def _attempt(run: Callable[[Recorder], Steps[Split]]) -> Attempt:
 def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
                     user_map: str | Path | Mapping | None = None,
                     annotations: str | Path | Mapping | Annotations | None = None,
-                    fallback: str | None = None) -> Steps[Plan]:
-    """Yield each decision as a Step (placement first); return the validated Plan."""
+                    fallback: str | None = None, costs: CostModel | None = None
+                    ) -> Steps[Plan]:
+    """Yield each decision as a Step (placement first); return the validated Plan.
+    `costs`: the cost model to plan with (default: the roofline)."""
     if mode not in MODES:
         raise PartitionError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
     _check_devices(devices)
-    costs = graph_costs(graph)
+    costs = costs or CostModel.roofline(graph)
     placement = place(graph, devices, read_annotations(annotations, fallback))
     rec = Recorder()
     for node in graph.nodes:
@@ -130,24 +133,61 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
             moved = sum(t.bytes for t in trial.transfers)
             key = (len(trial.partitions), moved, trial.bottleneck_seconds) if mode == "memory" \
                 else (trial.bottleneck_seconds, len(trial.partitions), moved)
-            scored.append((key, along, why, steps, trial))
+            scored.append((key, along, why, steps, trial, sg))
         if not scored:
             raise first if isinstance(first, PartitionError) else rejected[-1]
-        _, chosen, why, steps, plan = min(scored, key=lambda s: s[0])
+        _, chosen, why, steps, plan, chosen_seg = min(scored, key=lambda s: s[0])
         if chosen != order:
             order = chosen
             yield rec.step("order", why, nodes=tuple(order))
         for step in steps:
             yield rec.step(step.kind, step.reason, step.partition, step.device, step.nodes)
+        if mode == "balanced":
+            yield from _idle(chosen_seg, ordered, plan, rec)
     plan, notes = yield from keep_pairs(graph, costs, devices, plan, placement.allowed, rec,
                                         move=mode != "user")
     reasons = _explained(placement, plan, mode)
     for name, note in notes.items():
         reasons[name] += f"; {note}"
-    plan = replace(plan, reasons=reasons)
+    bound = lower_bound(graph, costs, devices, placement.allowed)
+    plan = replace(plan, reasons=reasons, lower_bound_seconds=bound.seconds, costs=costs.name)
+    gap = f"{plan.gap:.0%}" if bound.seconds > 0 else "-"
+    yield rec.step("bound", f"no split of {graph.name} over {len(devices)} devices beats "
+                   f"{human_seconds(bound.seconds)} per request ({bound.why()}); this plan "
+                   f"{human_seconds(plan.bottleneck_seconds)}, gap {gap}")
     yield rec.step("planned", f"planned {len(plan.partitions)} partitions; bottleneck "
-                   f"{human_seconds(plan.bottleneck_seconds)}")
+                   f"{human_seconds(plan.bottleneck_seconds)}, lower bound "
+                   f"{human_seconds(bound.seconds)} (gap {gap}; {costs.name} costs)")
     return plan
+
+
+def _idle(seg: Segments, devices: Sequence[DeviceConfig], plan: Plan, rec: Recorder
+          ) -> Steps[None]:
+    """A step per device the balanced plan leaves idle, saying why: what the best split
+    that gives every device work would cost, against this plan."""
+    used = {p.device for p in plan.partitions}
+    idle = [d for d in devices if d.name not in used]
+    if not idle:
+        return
+    names = ", ".join(d.name for d in idle)
+    try:
+        every = optimal_split(seg, devices, every=True)
+    except PartitionError:
+        every = []
+    if not every:
+        why = f"no split giving each of the {len(devices)} devices work fits their memory"
+    else:
+        stages = [(seg.seconds(a, b, d), seg.model.fixed_seconds(d), d) for a, b, d in every]
+        worst, fixed, where = max(stages, key=lambda s: s[0])
+        why = (f"using every device the best split's slowest stage is "
+               f"{human_seconds(worst)} on {where.name}")
+        if fixed > 0:
+            why += f" (of it {human_seconds(fixed)} is each run's fixed cost and dispatch)"
+        why += (f", not below this plan's {human_seconds(plan.bottleneck_seconds)}: the "
+                f"copies and per-run costs another device adds outweigh the work it takes")
+    for device in idle:
+        yield rec.step("idle", f"{device.name} left idle ({names} unused): {why}",
+                       device=device.name)
 
 
 def _explained(placement: Placement, plan: Plan, mode: str) -> dict[str, str]:
@@ -164,6 +204,6 @@ def _explained(placement: Placement, plan: Plan, mode: str) -> dict[str, str]:
 def partition(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "balanced", *,
               user_map: str | Path | Mapping | None = None,
               annotations: str | Path | Mapping | Annotations | None = None,
-              fallback: str | None = None) -> Plan:
+              fallback: str | None = None, costs: CostModel | None = None) -> Plan:
     return finish(partition_steps(graph, devices, mode, user_map=user_map,
-                                  annotations=annotations, fallback=fallback))
+                                  annotations=annotations, fallback=fallback, costs=costs))

@@ -141,7 +141,7 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
     if notes.fallback is not None and notes.fallback not in by_name:
         raise PartitionError(f"fallback device {notes.fallback!r} is not among the devices "
                              f"({_names(by_name)})")
-    missing = sorted(set(notes.nodes) - set(graph.by_name))
+    missing = sorted(set(notes.nodes) - set(graph.by_name) - set(graph.folded.nodes))
     if missing:
         raise PartitionError(f"annotations name nodes not in {graph.name}: "
                              f"{', '.join(missing[:5])}")

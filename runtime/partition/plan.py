@@ -7,7 +7,8 @@ from JSON without the partitioner (`build.py` makes plans from a graph).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from runtime.devices.config import DeviceConfig
@@ -74,6 +75,16 @@ class Plan:
     reasons: dict[str, str] = field(default_factory=dict)
     arenas: dict[str, int] = field(default_factory=dict)  # device -> activation peak
     precisions: dict[str, str | None] = field(default_factory=dict)  # node -> float/int8/None
+    # no split of the graph over these devices beats this (`partition/bound.py`)
+    lower_bound_seconds: float = 0.0
+    costs: str = "model"  # the cost model it was made with: model, measured or live
+
+    @property
+    def gap(self) -> float:
+        """How far the bottleneck is above the lower bound, as a share of the bound."""
+        if self.lower_bound_seconds <= 0:
+            return 0.0
+        return self.bottleneck_seconds / self.lower_bound_seconds - 1.0
 
     def partition(self, name: str) -> Partition:
         return next(p for p in self.partitions if p.name == name)
@@ -83,6 +94,29 @@ class Plan:
 
     def device(self, name: str) -> DeviceConfig:
         return next(d for d in self.devices if d.name == name)
+
+    def moved(self, where: Mapping[str, str], configs: Mapping[str, DeviceConfig]) -> Plan:
+        """The plan with partition `p` on device `where[p]` (configured as `configs[...]`):
+        how a provisioner that put a partition on a twin of its planned device records
+        where it runs. A twin has the planned device's figures, so times stay as they were;
+        each device's busy time and arena follow its partitions."""
+        if all(where.get(p.name, p.device) == p.device for p in self.partitions):
+            return self
+        partitions = [replace(p, device=where.get(p.name, p.device)) for p in self.partitions]
+        device_of = {p.name: p.device for p in partitions}
+        transfers = [replace(t, src=device_of[t.src_partition],
+                             dst=device_of[t.dst_partitions[0]]) for t in self.transfers]
+        busy: dict[str, float] = {}
+        arenas: dict[str, int] = {}
+        for old, new in zip(self.partitions, partitions, strict=True):
+            busy[new.device] = busy.get(new.device, 0.0) + new.stage_seconds
+            arenas[new.device] = max(arenas.get(new.device, 0), self.arenas.get(old.device, 0))
+        names = list(dict.fromkeys([*(d.name for d in self.devices), *busy]))
+        known = {d.name: d for d in self.devices}
+        return replace(self, partitions=partitions, transfers=transfers,
+                       devices=[configs.get(n) or known[n] for n in names],
+                       device_seconds={n: busy.get(n, 0.0) for n in names},
+                       bottleneck_seconds=max(busy.values(), default=0.0), arenas=arenas)
 
     def device_memory(self) -> dict[str, int]:
         """Bytes each device needs: every partition's weights, plus one activation arena,
@@ -98,6 +132,8 @@ class Plan:
             "network": self.network,
             "mode": self.mode,
             "bottleneck_seconds": self.bottleneck_seconds,
+            "lower_bound_seconds": self.lower_bound_seconds,
+            "costs": self.costs,
             "devices": [d.to_dict() for d in self.devices],
             "device_seconds": self.device_seconds,
             "partitions": [asdict(p) for p in self.partitions],

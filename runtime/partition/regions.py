@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from runtime.cost import link_seconds, send_seconds
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
@@ -89,10 +88,10 @@ class _Devices:
         prefix = self.seg.prefix_seconds(device)
         add = {device.name: float(prefix[b] - prefix[a])}
         for t, size in self.copies_in(a, b, device).items():
-            add[device.name] += link_seconds(size, device)
+            add[device.name] += self.seg.model.receive_seconds(size, device)
             if t not in self.out:
                 src = self.at[t]
-                add[src.name] = add.get(src.name, 0.0) + send_seconds(size, src)
+                add[src.name] = add.get(src.name, 0.0) + self.seg.model.send_seconds(size, src)
         return add
 
     def busiest(self, add: dict[str, float]) -> float:

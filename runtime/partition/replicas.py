@@ -21,6 +21,7 @@ from runtime.errors import PartitionError, PrismError
 from runtime.partition import Plan, canonical_devices
 
 if TYPE_CHECKING:  # a bundle places replicas with no graph IR loaded
+    from runtime.cost import CostModel
     from runtime.graph import Graph
 
 S = TypeVar("S")  # what an attempt returns beside its plan (the steps)
@@ -33,8 +34,8 @@ def further(replicas: int | str) -> int | None:
 
 
 def planned_over(devices: Sequence[DeviceConfig], replicas: int | str,
-                 attempt: Callable[[list[DeviceConfig]], tuple[S, Plan]], graph: Graph
-                 ) -> tuple[S, Plan]:
+                 attempt: Callable[[list[DeviceConfig]], tuple[S, Plan]], graph: Graph,
+                 costs: CostModel | None = None) -> tuple[S, Plan]:
     """Plan one replica: `attempt(some devices)` plans on them (returning its steps and the
     plan), or raises PartitionError. "saturate" tries the fewest devices first and keeps
     the first plan that fits, so each device count is planned once; "auto" keeps the
@@ -43,7 +44,7 @@ def planned_over(devices: Sequence[DeviceConfig], replicas: int | str,
         return attempt(list(devices))
     ordered = canonical_devices(devices)
     if replicas == "auto":
-        return fastest(ordered, attempt, graph)
+        return fastest(ordered, attempt, graph, costs)
     if replicas == "saturate":
         for k in range(1, len(ordered)):
             try:
@@ -68,17 +69,19 @@ def planned_over(devices: Sequence[DeviceConfig], replicas: int | str,
 
 
 def fastest(ordered: list[DeviceConfig],
-            attempt: Callable[[list[DeviceConfig]], tuple[S, Plan]], graph: Graph
-            ) -> tuple[S, Plan]:
+            attempt: Callable[[list[DeviceConfig]], tuple[S, Plan]], graph: Graph,
+            costs: CostModel | None = None) -> tuple[S, Plan]:
     """Of the plans over the first k canonical devices, k = 1..n, the one whose replicas
     (as many as twins allow) model the most requests a second; ties go to fewer devices a
     replica. A device count is skipped when even a perfect split could not win: k
     devices never run a replica faster than the graph's time on the fastest device for
-    each node, divided by k, and at most n // k replicas fit."""
-    from runtime.cost import device_seconds, graph_costs
+    each node, divided by k, and at most n // k replicas fit. `costs`: the model the plans
+    are made with (default: the roofline)."""
+    from runtime.cost import CostModel
 
-    costs = graph_costs(graph).values()
-    floor = sum(min(device_seconds(c, d) for d in ordered) for c in costs)  # whole graph
+    model = costs or CostModel.roofline(graph)
+    floor = sum(min(model.node_seconds(n.name, d) for d in ordered)
+                for n in graph.nodes)  # whole graph
     best: tuple[float, tuple[S, Plan]] | None = None
     error: PartitionError | None = None
     for k in range(1, len(ordered) + 1):

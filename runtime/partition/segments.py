@@ -15,16 +15,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from runtime.cost import NodeCost, device_seconds, link_seconds, send_seconds
+from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes
 
 
 class Segments:
-    def __init__(self, graph: Graph, costs: dict[str, NodeCost], order: Sequence[str],
+    def __init__(self, graph: Graph, model: CostModel, order: Sequence[str],
                  allowed: Mapping[str, frozenset[str]] | None = None):
-        self.graph, self.costs, self.order = graph, costs, list(order)
+        self.graph, self.model, self.order = graph, model, list(order)
+        costs = model.costs
         self.allowed = allowed  # node -> devices placement lets it run on (None: any)
         self.nodes = [graph.node(n) for n in self.order]
         self.n = len(self.order)
@@ -55,7 +56,7 @@ class Segments:
     def prefix_seconds(self, device: DeviceConfig) -> np.ndarray:
         memo = self.__dict__.setdefault("_prefix_seconds", {})
         if device not in memo:
-            per_node = [device_seconds(self.costs[n], device) for n in self.order]
+            per_node = [self.model.node_seconds(n, device) for n in self.order]
             memo[device] = np.concatenate([[0.0], np.cumsum(per_node)])
         return memo[device]
 
@@ -97,13 +98,13 @@ class Segments:
         return {t: size for i in range(a, b) for t, size, last in self.made_at[i] if last >= b}
 
     def seconds(self, a: int, b: int, device: DeviceConfig) -> float:
-        """Compute plus this device's end of every copy in and out."""
+        """Compute, the run's fixed costs, and this device's end of every copy in and out."""
         if a == b:
             return 0.0
-        prefix = self.prefix_seconds(device)
-        copies = sum(link_seconds(size, device) for size in self.incoming(a, b).values()) \
-            + sum(send_seconds(size, device) for size in self.outgoing(a, b).values())
-        return float(prefix[b] - prefix[a]) + copies
+        prefix, model = self.prefix_seconds(device), self.model
+        copies = sum(model.receive_seconds(size, device) for size in self.incoming(a, b).values()) \
+            + sum(model.send_seconds(size, device) for size in self.outgoing(a, b).values())
+        return float(prefix[b] - prefix[a]) + model.fixed_seconds(device) + copies
 
     def lowest_start(self, device: DeviceConfig) -> np.ndarray:
         """lo[b] = the smallest a such that [a, b) fits and runs on the device (b if none)."""

@@ -6,7 +6,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 STEP_KINDS = ("place", "order", "open", "assign", "close", "move", "skip", "split",
-              "planned")  # split: a boundary left between a quantize/dequantize node and its op
+              "idle", "bound", "planned")
+# split: a boundary left between a quantize/dequantize node and its op; idle: why a device
+# was given no work; bound: the lower bound no split beats, and this plan's gap to it
 
 
 @dataclass(frozen=True)

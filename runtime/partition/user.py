@@ -69,7 +69,8 @@ def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, o
         if dev not in names:
             raise PartitionError(f"partition map: partition {part} names device {dev!r}, "
                                  f"which is not among {sorted(names)}")
-    unknown = sorted(set(nodes) - set(graph.by_name))
+    # a node folded into a weight at load is no work: the map may still name it
+    unknown = sorted(set(nodes) - set(graph.by_name) - set(graph.folded.nodes))
     if unknown:
         raise PartitionError(f"partition map names nodes not in {graph.name}: "
                              f"{', '.join(unknown[:5])}")

@@ -31,7 +31,7 @@ from runtime.inputs import InputSpec, Signature
 from runtime.partition.plan import Plan
 from runtime.partition.replicas import further, twin_maps
 from runtime.partition.steps import Step
-from runtime.provision.network import LoadedNetwork, place_replicas, publish_plan
+from runtime.provision.network import LoadedNetwork, as_loaded, place_replicas, publish_plan
 from runtime.types import BatchingConfig, check_batchable
 
 if TYPE_CHECKING:
@@ -90,7 +90,8 @@ def _load(name: str, bundle: Bundle, devices: Mapping[str, Device], bus: Any,
     loaded, executors = place_replicas(name, plan, _programs(bundle, plan, name), devices,
                                        bus, twin_sets, face)
     origin = LoadedBundle(bundle.path, bundle, manifest, names)
-    return LoadedNetwork(name, plan, face, loaded, executors, serving,
+    return LoadedNetwork(name, as_loaded(plan, loaded[0], devices), face, loaded, executors,
+                         serving,
                          graph_source=lambda: bundle_graph(origin, name), bundle=origin)
 
 

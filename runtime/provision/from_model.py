@@ -1,5 +1,11 @@
 """Loading a network just in time: an ONNX model loaded, planned (every step published),
-each partition extracted into a program, and provisioned onto the devices."""
+each partition extracted into a program, and provisioned onto the devices.
+
+The plan is made against the memory each device has free (`network.free_bytes`), with
+the cost model asked for: measured by default, for which the host's own devices' dispatch
+is timed (`hops.device_hops`); the first load of a network reports its measuring as
+`cost.measure` events, and checks the loaded plan under load (`calibrate`) before what it
+measured is cached."""
 
 from __future__ import annotations
 
@@ -10,17 +16,36 @@ from typing import Any
 import onnx
 
 from runtime.devices.device import Device, Program
+from runtime.executor.executor import Executor, LoadedPartition
 from runtime.graph import Graph, load_graph
-from runtime.inputs import signature
+from runtime.inputs import Signature, signature
+from runtime.partition.measure import calibration_feeds, refined
 from runtime.partition.plan import Plan
-from runtime.partition.planning import PartitionSpec, plan_network
+from runtime.partition.planning import (
+    CostsSpec,
+    PartitionSpec,
+    Planned,
+    checked_costs,
+    make_plan,
+    same_assignment,
+)
 from runtime.partition.replicas import further, twin_maps
 from runtime.partition.submodel import extract
-from runtime.provision.network import LoadedNetwork, place_replicas, publish_plan
+from runtime.provision.calibrate import ROUNDS, bounded, loaded_medians
+from runtime.provision.hops import device_hops
+from runtime.provision.network import (
+    LoadedNetwork,
+    as_loaded,
+    free_bytes,
+    place_replicas,
+    publish_plan,
+    unload_replicas,
+)
 from runtime.provision.provisioner import one_line_errors
 from runtime.types import BatchingConfig, check_batchable
 
 ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded already
+Placed = tuple[tuple[tuple[LoadedPartition, ...], ...], tuple[Executor, ...]]
 
 
 def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
@@ -35,7 +60,8 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
                  partition: PartitionSpec = "balanced",
                  annotations: str | Path | Mapping | None = None, fallback: str | None = None,
                  replicas: int | str = 1, batching: BatchingConfig | None = None,
-                 bindings: Mapping[str, int] | None = None) -> LoadedNetwork:
+                 bindings: Mapping[str, int] | None = None,
+                 costs: CostsSpec | None = None) -> LoadedNetwork:
     """Load, plan (publishing every step), provision each replica. Raises with nothing
     left loaded."""
     graph = load_graph(model, bindings=bindings, name=name)
@@ -43,13 +69,64 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
         check_batchable(graph.name, graph.declared_dims(graph.inputs),
                         graph.declared_dims(graph.outputs))
     configs = [d.config for d in devices.values()]
-    steps, plan = plan_network(graph, configs, partition, annotations=annotations,
-                               fallback=fallback, replicas=replicas)
-    publish_plan(bus, name, steps, plan)
-    twin_sets: list[Mapping[str, str] | None] = [None]  # per replica: plan device -> twin
-    if replicas != 1:
-        twin_sets += twin_maps(plan, configs, further(replicas))
+    costs = checked_costs(costs)
+    hops = device_hops(devices) if costs == "measured" else None
+
+    def progress(what: str, done: int, total: int) -> None:
+        if bus.active:
+            bus.publish("cost.measure", network=name, what=what, done=done, total=total)
+
+    made = make_plan(graph, configs, partition, annotations=annotations, fallback=fallback,
+                     replicas=replicas, costs=costs, hops=hops, on_progress=progress,
+                     free=free_bytes(devices))
+    publish_plan(bus, name, made.steps, made.plan)
     face = signature(graph)
-    loaded, executors = place_replicas(name, plan, programs(graph, plan), devices, bus,
-                                       twin_sets, face, graph)
-    return LoadedNetwork(name, plan, face, loaded, executors, batching, graph_source=graph)
+
+    def place(plan: Plan) -> Placed:
+        twin_sets: list[Mapping[str, str] | None] = [None]  # per replica: device -> twin
+        if replicas != 1:
+            twin_sets += twin_maps(plan, configs, further(replicas))
+        return place_replicas(name, plan, programs(graph, plan), devices, bus, twin_sets,
+                              face, graph)
+
+    loaded, executors = place(made.plan)
+    if made.fresh:
+        loaded, executors = _under_load(name, graph, made, face, loaded, executors, place,
+                                        bus, progress)
+        made.store(graph)
+    return LoadedNetwork(name, as_loaded(made.plan, loaded[0], devices), face, loaded,
+                         executors, batching, graph_source=graph)
+
+
+def _under_load(name: str, graph: Graph, made: Planned, face: Signature,
+                loaded: tuple[tuple[LoadedPartition, ...], ...],
+                executors: tuple[Executor, ...], place: Any, bus: Any, progress: Any
+                ) -> Placed:
+    """Check a first-measured plan under load (`calibrate`): correct its nodes to the run
+    times its partitions showed, plan again, and load the new plan in place of the old
+    when it differs. `made` takes the final plan, steps and model."""
+    feeds = calibration_feeds(graph)
+    for round_ in range(ROUNDS):
+        if feeds is None:
+            break
+        progress(f"timing {name}'s partitions under load", round_, ROUNDS)
+        try:
+            medians = loaded_medians(name, loaded[0], face, feeds, bus)
+        except BaseException:  # an interrupt: nothing stays loaded
+            unload_replicas(name, loaded, bus)
+            raise
+        if medians is None:
+            break
+        alone = {p.name: p.est_seconds for p in made.plan.partitions}
+        made.model = refined(made.model, made.plan,
+                             {p: bounded(alone[p], seconds) for p, seconds in medians.items()})
+        steps, plan = made.replan(made.model)
+        moved = not same_assignment(plan, made.plan)
+        made.steps, made.plan = steps, plan
+        publish_plan(bus, name, steps, plan)
+        if not moved:
+            break
+        unload_replicas(name, loaded, bus)
+        loaded, executors = place(plan)
+    progress(f"timing {name}'s partitions under load", ROUNDS, ROUNDS)
+    return loaded, executors

@@ -16,18 +16,20 @@ from runtime.provision.network import LoadedNetwork
 from runtime.types import BatchingConfig
 
 if TYPE_CHECKING:
-    from runtime.partition.planning import PartitionSpec
+    from runtime.partition.planning import CostsSpec, PartitionSpec
     from runtime.provision.from_model import ModelSource
 
 
 def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
          partition: PartitionSpec | None, annotations: str | Path | Mapping | None,
          fallback: str | None, replicas: int | str | None, batching: BatchingConfig | None,
-         bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None) -> LoadedNetwork:
+         bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None,
+         costs: CostsSpec | None = None) -> LoadedNetwork:
     """The network, loaded onto `devices`; raises with nothing left loaded."""
     if is_bundle(model):
         assert isinstance(model, str | Path)
-        fixed = {"annotations": annotations, "fallback": fallback, "bindings": bindings}
+        fixed = {"annotations": annotations, "fallback": fallback, "bindings": bindings,
+                 "costs": costs}
         given = [k for k, v in fixed.items() if v is not None]
         if given:
             raise PrismError(f"{model} is a bundle, placed when it was compiled: "
@@ -46,4 +48,4 @@ def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any,
     return load_network(name, model, devices, bus, partition=partition or "balanced",
                         annotations=annotations, fallback=fallback,
                         replicas=1 if replicas is None else replicas, batching=batching,
-                        bindings=bindings)
+                        bindings=bindings, costs=costs)

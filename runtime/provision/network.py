@@ -89,6 +89,7 @@ def publish_plan(bus: Any, name: str, steps: Sequence[Step], plan: Plan) -> None
                     nodes=list(step.nodes))
     bus.publish("partition.planned", network=name, mode=plan.mode,
                 bottleneck_seconds=plan.bottleneck_seconds,
+                lower_bound_seconds=plan.lower_bound_seconds, costs=plan.costs,
                 partitions=[{"name": p.name, "device": p.device, "nodes": len(p.nodes),
                              "est_seconds": p.est_seconds} for p in plan.partitions])
 
@@ -110,10 +111,28 @@ def place_replicas(name: str, plan: Plan, made: Mapping[str, Program],
                                           tag=f"#{r}" if r else "", bus=bus, onto=onto,
                                           groups=groups)))
     except BaseException:
-        _unload(name, loaded, bus)
+        unload_replicas(name, loaded, bus)
         raise
     return tuple(loaded), tuple(Executor(face, replica, name, bus, None if graph is None else [
         OutputCheck.of(graph, lp.partition.outputs) for lp in replica]) for replica in loaded)
+
+
+def free_bytes(devices: Mapping[str, Device]) -> dict[str, int]:
+    """Device -> the bytes free now, for each device other networks already use: what a
+    new network's plan may fill. Counting the new network's activations on top of the
+    arena a device already has is conservative (a device shares one arena among its
+    programs), so what the plan fits, the device takes."""
+    return {d.name: d.free_bytes for d in devices.values() if d.used_bytes}
+
+
+def as_loaded(plan: Plan, replica: Sequence[LoadedPartition],
+              devices: Mapping[str, Device]) -> Plan:
+    """The plan naming the devices its first replica's partitions were loaded on (a
+    provisioner finding a planned device full loads onto a twin), each with its own
+    configuration (its whole memory, not what was free when the plan was made)."""
+    where = {lp.partition.name: lp.device.name for lp in replica}
+    return plan.moved(where, {name: devices[name].config for name in {
+        *where.values(), *(d.name for d in plan.devices if d.name in devices)}})
 
 
 def device_pool(devices: Mapping[str, Device], names: Sequence[str]) -> dict[str, Device]:
@@ -127,11 +146,13 @@ def device_pool(devices: Mapping[str, Device], names: Sequence[str]) -> dict[str
 
 def unload_network(net: LoadedNetwork, bus: Any) -> None:
     """Unload every replica, then let go of the bundle file it was loaded from, if any."""
-    _unload(net.name, net.loaded, bus)
+    unload_replicas(net.name, net.loaded, bus)
     if net.bundle is not None:
         net.bundle.close()
 
 
-def _unload(name: str, loaded: Sequence[Sequence[LoadedPartition]], bus: Any) -> None:
+def unload_replicas(name: str, loaded: Sequence[Sequence[LoadedPartition]], bus: Any
+                    ) -> None:
+    """Unload every loaded replica of network `name`."""
     for replica in loaded:
         unload(replica, network=name, bus=bus)

@@ -21,7 +21,7 @@ from runtime.bundle.contents import open_contents
 from runtime.bundle.match import match_devices, needs, parse_remap
 from runtime.bundle.plan_io import plan_dict, plan_from_dict, rename_devices
 from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, WEIGHTS, read_bundle
-from runtime.bundle.writer import EXTERNAL_MIN_BYTES
+from runtime.bundle.writer import compile_bundle
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.driver import open_bundle
 from runtime.errors import BundleError
@@ -43,6 +43,7 @@ from tests.support.bundles import (
     partition_arg,
     rewrite,
 )
+from tests.support.weights import SHARED_MAP, shared_weight_chain
 
 
 @pytest.fixture(autouse=True)
@@ -132,15 +133,15 @@ def _external_spans(bundle) -> dict[str, list[tuple[str, int, int]]]:
     return out
 
 
-def test_weights_are_stored_once():
-    """gpt2's tied embedding is read by its first and last partitions: weights.bin holds
-    every distinct tensor once, and every model naming a weight points at one copy."""
-    c = case("gpt2", 4, "balanced")
-    g = graph("gpt2")
-    uses = Counter(w for p in c.compiled.plan.partitions for w in p.weights)
-    shared = [w for w, k in uses.items() if k > 1 and g.tensors[w].nbytes >= EXTERNAL_MIN_BYTES]
-    assert shared, "gpt2 should share a weight between partitions"
-    with read_bundle(c.path) as bundle:
+def test_weights_are_stored_once(tmp_path):
+    """A weight two partitions read is in both their models, stored once in weights.bin:
+    every distinct tensor once, every model naming a weight pointing at one copy."""
+    path = tmp_path / "shared.prism"
+    compiled = compile_bundle(shared_weight_chain(), cpus(2), path, partition=SHARED_MAP)
+    uses = Counter(w for p in compiled.plan.partitions for w in p.weights)
+    shared = [w for w, k in uses.items() if k > 1]
+    assert shared == ["w"]
+    with read_bundle(path) as bundle:
         spans = _external_spans(bundle)
         blob = bundle.weights()
         digest = {}
@@ -152,7 +153,7 @@ def test_weights_are_stored_once():
             where = {(s, n) for items in spans.values() for w, s, n in items if w == weight}
             holders = [m for m, items in spans.items() if any(w == weight for w, _, _ in items)]
             assert len(where) == 1 and len(holders) >= 2, (weight, where, holders)
-        info = c.compiled.manifest["weights"]
+        info = compiled.manifest["weights"]
         assert info["bytes"] == blob.size < info["referenced_bytes"]
 
 

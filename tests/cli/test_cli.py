@@ -76,6 +76,22 @@ def test_partition_table(capsys):
     assert "memory plan" in out and "bottleneck" in out
 
 
+def test_partition_prints_the_lower_bound_and_the_costs_it_used(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:2", "--costs", "model",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["costs"] == "model"
+    assert 0 < plan["lower_bound_seconds"] <= plan["bottleneck_seconds"]
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:2", "--costs", "measured"]) == 0
+    out = capsys.readouterr().out
+    assert "(measured costs)" in out and "lower bound:" in out and "above it" in out
+    assert list((tmp_path / "costs").glob("*.json"))  # measured once, kept in the cache
+    with pytest.raises(SystemExit) as info:
+        main(["partition", TRANSFORMER, "--devices", "cpu:2", "--costs", "guess"])
+    assert info.value.code == 2
+
+
 @pytest.mark.parametrize("case", ["missing", "not_onnx", "bad_devices", "too_big",
                                   "unknown_mode"])
 def test_partition_errors_are_one_line(capsys, tmp_path, case):

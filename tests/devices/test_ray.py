@@ -309,3 +309,46 @@ def test_dashboards_show_ray_devices_with_their_node(cluster):
         assert list(frame["where"]) == [rows[n].where for n in frame["device"]]
     finally:
         live.close()
+
+
+def test_a_second_network_plans_into_the_free_memory_of_ray_devices(cluster):
+    """Two ray devices; the first network fills most of ray0. The second is planned into
+    what is free, loads (planned against whole devices it was refused: "needs X on ray0,
+    Y free"), names the actors that hold each partition, and answers as onnxruntime."""
+    from tests.provision.test_free_memory import answers, need, planned_where_loaded
+
+    memory = max(need("bert"), need("gpt2")) + need("gpt2") // 10
+    devices = [DeviceConfig(name=f"ray{i}", backend="ray", memory_bytes=memory)
+               for i in range(2)]
+    with HostManager(devices) as host:
+        host.add_network("bert", str(REAL / "bert.onnx"), devices=["ray0"])
+        free = {d.name: d.free_bytes for d in host.devices.values()}
+        events = host.bus.subscribe(kinds=("partition.planned", "provision.loaded"))
+        plan = host.add_network("gpt2", str(REAL / "gpt2.onnx"))
+        planned_where_loaded(events.drain(), "gpt2")
+        assert host.plan("gpt2") == plan
+        for p in plan.partitions:
+            assert f"gpt2/{p.name}" in host.devices[p.device].held()  # asked of the actor
+        for device, used in plan.device_memory().items():
+            assert used <= free[device]
+        answers(host, "gpt2")
+        answers(host, "bert")
+
+
+def test_ray_devices_charge_their_measured_hop(cluster, monkeypatch, tmp_path):
+    """Measured costs on ray devices: their dispatch (a Ray call) is timed on the host's
+    own actors, and every partition's stage pays it; the plan says it was measured."""
+    from runtime.provision.hops import device_hops
+
+    monkeypatch.setenv("PRISM_COSTS", "measured")
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    with HostManager(parse_devices("ray:2")) as host:
+        hops = device_hops(host.devices)
+        assert hops["ray"] > 0
+        assert device_hops(host.devices)["ray"] == hops["ray"]  # once per device pair
+        plan = host.add_network("mlp", str(SAMPLES_DIR / "mlp.onnx"))
+        assert plan.costs == "measured"
+        assert all(p.transfer_in_seconds >= hops["ray"] for p in plan.partitions)
+        x = {"x": np.random.default_rng().standard_normal((1, 256)).astype(np.float32)}
+        want = ort.InferenceSession(str(SAMPLES_DIR / "mlp.onnx")).run(None, x)[0]
+        np.testing.assert_allclose(host.infer("mlp", x)["logits"], want, rtol=1e-4, atol=1e-5)

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from runtime.cost import graph_costs
+from runtime.cost import CostModel
 from runtime.devices.ort import sessions as ort_helpers
 from runtime.devices.ort.sessions import (
     cpu_session,
@@ -70,7 +70,7 @@ def cut(graph: Graph, k: int) -> list[Partition]:
     order = [n.name for n in graph.nodes]
     devices = parse_devices("cpu:2")
     groups = [("a", "cpu0", order[:k]), ("b", "cpu1", order[k:])]
-    return build_plan(graph, graph_costs(graph), devices, groups, mode="user",
+    return build_plan(graph, CostModel.roofline(graph), devices, groups, mode="user",
                       order=order).partitions
 
 
@@ -164,7 +164,7 @@ def test_newer_opset_is_restamped_only_when_sound(monkeypatch) -> None:
     for op in ("Sigmoid", "Cast"):
         graph = load_graph(tiny_model(op, newest))
         devices, names = parse_devices("cpu:1"), [n.name for n in graph.nodes]
-        [part] = build_plan(graph, graph_costs(graph), devices, [("p0", "cpu0", names)],
+        [part] = build_plan(graph, CostModel.roofline(graph), devices, [("p0", "cpu0", names)],
                             mode="user", order=names).partitions
         sub = extract(graph, part)
         onnx.checker.check_model(sub)

@@ -230,8 +230,10 @@ def test_a_partition_whose_device_is_full_goes_to_a_twin_with_the_most_room():
     with HostManager(devices) as host:
         host.devices["sim0"].load("filler", relu_program(weight_bytes=memory - need // 2))
         host.devices["sim1"].load("filler", relu_program(weight_bytes=need // 4))
-        host.add_network("m", MLP, partition={"default": "sim0"})
+        plan = host.add_network("m", MLP, partition={"default": "sim0"})
         assert replicas_by_device(host, "m") == {"": {"sim2"}}
+        assert [p.device for p in plan.partitions] == ["sim2"]  # where it runs
+        assert host.plan("m").device("sim2").memory_bytes == memory
         rng = np.random.default_rng()
         f = mlp_feeds(rng, 2)
         assert_same(host.run("m", f).result(timeout=WAIT), expected(MLP, f))

@@ -89,6 +89,8 @@ def test_a_triton_config_becomes_load_options():
     assert load_options(config, {"partition": "balanced"}).partition == "balanced"
     replaced = load_options(config, {"config": json.dumps({"max_batch_size": 4})})
     assert replaced.max_batch_size == 0 and replaced.partition == "balanced"
+    assert options.costs is None and options.add_network()["costs"] is None  # the default
+    assert load_options(config, {"costs": "model"}).add_network()["costs"] == "model"
 
 
 @pytest.mark.parametrize("text", ['name: "x', "a { b: 1", "a: [1, 2", "{", "a:"])
@@ -99,7 +101,8 @@ def test_a_broken_config_is_one_error(text):
 
 @pytest.mark.parametrize("params", [{"max_batch_size": -1}, {"max_queue_delay_ms": "soon"},
                                     {"preferred_batch_sizes": "4,x"}, {"devices": ""},
-                                    {"config": "{"}, {"file:1/model.onnx": ""}])
+                                    {"config": "{"}, {"file:1/model.onnx": ""},
+                                    {"costs": "roofline"}])
 def test_bad_load_parameters_are_refused(params):
     with pytest.raises(LoadOptionError):
         load_options({}, params)

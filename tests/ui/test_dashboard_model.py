@@ -25,6 +25,7 @@ from app.dashboard import (
     Stepper,
 )
 from app.dashboard.colors import NO_COLOR, PALETTE, UNASSIGNED
+from app.dashboard.model import MIN_RUNS
 from app.dashboard.source import MODES, PartitionSteps
 from app.defaults import DEFAULT_DEVICES, SAMPLES
 from app.live import LiveRuntime
@@ -361,7 +362,7 @@ def test_a_network_from_a_bundle_shows_its_origin_schedule_and_recorded_steps(
         assert [r.device for r in rows] == [p.device for p in view.plan.partitions]
         assert all(r.color == view.colors[r.device] for r in rows)
         with monkeypatch.context() as m:  # the stepper must not partition again
-            m.setattr("app.dashboard.source.partition_steps", _no_partitioning)
+            m.setattr("app.dashboard.source.plan_network", _no_partitioning)
             steps = model.stepper().run
         assert list(steps.steps) == _recorded_steps(path)
         assert steps.plan.partitions == compiled.plan.partitions
@@ -442,3 +443,43 @@ def test_stepper_walks_within_its_steps(source: Scripted) -> None:
     stepper = Stepper(source.partition_steps("balanced"))
     assert stepper.go(-5).index == 0 and stepper.go(10**6).index == len(stepper) - 1
     assert stepper.view() is stepper.view()  # one StepView per step
+
+
+def test_estimates_sit_beside_measured_times_and_a_live_run_feeds_the_next_plan() -> None:
+    """Each partition row carries the plan's estimate and the measured median (and how
+    far apart they are); re-planning from measurements loads a plan made from those
+    medians, beside the old one, and moves the load to it."""
+    model = DashboardModel(LiveRuntime(devices="cpu:2", start_load=False, seed=5))
+    try:
+        with pytest.raises(PrismError, match="nothing measured"):
+            model.replan_measured()  # nothing has run yet
+        before = model.poll().plan
+        assert len(before.partitions) == 2
+        model.set_load(LoadSetting(clients=4))
+        model.toggle_pause()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = model.poll().partitions
+            if all(r.runs >= MIN_RUNS for r in rows):
+                break
+            time.sleep(0.1)
+        rows = model.poll().partitions
+        assert all(r.runs >= MIN_RUNS and r.off_by is not None for r in rows)
+        for r in rows:
+            assert r.off_by == pytest.approx(r.est_seconds / r.p50 - 1)
+        measured = model.measured_times()
+        assert set(measured) == {p.name for p in before.partitions}
+        plan = model.replan_measured()
+        view = model.poll()
+        assert plan.costs == "live" and view.plan is plan
+        assert view.status.network != "cnn" and not view.status.load.paused
+        assert model.source.networks() == [view.status.network]  # the old one went
+    finally:
+        model.close()
+
+
+def test_a_recording_cannot_be_replanned_from_measurements(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    record_run(path, "balanced", devices="cpu:2")
+    with pytest.raises(PrismError, match="re-plan from measurements"):
+        Recording(path).replan_measured({"p0": 1e-3})

@@ -30,6 +30,7 @@ from runtime.devices import parse_devices
 from runtime.partition import replay
 from ui_tui import PrismApp
 from ui_tui.keys import KeyState, key_enabled
+from ui_tui.paint import seconds as seconds_text
 from ui_tui.screens.devices_prompt import DevicesPrompt
 from ui_tui.screens.stepper import StepperScreen
 from ui_tui.widgets.dag import PartitionDag
@@ -251,6 +252,28 @@ def test_mode_replan_and_devices_keys_repartition(live_threads):
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.busy is None, what="the refused spec")
         assert live.devices_spec == "cpu:1,sim:2"  # a bad spec keeps the old plan serving
+        await quit_app(pilot)
+
+    drive(dashboard(live), script)
+
+
+def test_the_latency_table_shows_estimates_and_t_replans_from_measurements(live_threads):
+    """The latency table shows each partition's estimate beside its measured times; `t`
+    plans again from the medians the running plan measured."""
+    live = LiveRuntime(devices="cpu:2", concurrency=4, seed=4)
+
+    async def script(pilot: Pilot) -> None:
+        app = pilot.app
+        before = live.plan()
+        await wait_until(pilot, lambda: all(int(r[2].replace(",", "")) >= 20
+                                            for r in figures(app).values()),
+                         timeout=30, what="twenty runs of every partition")
+        rows = figures(app)
+        estimates = {p.name: seconds_text(p.est_seconds) for p in before.partitions}
+        assert {name: cells[3] for name, cells in rows.items()} == estimates
+        await pilot.press("t")
+        await wait_until(pilot, lambda: app.busy is None, timeout=30, what="the re-plan")
+        assert live.plan() is not before and live.plan().costs == "live"
         await quit_app(pilot)
 
     drive(dashboard(live), script)

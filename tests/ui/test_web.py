@@ -289,3 +289,24 @@ def test_the_web_dashboard_attaches_to_a_running_server(shared: SharedLive,
         while attached.view().totals.finished < 7 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert attached.view().totals.finished == 7
+
+
+# last: it re-plans the module's shared runtime, renaming its network
+def test_partition_table_puts_estimates_beside_measurements_and_replans_from_them(
+        at: AppTest, shared: SharedLive) -> None:
+    deadline = time.monotonic() + 30
+    while not all(r.runs >= 20 for r in shared.view(max_age=0).partitions):
+        assert time.monotonic() < deadline, "the partitions never ran twenty times"
+        time.sleep(0.1)
+    at.run()
+    table = next(d.value for d in at.dataframe if "est ms" in d.value.columns)
+    columns = list(table.columns)
+    assert columns.index("est ms") + 1 == columns.index("p50 ms")
+    assert columns.index("p50 ms") + 1 == columns.index("est off %")
+    before = shared.view().plan
+    at.button(key="replan_measured").click().run()
+    assert not at.exception and not at.error, at.error
+    assert any("re-planned from measured run times" in s.value for s in at.success)
+    plan = shared.view().plan
+    assert plan is not before and plan.costs == "live"
+    assert _serving(shared)

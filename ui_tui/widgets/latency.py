@@ -1,4 +1,5 @@
-"""Per-partition latency table: count, p50, p95, p99, last; the slowest row highlighted."""
+"""Per-partition latency table: count, the plan's estimate beside the measured p50, p95,
+p99, last; the slowest row highlighted."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from textual.widgets import DataTable
 from app.dashboard import PartitionRow
 from ui_tui.paint import chip_style, seconds
 
-COLUMNS = ("partition", "device", "count", "p50", "p95", "p99", "last")
-WIDTHS = {"count": 7, "p50": 8, "p95": 8, "p99": 8, "last": 8}
+COLUMNS = ("partition", "device", "count", "est", "p50", "p95", "p99", "last")
+WIDTHS = {"count": 7, "est": 8, "p50": 8, "p95": 8, "p99": 8, "last": 8}
 
 
 def row_cells(row: PartitionRow) -> list[Text]:
@@ -19,6 +20,7 @@ def row_cells(row: PartitionRow) -> list[Text]:
         Text(f"{'▲' if row.slowest else ' '}{row.name}", style=hot),
         Text(f" {row.device} ", style=chip_style(row.color)),
         Text(f"{row.runs:,}", style=hot, justify="right"),
+        Text(seconds(row.est_seconds, 1), style="dim", justify="right"),
         *(Text(f, style=hot, justify="right") for f in figures),
     ]
 

@@ -1,0 +1,239 @@
+"""Constant folding before partitioning: every tensor computed from initializers and
+`Constant` nodes alone becomes an initializer, computed once when the model loads.
+
+    model, report = fold_constants(model)   # report.nodes: the nodes folded away
+
+Exporters leave such nodes in graphs (the legacy PyTorch exporter puts an `Identity` over
+many weights; `Constant` nodes hold shapes and scales). Left in, each is "work" for the
+partitioner, and a weight made in one partition and read in another would cross devices
+on every request. onnxruntime folds them when it runs a whole model; Prism must fold them
+before it cuts the graph.
+
+Values come from onnx's reference evaluator, one node at a time (an `Identity` is a
+renamed copy), so a node it cannot evaluate stays a node and nothing else is lost. What
+is never folded: `DequantizeLinear` (a quantized weight stays int8 until the fused
+kernel reads it, as onnxruntime keeps it), random ops, nodes with subgraphs, ops of
+other domains, initializers a caller may override (listed as graph inputs), nodes
+writing a graph output, and a node whose output size shape inference cannot bound.
+
+Memory is bounded: the network's constants after folding never exceed `FOLD_GROWTH`
+times what they were (initializers and `Constant` values) plus `FOLD_SLACK`. When the
+folded tensors would (an `Expand` or `Tile` of a small constant, a weight read both
+directly and through a `Cast`), the folded nodes that grow memory most stay in the graph
+as work until the bound holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+FOLD_GROWTH = 2.0  # folded constants are at most this many times the constants before...
+FOLD_SLACK = 64 << 10  # ... plus this many bytes (shapes and scales of a weightless model)
+NEVER_FOLDED = frozenset({"DequantizeLinear", "RandomNormal", "RandomUniform",
+                          "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
+_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class FoldReport:
+    """What folding did: the nodes folded into initializers, the constant-only nodes kept
+    as work (and why), and the constants' bytes before and after."""
+
+    nodes: tuple[str, ...] = ()
+    kept: dict[str, str] = field(default_factory=dict)  # node -> why it stays a node
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    @property
+    def growth(self) -> float:
+        """Constant bytes after over before (1.0 when nothing changed)."""
+        return self.bytes_after / self.bytes_before if self.bytes_before else 1.0
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    try:
+        size = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        size = 1
+    return math.prod(t.dims) * size
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> Iterator[str]:
+    """Names a node's subgraphs may read from outer scope (a superset is fine here)."""
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            for inner in g.node:
+                yield from inner.input
+                yield from _subgraph_reads(inner)
+            yield from (o.name for o in g.output)
+
+
+def _reads(node: onnx.NodeProto) -> Iterator[str]:
+    yield from (t for t in node.input if t)
+    yield from _subgraph_reads(node)
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute)
+
+
+def _bounded_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor -> bytes where shape inference (with constants propagated) knows it."""
+    try:
+        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                data_prop=True)
+    except Exception:  # best effort: an unknown size is simply not folded
+        return {}
+    sizes = {}
+    for value in (*inferred.graph.value_info, *inferred.graph.output):
+        tt = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        if any(d < 0 for d in dims):
+            continue
+        try:
+            item = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+        except (KeyError, TypeError, ValueError):
+            continue
+        sizes[value.name] = math.prod(dims) * item
+    return sizes
+
+
+def _evaluate(node: onnx.NodeProto, values: dict[str, np.ndarray],
+              opsets: dict[str, int]) -> list[np.ndarray] | None:
+    """The node's outputs from its constant inputs, or None if the evaluator fails."""
+    if node.op_type == "Identity" and node.domain in _DOMAINS:
+        return [values[node.input[0]]]
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        evaluator = ReferenceEvaluator(node, opsets=opsets)
+        feeds = {t: values[t] for t in node.input if t}
+        return [np.asarray(v) for v in evaluator.run(None, feeds)]
+    except Exception:  # whatever the evaluator cannot do stays a node
+        return None
+
+
+def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldReport]:
+    """The model with every foldable constant-only node replaced by initializers, and what
+    was done. The model is returned as it was when there is nothing to fold."""
+    g = model.graph
+    overridable = {i.name for i in g.input}
+    inits = {t.name: t for t in g.initializer if t.name not in overridable}
+    outputs = {o.name for o in g.output}
+    opsets = {op.domain or "": op.version for op in model.opset_import}
+    candidates = [i for i, n in enumerate(g.node) if _candidate(n, outputs)]
+    if not candidates:
+        return model, FoldReport()
+    sizes = _bounded_sizes(model)
+    constant_bytes = sum(_tensor_bytes(t) for t in inits.values())
+    constant_bytes += sum(_tensor_bytes(a.t) for n in g.node if n.op_type == "Constant"
+                          for a in n.attribute if a.name == "value")
+    budget = FOLD_GROWTH * constant_bytes + FOLD_SLACK
+    values: dict[str, np.ndarray] = {}
+    folded: dict[int, None] = {}
+    kept: dict[str, str] = {}
+    producer: dict[str, int] = {}
+    for i in candidates:
+        node = g.node[i]
+        if not all(t in inits or t in values for t in node.input if t):
+            continue
+        too_big = [t for t in node.output if t and sizes.get(t, budget + 1) > budget]
+        if too_big and node.op_type != "Constant":
+            kept[node.name] = f"its output {too_big[0]} has no size within the fold bound"
+            continue
+        for t in node.input:
+            if t and t not in values:
+                values[t] = numpy_helper.to_array(inits[t])
+        result = _evaluate(node, values, opsets)
+        if result is None or len(result) < len([t for t in node.output if t]):
+            kept[node.name] = "onnx's reference evaluator cannot compute it"
+            continue
+        folded[i] = None
+        for t, v in zip(node.output, result, strict=False):
+            if t:
+                values[t], producer[t] = v, i
+    if not folded:
+        return model, FoldReport(kept=kept)
+    keep = _within_budget(g, folded, producer, values, inits, budget, kept)
+    return _rewritten(model, folded, keep, producer, values, overridable), FoldReport(
+        tuple(g.node[i].name for i in folded if i not in keep), kept, constant_bytes,
+        _constant_bytes_after(g, folded, keep, producer, values, inits))
+
+
+def _candidate(node: onnx.NodeProto, outputs: set[str]) -> bool:
+    return (node.domain in _DOMAINS and node.op_type not in NEVER_FOLDED
+            and not _has_subgraph(node) and not any(t in outputs for t in node.output))
+
+
+def _live_reads(g: onnx.GraphProto, folded: dict[int, None], keep: set[int]) -> set[str]:
+    """Every tensor a node that stays in the graph reads."""
+    return {t for i, n in enumerate(g.node) if i not in folded or i in keep for t in _reads(n)}
+
+
+def _needed(g: onnx.GraphProto, folded: dict[int, None], keep: set[int],
+            producer: dict[str, int]) -> list[str]:
+    """Folded tensors some node that stays reads (they become initializers)."""
+    reads = _live_reads(g, folded, keep)
+    return [t for t, i in producer.items() if i not in keep and t in reads]
+
+
+def _constant_bytes_after(g: onnx.GraphProto, folded: dict[int, None], keep: set[int],
+                          producer: dict[str, int], values: dict[str, np.ndarray],
+                          inits: dict[str, onnx.TensorProto]) -> int:
+    reads = _live_reads(g, folded, keep)
+    kept_constants = sum(_tensor_bytes(a.t) for i in keep if g.node[i].op_type == "Constant"
+                         for a in g.node[i].attribute if a.name == "value")
+    return (sum(_tensor_bytes(t) for name, t in inits.items() if name in reads)
+            + sum(values[t].nbytes for t in _needed(g, folded, keep, producer))
+            + kept_constants)
+
+
+def _within_budget(g: onnx.GraphProto, folded: dict[int, None], producer: dict[str, int],
+                   values: dict[str, np.ndarray], inits: dict[str, onnx.TensorProto],
+                   budget: float, kept: dict[str, str]) -> set[int]:
+    """Folded nodes to keep as work so the constants stay within the budget: the one
+    whose output grows most over its inputs first."""
+    keep: set[int] = set()
+
+    def growth(t: str) -> tuple[int, int]:
+        node = g.node[producer[t]]
+        inputs = sum(values[i].nbytes for i in node.input if i in values)
+        return values[t].nbytes - inputs, values[t].nbytes
+
+    while _constant_bytes_after(g, folded, keep, producer, values, inits) > budget:
+        grown = [t for t in _needed(g, folded, keep, producer)
+                 if g.node[producer[t]].op_type != "Constant"]
+        if not grown:
+            break
+        worst = max(grown, key=growth)
+        keep.add(producer[worst])
+        kept[g.node[producer[worst]].name] = (f"folding {worst} would grow the constants past "
+                                              f"{FOLD_GROWTH:g}x")
+    return keep
+
+
+def _rewritten(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
+               producer: dict[str, int], values: dict[str, np.ndarray],
+               overridable: set[str]) -> onnx.ModelProto:
+    g = model.graph
+    reads = _live_reads(g, folded, keep) | {o.name for o in g.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(n for i, n in enumerate(g.node) if i not in folded or i in keep)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(t for t in g.initializer
+                                 if t.name in overridable or t.name in reads)
+    out.graph.initializer.extend(numpy_helper.from_array(values[t], t)
+                                 for t in _needed(g, folded, keep, producer))
+    return out

@@ -1,0 +1,89 @@
+"""A lower bound on the bottleneck: no split of the graph over the devices beats it.
+
+Relaxations, each valid for any assignment of nodes to devices, contiguous or not, with
+the cost model the plan was made with:
+
+- **work**: every node costs at least its time on the fastest device placement allows
+  it, W in all; a plan using j >= 2 devices also copies at least one activation (the
+  cheapest crossing: the fewest bytes any tensor carries, at the cheapest receiving
+  end), so the devices are busy at least W + that, and the busiest of k at least a k-th
+  of it, plus the fixed cost every partition run pays (the least any device has).
+- **largest node**: the slowest node on its fastest allowed device, plus that device's
+  fixed cost per run, runs in some stage whole.
+- **one device**: a plan on one device copies nothing; its time is the whole graph's
+  there. The bound is the lesser of the best such plan (where one device can hold and
+  run everything) and the split bound (the larger of the two above).
+
+`Plan.gap` is how far a plan is above its bound, as a share of the bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from runtime.cost import CostModel
+from runtime.devices.config import DeviceConfig
+from runtime.graph import Graph
+from runtime.partition.liveness import peak_activation_bytes, weight_bytes
+from runtime.units import human_seconds
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The bound and what made it (seconds each)."""
+
+    seconds: float
+    work: float  # (W + the cheapest copy) / k + fixed: any plan using two devices or more
+    largest: float  # the slowest node where it is fastest, with its run's fixed cost
+    largest_node: str
+    whole: float | None  # the best plan on one device (None: no device holds it all)
+    devices: int
+
+    def why(self) -> str:
+        """The bound in words, for the stepper."""
+        parts = [f"work over {self.devices} device{'s' * (self.devices != 1)} "
+                 f"{human_seconds(self.work)}",
+                 f"largest node {self.largest_node} {human_seconds(self.largest)}"]
+        if self.whole is not None:
+            parts.append(f"all on one device {human_seconds(self.whole)}")
+        return "; ".join(parts)
+
+
+def lower_bound(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
+                allowed: Mapping[str, frozenset[str]] | None = None) -> Bound:
+    if not graph.nodes or not devices:
+        return Bound(0.0, 0.0, 0.0, "", None, len(devices))
+    by_name = {d.name: d for d in devices}
+    fixed = {d.name: model.fixed_seconds(d) for d in devices}
+    whole = {d.name: fixed[d.name] for d in devices}  # device -> the whole graph there
+    work, largest, largest_node = 0.0, 0.0, graph.nodes[0].name
+    for node in graph.nodes:
+        able = [by_name[n] for n in (allowed or {}).get(node.name, by_name) if n in by_name]
+        times = [(model.node_seconds(node.name, d), d) for d in able or devices]
+        work += min(t for t, _ in times)
+        alone = min(t + fixed[d.name] for t, d in times)
+        if alone > largest:
+            largest, largest_node = alone, node.name
+        runs = {d.name: t for t, d in times}
+        for name in list(whole):
+            if name in runs:
+                whole[name] += runs[name]
+            else:
+                del whole[name]  # placement keeps this node off it
+    need = weight_bytes(graph, graph.nodes) + peak_activation_bytes(graph, graph.nodes)
+    single = min((t for name, t in whole.items() if by_name[name].memory_bytes >= need),
+                 default=None)
+    k = len(devices)
+    split = max((work + _cheapest_copy(graph, model, devices)) / k + min(fixed.values()),
+                largest)
+    options = ([split] if k > 1 else []) + ([single] if single is not None else [])
+    return Bound(min(options, default=split), split, largest, largest_node, single, k)
+
+
+def _cheapest_copy(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig]) -> float:
+    """The least one activation crossing to another device costs."""
+    sizes = [graph.tensor_bytes(t) for t in graph.producer if graph.consumers.get(t)]
+    if not sizes:
+        return 0.0
+    return min(model.receive_seconds(min(sizes), d) for d in devices)

@@ -1,0 +1,202 @@
+"""Measured times: each node's, and each partition's, timed on this machine with
+onnxruntime at a device's thread count, the session options and call the devices use.
+
+    timings = measure_nodes(graph, device)          # Timings for the device's kind
+    seconds = time_partitions(graph, plan, kinds)   # partition -> its sub-model's run time
+
+Per node: the model order is cut into contiguous chunks (about `CHUNKS`, of even
+roofline time); each chunk is extracted as a partition would be, loaded in a session,
+fed the values the chunks before it made, and run until `BUDGET` seconds or `MAX_RUNS`
+runs have passed; its median time, less the fixed cost of a run (timed on a one-node
+model), is shared among its nodes in proportion to their roofline times. A partition
+then costs that fixed cost plus the sum of its nodes, and fusions onnxruntime makes
+inside a chunk are in its time. `refined` closes the loop on a plan: each partition's
+own sub-model is timed and its nodes scaled so they sum to what it measured.
+
+Feeds are drawn for the shapes bound at load: floats from a normal distribution,
+integers and booleans zero (a valid index into any table), strings empty. A network
+with a non-tensor input, or a chunk that fails to run, is not measured (None): the
+roofline stays its cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from runtime.cost import CostModel, Timings, kind_of
+from runtime.devices.config import DeviceConfig
+from runtime.devices.cpu import OrtFunction
+from runtime.devices.ort.options import new_session
+from runtime.graph import Graph
+from runtime.partition.build import build_plan
+from runtime.partition.plan import Partition, Plan
+from runtime.partition.submodel import extract
+
+CHUNKS = 24  # sub-models per measured network
+BUDGET = 0.05  # seconds of runs per sub-model (at least MIN_RUNS)
+MIN_RUNS, MAX_RUNS = 5, 200
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def calibration_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray] | None:
+    """Feeds for the graph's inputs at their bound shapes, or None if one is not a plain
+    tensor of known type and shape."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name in graph.inputs:
+        info = graph.tensors.get(name)
+        if info is None or info.dtype is None or info.shape is None:
+            return None
+        dtype = np.dtype(info.dtype)
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(info.shape).astype(dtype)
+        elif dtype.kind in "iub":
+            feeds[name] = np.zeros(info.shape, dtype)
+        elif dtype.kind in "OU":
+            feeds[name] = np.full(info.shape, "", dtype=object)
+        else:
+            return None
+    return feeds
+
+
+def timed_run(function: OrtFunction, feeds: dict[str, np.ndarray]
+              ) -> tuple[float, dict[str, np.ndarray]]:
+    """(median seconds of a run, the outputs), runs until BUDGET or MAX_RUNS."""
+    outputs = function.run(feeds)  # warm: the first run allocates
+    function.run(feeds)
+    samples: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    while len(samples) < MAX_RUNS and (len(samples) < MIN_RUNS or clock() - started < BUDGET):
+        t = clock()
+        function.run(feeds)
+        samples.append(clock() - t)
+    return statistics.median(samples), outputs
+
+
+def _function(model_bytes: bytes, threads: int) -> OrtFunction:
+    return OrtFunction(new_session(model_bytes, threads))
+
+
+def run_overhead(threads: int) -> float:
+    """The fixed cost of one run: a one-node model's median time."""
+    from runtime.devices.hop import probe_program
+
+    seconds, _ = timed_run(_function(probe_program().model, threads),
+                           {"x": np.zeros((1, 4), np.float32)})
+    return seconds
+
+
+def _chunks(graph: Graph, model: CostModel, device: DeviceConfig) -> list[list[str]]:
+    """The model order cut into about CHUNKS runs of even roofline time."""
+    names = [n.name for n in graph.nodes]
+    times = np.array([model.node_seconds(n, device) for n in names])
+    count = min(CHUNKS, len(names))
+    edges = np.cumsum(times)
+    targets = edges[-1] * np.arange(1, count) / count
+    cuts = sorted({0, *np.searchsorted(edges, targets, side="right").tolist(), len(names)})
+    return [names[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def _as_partitions(graph: Graph, device: DeviceConfig, groups: Sequence[Sequence[str]]
+                   ) -> list[Partition]:
+    """Runs of nodes as the partitions a plan on one device would make of them."""
+    order = [n.name for n in graph.nodes]
+    return build_plan(graph, CostModel.roofline(graph), [device],
+                      [(f"c{i}", device.name, list(g)) for i, g in enumerate(groups)],
+                      mode="user", order=order).partitions
+
+
+def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
+                   feeds: dict[str, np.ndarray], on_progress: Progress | None, what: str
+                   ) -> dict[str, float] | None:
+    """Each partition's median run time, run in plan order on the values before it made;
+    None if one fails to load or run."""
+    values: dict[str, np.ndarray] = dict(feeds)
+    last_read = {t: i for i, p in enumerate(parts) for t in p.inputs}
+    seconds: dict[str, float] = {}
+    for i, part in enumerate(parts):
+        if on_progress is not None:
+            on_progress(f"{what} {part.name}", i, len(parts))
+        try:
+            function = _function(extract(graph, part).SerializeToString(), threads)
+            taken, outputs = timed_run(function, {t: values[t] for t in part.inputs})
+        except Exception:  # onnxruntime's errors, an extraction refused: nothing measured
+            return None
+        seconds[part.name] = taken
+        values.update(outputs)
+        for t in [t for t, last in last_read.items() if last == i]:
+            values.pop(t, None)  # no later partition reads it
+    if on_progress is not None:
+        on_progress(what, len(parts), len(parts))
+    return seconds
+
+
+def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | None = None
+                  ) -> Timings | None:
+    """Times of every node on the device's kind (onnxruntime at its threads), or None."""
+    feeds = calibration_feeds(graph)
+    if feeds is None or kind_of(device) is None or not graph.nodes:
+        return None
+    roofline = CostModel.roofline(graph)
+    groups = _chunks(graph, roofline, device)
+    parts = _as_partitions(graph, device, groups)
+    overhead = run_overhead(device.threads)
+    seconds = _time_in_order(graph, parts, device.threads, feeds, on_progress,
+                             f"timing {graph.name} on {kind_of(device)}")
+    if seconds is None:
+        return None
+    nodes: dict[str, float] = {}
+    for part in parts:
+        weights = np.array([roofline.node_seconds(n, device) for n in part.nodes])
+        kernels = max(seconds[part.name] - overhead, 0.0)
+        nodes.update(zip(part.nodes, (kernels * weights / weights.sum()).tolist(), strict=True))
+    return Timings(nodes, overhead, "measured")
+
+
+def time_partitions(graph: Graph, plan: Plan, on_progress: Progress | None = None
+                    ) -> dict[str, float] | None:
+    """Each partition's sub-model's median run time on a session like its device's (for
+    partitions on devices of a measured kind; others are left out), or None."""
+    feeds = calibration_feeds(graph)
+    if feeds is None:
+        return None
+    threads = {d.name: d.threads for d in plan.devices}
+    measured: dict[str, float] = {}
+    for count in sorted(set(threads.values())):  # one pass per thread count in the plan
+        seconds = _time_in_order(graph, plan.partitions, count, feeds, on_progress,
+                                 f"timing {plan.network}'s partitions")
+        if seconds is None:
+            return None
+        measured.update({p.name: seconds[p.name] for p in plan.partitions
+                         if threads[p.device] == count and kind_of(plan.device(p.device))})
+    return measured
+
+
+def refined(model: CostModel, plan: Plan, measured: Mapping[str, float]) -> CostModel:
+    """The model with each measured partition's nodes scaled so that, with its fixed run
+    cost, they sum to the partition's measured time (a node in several timed partitions
+    of one kind keeps the last scale; a partition is one device's)."""
+    timings = {kind: dict(t.nodes) for kind, t in model.timings.items()}
+    for part in plan.partitions:
+        device = plan.device(part.device)
+        kind = kind_of(device)
+        if part.name not in measured or kind not in timings:
+            continue
+        nodes = timings[kind]
+        total = sum(nodes.get(n, 0.0) for n in part.nodes)
+        want = max(measured[part.name] - model.run_seconds(device), 0.0)
+        if total <= 0:
+            continue
+        scale = want / total
+        for n in part.nodes:
+            if n in nodes:
+                nodes[n] *= scale
+    return CostModel(model.costs, {kind: Timings(nodes, model.timings[kind].run_seconds,
+                                                 model.timings[kind].source)
+                                   for kind, nodes in timings.items()}, model.hops)

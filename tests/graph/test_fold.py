@@ -1,0 +1,178 @@
+"""Constant folding at load: nodes over constants alone become initializers before the
+graph is cut, within a memory bound, and the answers stay onnxruntime's."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from benchmarks.exports import legacy_bert, legacy_bert_feeds
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.fold import FOLD_GROWTH, FOLD_SLACK, fold_constants
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.partition import partition
+from tests.support.weights import (
+    SHARED_MAP,
+    WIDTH,
+    feeds,
+    identity_weights_chain,
+    shared_weight_chain,
+)
+
+
+def _ort(model: onnx.ModelProto, inputs: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def _depends_on_inputs(graph) -> set[str]:
+    """Tensors some graph input reaches."""
+    reached = set(graph.inputs)
+    for node in graph.nodes:
+        if any(t in reached for t in node.reads):
+            reached.update(node.writes)
+    return reached
+
+
+def test_identity_constant_and_transpose_over_weights_fold_away():
+    model = identity_weights_chain()
+    graph = load_graph(model)
+    assert [n.name for n in graph.nodes] == ["first", "bias", "reshape", "relu", "second"]
+    assert set(graph.folded.nodes) == {"w1_identity", "b_identity", "shape_constant",
+                                       "w2_transpose"}
+    for tensor in ("w1_id", "b_id", "shape", "w2_t"):
+        assert graph.is_weight(tensor)
+    x = feeds(3)
+    for got, want in zip(_ort(graph.model, x), _ort(model, x), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_no_weight_crosses_devices_in_a_legacy_bert_plan():
+    model = legacy_bert(layers=2, hidden=64, heads=4, seq=16)
+    unfolded = load_graph(model, fold=False)
+    graph = load_graph(model)
+    identities = [n for n in unfolded.nodes if n.op_type == "Identity"
+                  and unfolded.is_weight(n.inputs[0])]
+    assert identities and not any(n.op_type in ("Identity", "Constant") and not any(
+        t in _depends_on_inputs(graph) for t in n.reads) for n in graph.nodes)
+    for g, expect_weights in ((unfolded, True), (graph, False)):
+        plan = partition(g, parse_devices("cpu:2"), "balanced")
+        live = _depends_on_inputs(g)
+        weights = [t.tensor for t in plan.transfers if t.tensor not in live]
+        assert bool(weights) == expect_weights, weights
+        works = {n for p in plan.partitions for n in p.nodes}
+        assert not any(g.node(n).op_type == "Identity" and g.node(n).reads[0] not in live
+                       for n in works) or expect_weights
+    inputs = legacy_bert_feeds(model)
+    devices = [DeviceConfig(name=f"cpu{i}", memory_bytes=64 << 20) for i in range(2)]
+    with HostManager(devices) as host:
+        plan = host.add_network("bert", model)
+        assert len(plan.partitions) == 2
+        got = host.infer("bert", inputs)
+    for name, want in zip(("last_hidden_state", "pooler_output"), _ort(model, inputs),
+                          strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_two_partitions_read_is_on_both_devices_and_counted_on_both():
+    graph = load_graph(shared_weight_chain())
+    plan = partition(graph, parse_devices("cpu:2"), "user", user_map=SHARED_MAP)
+    size = WIDTH * WIDTH * 4
+    assert [("w" in p.weights, p.device) for p in plan.partitions] == [
+        (True, "cpu0"), (True, "cpu1")]
+    assert all(p.weight_bytes >= size for p in plan.partitions)
+    assert all(m >= size for m in plan.device_memory().values())
+    assert not any(t.tensor == "w" for t in plan.transfers)
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("shared", shared_weight_chain(), partition=SHARED_MAP)
+        assert all(d.used_bytes >= size for d in host.devices.values())
+        x = feeds()
+        w = numpy_helper.to_array(shared_weight_chain().graph.initializer[0])
+        np.testing.assert_allclose(host.infer("shared", x)["y"],
+                                   np.maximum(x["x"] @ w, 0) @ w, rtol=1e-5, atol=1e-4)
+
+
+def _growing(size: int) -> onnx.ModelProto:
+    """y = x + ConstantOfShape([size, WIDTH]) sliced back to x's rows: the constant is
+    tiny, its value `size` rows."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, WIDTH])
+    shape = numpy_helper.from_array(np.array([size, WIDTH], np.int64), "shape")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["ones"], name="fill",
+                              value=numpy_helper.from_array(np.array([1.5], np.float32))),
+             helper.make_node("Add", ["x", "ones"], ["y"], name="add")]
+    model = helper.make_model(helper.make_graph(nodes, "growing", [x], [y], [shape]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_a_fold_that_would_inflate_memory_past_the_bound_keeps_its_node():
+    small, large = _growing(8), _growing(4096)  # 1 KiB of ones is folded, 512 KiB is not
+    folded, report = fold_constants(small)
+    assert report.nodes == ("fill",) and [n.op_type for n in folded.graph.node] == ["Add"]
+    kept, report = fold_constants(large)
+    assert report.nodes == () and "fill" in report.kept
+    assert [n.op_type for n in kept.graph.node] == ["ConstantOfShape", "Add"]
+    assert report.bytes_after <= FOLD_GROWTH * report.bytes_before + FOLD_SLACK
+    x = {"x": np.random.default_rng().standard_normal((4096, WIDTH)).astype(np.float32)}
+    np.testing.assert_array_equal(_ort(kept, x)[0], x["x"] + np.float32(1.5))
+
+
+def test_a_weight_read_through_several_copies_is_bounded_by_the_growth_factor():
+    """Three scaled copies of one weight would make 3x its bytes: folded nodes stay nodes,
+    the one growing memory most first, until the constants are within FOLD_GROWTH."""
+    rows = 1024  # 128 KiB: the slack does not cover a copy
+    w = np.random.default_rng().standard_normal((rows, WIDTH)).astype(np.float32)
+    scales = [numpy_helper.from_array(np.array(i + 2.0, np.float32), f"s{i}") for i in range(3)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, WIDTH])
+    nodes = [helper.make_node("Mul", ["w", f"s{i}"], [f"c{i}"], name=f"scale{i}")
+             for i in range(3)]
+    nodes += [helper.make_node("Add", ["x", "c0"], ["a"], name="a"),
+              helper.make_node("Add", ["a", "c1"], ["b"], name="b"),
+              helper.make_node("Add", ["b", "c2"], ["y"], name="y")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "copies", [x], [y], [numpy_helper.from_array(w, "w"), *scales]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    folded, report = fold_constants(model)
+    assert len(report.nodes) == 1 and len(report.kept) == 2
+    assert report.bytes_after <= FOLD_GROWTH * report.bytes_before + FOLD_SLACK
+    stored = sum(numpy_helper.to_array(t).nbytes for t in folded.graph.initializer)
+    assert stored == report.bytes_after <= FOLD_GROWTH * w.nbytes + FOLD_SLACK
+    feed = {"x": np.random.default_rng().standard_normal((rows, WIDTH)).astype(np.float32)}
+    np.testing.assert_allclose(_ort(folded, feed)[0], feed["x"] + 9 * w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["DequantizeLinear", "RandomNormalLike"])
+def test_dequantize_and_random_ops_are_never_folded(op):
+    w = numpy_helper.from_array(np.arange(WIDTH, dtype=np.int8).reshape(1, WIDTH), "w")
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    inputs = ["w", "scale"] if op == "DequantizeLinear" else ["scale"]
+    node = helper.make_node(op, inputs, ["c"], name="const_op")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph(
+        [node, helper.make_node("Add", ["x", "c"], ["y"], name="add")], "q", [x], [y],
+        [w, scale]), opset_imports=[helper.make_opsetid("", 19)])
+    folded, report = fold_constants(model)
+    assert report.nodes == () and folded is model
+
+
+def test_an_initializer_a_caller_may_override_is_not_a_constant():
+    model = identity_weights_chain()
+    b = next(t for t in model.graph.initializer if t.name == "b")
+    model.graph.input.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [WIDTH]))
+    graph = load_graph(model)
+    assert "b_identity" not in graph.folded.nodes and "w1_identity" in graph.folded.nodes
+    assert graph.node("b_identity").reads == ("b",)
+    assert numpy_helper.to_array(b).shape == (WIDTH,)
+
+
+def test_folding_can_be_turned_off():
+    graph = load_graph(identity_weights_chain(), fold=False)
+    assert len(graph.nodes) == 9 and graph.folded.nodes == ()

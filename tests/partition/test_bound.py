@@ -1,0 +1,103 @@
+"""The lower bound every plan carries: no assignment of nodes to devices beats it (checked
+against every assignment of small graphs), it is in the plan's JSON and the stepper, and a
+device balanced leaves idle gets a step saying why."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from runtime.bundle.plan_io import plan_dict, plan_from_dict
+from runtime.cost import CostModel, Timings, kind_of
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.errors import PartitionError
+from runtime.graph import load_graph
+from runtime.partition import partition, partition_steps
+from runtime.partition.bound import lower_bound
+from runtime.partition.build import build_plan
+from runtime.partition.steps import STEP_KINDS
+from tests.support.dags import SAMPLES_DIR, collect, random_dag_model
+
+
+def _best_of_every_assignment(graph, devices, model) -> float:
+    """The least bottleneck over every assignment of nodes to devices (one partition per
+    device used) whose partitions do not depend on each other in a cycle."""
+    names = [n.name for n in graph.nodes]
+    order = list(names)
+    best = np.inf
+    for choice in itertools.product(range(len(devices)), repeat=len(names)):
+        groups = [(f"p{d}", devices[d].name, [n for n, c in zip(names, choice, strict=True)
+                                              if c == d]) for d in range(len(devices))]
+        try:
+            plan = build_plan(graph, model, devices, [g for g in groups if g[2]],
+                              mode="user", order=order)
+        except PartitionError:
+            continue  # partitions in a cycle: not a plan
+        best = min(best, plan.bottleneck_seconds)
+    return best
+
+
+def _measured_model(graph, devices, rng) -> CostModel:
+    """Node times, run costs and hops drawn at random, for the devices' measured kinds."""
+    timings = {kind_of(d): Timings({n.name: float(rng.uniform(1e-6, 1e-4))
+                                    for n in graph.nodes}, float(rng.uniform(0, 2e-5)))
+               for d in devices if kind_of(d)}
+    return CostModel(CostModel.roofline(graph).costs, timings,
+                     {"cpu": float(rng.uniform(0, 5e-5))})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_assignment_of_a_small_graph_beats_the_bound(seed):
+    rng = np.random.default_rng(seed)
+    graph = load_graph(random_dag_model(seed, int(rng.integers(2, 6)), max_width=16))
+    devices = [DeviceConfig(name="cpu0"), DeviceConfig(name="cpu1", threads=2),
+               DeviceConfig(name="sim0", backend="sim", link_bandwidth=1e9)]
+    devices = devices[: int(rng.integers(2, 4))]
+    for model in (CostModel.roofline(graph), _measured_model(graph, devices, rng)):
+        bound = lower_bound(graph, model, devices)
+        best = _best_of_every_assignment(graph, devices, model)
+        assert bound.seconds <= best * (1 + 1e-9), (bound, best)
+        plan = partition(graph, devices, "balanced", costs=model)
+        assert plan.lower_bound_seconds == pytest.approx(bound.seconds)
+        assert plan.bottleneck_seconds >= plan.lower_bound_seconds * (1 - 1e-9)
+        assert plan.gap >= -1e-9
+
+
+def test_one_device_is_its_own_bound():
+    graph = load_graph(SAMPLES_DIR / "cnn.onnx")
+    plan = partition(graph, parse_devices("cpu:1"), "balanced")
+    assert plan.lower_bound_seconds == pytest.approx(plan.bottleneck_seconds)
+    assert plan.gap == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_bound_is_in_the_json_the_round_trip_and_the_steps():
+    graph = load_graph(SAMPLES_DIR / "transformer.onnx")
+    steps, plan = collect(partition_steps(graph, parse_devices("cpu:2"), "balanced"))
+    data = json.loads(plan.to_json())
+    assert data["lower_bound_seconds"] == plan.lower_bound_seconds > 0
+    assert data["costs"] == "model"
+    assert plan_from_dict(json.loads(json.dumps(plan_dict(plan)))) == plan
+    bound = next(s for s in steps if s.kind == "bound")
+    assert "beats" in bound.reason and "gap" in bound.reason
+    assert steps[-1].kind == "planned" and "lower bound" in steps[-1].reason
+    assert {"bound", "idle"} <= set(STEP_KINDS)
+
+
+def test_a_device_balanced_leaves_idle_gets_a_step_saying_why():
+    """Two devices behind a slow link: every copy costs more than the work it would
+    spread, so balanced keeps the network on one and says why the other has none."""
+    slow = [DeviceConfig(name=f"sim{i}", backend="sim", link_latency=0.05) for i in range(2)]
+    graph = load_graph(SAMPLES_DIR / "mlp.onnx")
+    steps, plan = collect(partition_steps(graph, slow, "balanced"))
+    [used] = {p.device for p in plan.partitions}
+    [other] = {"sim0", "sim1"} - {used}
+    idle = [s for s in steps if s.kind == "idle"]
+    assert [s.device for s in idle] == [other]
+    assert f"{other} left idle" in idle[0].reason and "slowest stage" in idle[0].reason
+    assert plan.lower_bound_seconds == pytest.approx(plan.bottleneck_seconds)  # optimal
+    busy = [DeviceConfig(name=f"sim{i}", backend="sim") for i in range(2)]
+    steps, plan = collect(partition_steps(graph, busy, "balanced"))
+    assert len(plan.partitions) == 2 and not [s for s in steps if s.kind == "idle"]

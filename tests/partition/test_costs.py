@@ -1,0 +1,272 @@
+"""The measured cost model: nodes timed on this machine at the first load and cached, the
+roofline where nothing was timed, plans balanced on what was measured, and the live
+run's times feeding the next plan. No assertion here is about how fast anything ran:
+what is checked is where times come from and where they go."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from runtime.cost import CostModel, Timings, kind_of
+from runtime.cost.cache import CACHE_ENV, TimingsCache, cache_dir
+from runtime.devices import DeviceConfig, parse_devices
+from runtime.errors import PrismError
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.partition import partition
+from runtime.partition import planning as planning_module
+from runtime.partition.measure import calibration_feeds, measure_nodes, refined
+from runtime.partition.planning import COSTS_ENV, live_costs, plan_network
+from tests.support.dags import SAMPLES_DIR
+from tests.support.hosts import toy_chain
+
+CNN = SAMPLES_DIR / "cnn.onnx"
+NO_HOPS: dict[str, float] = {}  # keep the machine's dispatch probe out of unit tests
+
+
+@pytest.fixture
+def cache(tmp_path) -> TimingsCache:
+    return TimingsCache(tmp_path / "cache")
+
+
+def test_a_first_load_times_every_node_and_a_later_one_reads_the_cache(cache, monkeypatch):
+    graph = load_graph(CNN)
+    devices = parse_devices("cpu:2")
+    seen: list[tuple[str, int, int]] = []
+    _, plan = plan_network(graph, devices, costs="measured", hops=NO_HOPS, cache=cache,
+                           on_progress=lambda *a: seen.append(a))
+    assert plan.costs == "measured" and seen, "the first load measures, and says so"
+    stored = cache.get(graph, kind_of(devices[0]))
+    assert stored is not None and set(stored.nodes) == {n.name for n in graph.nodes}
+    assert all(t >= 0 for t in stored.nodes.values()) and stored.run_seconds > 0
+    for p in plan.partitions:  # a partition costs its run's fixed cost plus its nodes
+        assert p.est_seconds == pytest.approx(
+            stored.run_seconds + sum(stored.nodes[n] for n in p.nodes))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a cached network is not measured again")
+
+    monkeypatch.setattr(planning_module, "measure_nodes", never)
+    monkeypatch.setattr(planning_module, "time_partitions", never)
+    _, again = plan_network(graph, devices, costs="measured", hops=NO_HOPS, cache=cache)
+    assert again.costs == "measured" and again.partitions == plan.partitions
+
+
+def test_the_cache_key_follows_device_kind_versions_and_cpu(cache, monkeypatch):
+    graph = load_graph(CNN)
+    timings = Timings({n.name: 1e-6 for n in graph.nodes}, 2e-6)
+    one, two = (kind_of(DeviceConfig(name="c", threads=t)) for t in (1, 2))
+    cache.put(graph, one, timings)
+    assert cache.get(graph, one) == timings and cache.get(graph, two) is None
+    assert cache.get(load_graph(toy_chain()), one) is None  # another network
+    monkeypatch.setattr("runtime.cost.cache.installed", lambda package: "0.0-other")
+    assert cache.get(graph, one) is None  # another onnxruntime measures again
+    monkeypatch.undo()
+    monkeypatch.setattr("runtime.cost.cache.cpu_model", lambda: "another processor")
+    assert cache.get(graph, one) is None
+
+
+def test_a_damaged_cache_entry_is_a_miss(cache):
+    graph = load_graph(CNN)
+    kind = kind_of(DeviceConfig(name="c"))
+    path = cache.put(graph, kind, Timings({"x": 1.0}))
+    assert path is not None
+    Path(path).write_text("{not json", encoding="utf-8")
+    assert cache.get(graph, kind) is None
+
+
+def test_the_cache_lives_in_the_users_cache_folder_unless_told(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr("sys.platform", "linux")
+    assert cache_dir() == tmp_path / "xdg" / "prism"
+
+
+def test_modelled_devices_keep_the_roofline(cache):
+    """`sim` keeps its modelled time; a cpu beside it is measured."""
+    graph = load_graph(CNN)
+    sims = parse_devices("sim:2")
+    _, modelled = plan_network(graph, sims, costs="measured", hops=NO_HOPS, cache=cache)
+    assert modelled.costs == "model"
+    assert modelled.partitions == partition(graph, sims, "balanced").partitions
+    mixed = parse_devices("cpu:1,sim:1")
+    model, fresh = planning_module.measured_model(graph, mixed, NO_HOPS, cache=cache)
+    assert fresh == [kind_of(mixed[0])] and list(model.timings) == fresh
+    roofline = CostModel.roofline(graph)
+    node = graph.nodes[0].name
+    assert model.node_seconds(node, mixed[1]) == roofline.node_seconds(node, mixed[1])
+    assert model.node_seconds(node, mixed[0]) == model.timings[fresh[0]].nodes[node]
+
+
+def test_a_node_never_timed_costs_what_the_roofline_says():
+    graph = load_graph(CNN)
+    cpu = DeviceConfig(name="cpu0")
+    first, *rest = [n.name for n in graph.nodes]
+    model = CostModel(CostModel.roofline(graph).costs,
+                      {kind_of(cpu): Timings(dict.fromkeys(rest, 7e-6), 1e-6)})
+    assert model.node_seconds(rest[0], cpu) == 7e-6
+    assert model.node_seconds(first, cpu) == CostModel.roofline(graph).node_seconds(first, cpu)
+
+
+def _sequence_input_model() -> onnx.ModelProto:
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    node = helper.make_node("SequenceAt", ["s", "i"], ["y"], name="at")
+    index = helper.make_tensor("i", TensorProto.INT64, [], [0])
+    model = helper.make_model(helper.make_graph([node], "seq", [seq], [y], [index]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_a_network_that_cannot_be_measured_keeps_the_roofline(cache):
+    graph = load_graph(_sequence_input_model())
+    assert calibration_feeds(graph) is None
+    assert measure_nodes(graph, DeviceConfig(name="cpu0")) is None
+    _, plan = plan_network(graph, parse_devices("cpu:1"), costs="measured", hops=NO_HOPS,
+                           cache=cache)
+    assert plan.costs == "model"
+
+
+def _chain(n: int) -> onnx.ModelProto:
+    """x -> Relu -> Relu -> ... (n nodes): equal in the roofline."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
+    names = ["x", *(f"h{i}" for i in range(n - 1)), "y"]
+    nodes = [helper.make_node("Relu", [a], [b], name=f"r{i}")
+             for i, (a, b) in enumerate(itertools.pairwise(names))]
+    model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_balanced_splits_where_the_measured_times_say():
+    """Ten nodes alike to the roofline; measured, the first two are as slow as the other
+    eight together, and the split falls after them."""
+    graph = load_graph(_chain(10))
+    devices = parse_devices("cpu:2")
+    roofline = partition(graph, devices, "balanced")
+    assert [len(p.nodes) for p in roofline.partitions] != [2, 8]
+    times = {f"r{i}": 4e-4 if i < 2 else 1e-4 for i in range(10)}
+    model = CostModel(CostModel.roofline(graph).costs,
+                      {kind_of(devices[0]): Timings(times, 1e-5)}, {"cpu": 2e-5})
+    measured = partition(graph, devices, "balanced", costs=model)
+    assert [len(p.nodes) for p in measured.partitions] == [2, 8]
+    assert measured.costs == "measured"
+    for p in measured.partitions:
+        assert p.est_seconds == pytest.approx(1e-5 + sum(times[n] for n in p.nodes))
+        assert p.transfer_in_seconds >= 2e-5  # every run is dispatched: the measured hop
+    assert measured.bottleneck_seconds == pytest.approx(max(
+        p.stage_seconds for p in measured.partitions))
+
+
+def test_refined_scales_each_partition_to_what_it_measured():
+    graph = load_graph(_chain(6))
+    devices = parse_devices("cpu:2")
+    kind = kind_of(devices[0])
+    model = CostModel(CostModel.roofline(graph).costs,
+                      {kind: Timings({f"r{i}": 1e-5 for i in range(6)}, 2e-6)})
+    plan = partition(graph, devices, "balanced", costs=model)
+    measured = {plan.partitions[0].name: 50e-6, plan.partitions[1].name: 20e-6}
+    better = refined(model, plan, measured)
+    for p in plan.partitions:
+        total = better.run_seconds(devices[0]) + sum(better.node_seconds(n, devices[0])
+                                                     for n in p.nodes)
+        assert total == pytest.approx(measured[p.name])
+
+
+def test_live_run_times_feed_the_next_plan(cache):
+    """A running plan whose first stage measured three times slower than the second: its
+    times, fed back, move work off the first stage."""
+    graph = load_graph(_chain(12))
+    devices = parse_devices("cpu:2")
+    plan = partition(graph, devices, "balanced")
+    first, second = plan.partitions
+    live = live_costs(graph, plan, {first.name: 300e-6, second.name: 100e-6}, hops=NO_HOPS,
+                      cache=cache)
+    assert live.name == "live"
+    again = partition(graph, devices, "balanced", costs=live)
+    assert again.costs == "live"
+    assert len(again.partitions[0].nodes) < len(first.nodes)
+
+
+def test_the_default_is_measured_and_the_environment_or_caller_can_say_model(monkeypatch):
+    monkeypatch.delenv(COSTS_ENV, raising=False)
+    assert planning_module.default_costs() == "measured"
+    monkeypatch.setenv(COSTS_ENV, "model")
+    assert planning_module.checked_costs(None) == "model"
+    assert planning_module.checked_costs("measured") == "measured"
+    monkeypatch.setenv(COSTS_ENV, "fast")
+    with pytest.raises(PrismError, match="PRISM_COSTS"):
+        planning_module.default_costs()
+    with pytest.raises(PrismError, match="costs must be one of"):
+        planning_module.checked_costs("roofline")
+
+
+def test_a_host_measures_by_default_and_says_so_on_the_bus(monkeypatch, tmp_path):
+    monkeypatch.delenv(COSTS_ENV, raising=False)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:2")) as host:
+        events = host.bus.subscribe(kinds=("cost.measure", "partition.planned"))
+        plan = host.add_network("cnn", CNN)
+        first = events.drain()
+        assert plan.costs == "measured"
+        assert any(e.kind == "cost.measure" for e in first)
+        # checked under load after it loaded: the plan is published again, as corrected
+        assert any("under load" in e.get("what", "") for e in first if e.kind == "cost.measure")
+        planned = [e for e in first if e.kind == "partition.planned"][-1]
+        assert planned.get("costs") == "measured"
+        assert planned.get("lower_bound_seconds") == plan.lower_bound_seconds > 0
+        again = host.add_network("cnn2", CNN)
+        assert not [e for e in events.drain() if e.kind == "cost.measure"]  # cached
+        assert again.costs == "measured"
+        roof = host.add_network("cnn3", CNN, costs="model")
+        assert roof.costs == "model"
+        x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+        outs = [host.infer(n, {"image": x})["logits"] for n in ("cnn", "cnn2", "cnn3")]
+        np.testing.assert_allclose(outs[0], outs[2], rtol=1e-5, atol=1e-5)
+
+
+def test_replicas_auto_is_decided_on_the_costs_the_plan_is_made_with():
+    """Non-twin devices (4 threads and 1): the roofline shares the work between them in
+    a pipeline; measured (here: set so), the one-thread device is a hundred times slower,
+    so the network stays whole on the other. `auto` follows the model it is given."""
+    graph = load_graph(CNN)
+    devices = [DeviceConfig(name="big", threads=4), DeviceConfig(name="small")]
+    measured = CostModel(CostModel.roofline(graph).costs, {
+        kind_of(d): Timings({n.name: per_node for n in graph.nodes}, 5e-6)
+        for d, per_node in zip(devices, (2e-5, 2e-3), strict=True)}, {"cpu": 1e-5})
+
+    def rate(plan) -> float:
+        return 1 / plan.bottleneck_seconds
+
+    for model in (CostModel.roofline(graph), measured):
+        _, auto = plan_network(graph, devices, replicas="auto", costs=model)
+        options = [partition(graph, devices[:k], "balanced", costs=model) for k in (1, 2)]
+        assert rate(auto) == pytest.approx(max(rate(p) for p in options))
+        assert auto.costs == model.name
+    _, roofline = plan_network(graph, devices, replicas="auto", costs=CostModel.roofline(graph))
+    _, timed = plan_network(graph, devices, replicas="auto", costs=measured)
+    assert len({p.device for p in roofline.partitions}) == 2
+    assert {p.device for p in timed.partitions} == {"big"}
+
+
+def test_a_burst_under_load_counts_only_the_runtimes_own_wait():
+    """What a burst sees beyond a GIL wait or a fifth more than the time alone is other
+    work on the machine, not the network's cost; a faster run is believed."""
+    from runtime.provision.calibrate import LOAD_SHARE_MAX, LOAD_WAIT_MAX, bounded
+
+    assert bounded(100e-6, 130e-6) == pytest.approx(130e-6)  # a GIL wait: kept
+    assert bounded(100e-6, 400e-6) == pytest.approx(100e-6 + LOAD_WAIT_MAX)
+    assert bounded(10e-3, 20e-3) == pytest.approx(10e-3 * (1 + LOAD_SHARE_MAX))
+    assert bounded(100e-6, 80e-6) == pytest.approx(80e-6)
