@@ -85,10 +85,11 @@ class _Builder:
 
 
 def legacy_bert(layers: int = 4, hidden: int = 256, heads: int = 4, seq: int = 128,
-                vocab: int = 1000, seed: int = 0) -> onnx.ModelProto:
-    """A BERT encoder and pooler at batch 1 and a fixed sequence length, as the legacy
-    exporter writes one: inputs `input_ids` and `attention_mask` (int64 [1, seq]),
-    outputs `last_hidden_state` and `pooler_output`."""
+                vocab: int = 1000, seed: int = 0, batch: int | str = 1) -> onnx.ModelProto:
+    """A BERT encoder and pooler at a fixed sequence length, as the legacy exporter writes
+    one: inputs `input_ids` and `attention_mask` (int64 [batch, seq]), outputs
+    `last_hidden_state` and `pooler_output`. `batch`: 1, as the exporter traced it, or a
+    name for a dynamic batch (its reshapes then keep the batch dimension as it comes)."""
     b = _Builder(seed)
     head = hidden // heads
     word = b.weight("m.embeddings.word_embeddings.weight", (vocab, hidden))
@@ -102,8 +103,9 @@ def legacy_bert(layers: int = 4, hidden: int = 256, heads: int = 4, seq: int = 1
     mask = b.op("Cast", [mask], to=TensorProto.FLOAT)
     mask = b.op("Mul", [b.op("Sub", [b.constant(np.array(1.0, np.float32)), mask]),
                         b.constant(np.array(-10000.0, np.float32))])
-    split = b.constant(np.array([1, seq, heads, head], np.int64))
-    merge = b.constant(np.array([1, seq, hidden], np.int64))
+    rows = 0 if isinstance(batch, str) else batch  # Reshape's 0: the batch as it comes
+    split = b.constant(np.array([rows, seq, heads, head], np.int64))
+    merge = b.constant(np.array([rows, seq, hidden], np.int64))
     scale = b.constant(np.array(np.sqrt(head), np.float32))
     for i in range(layers):
         p = f"m.encoder.layer.{i}"
@@ -130,11 +132,12 @@ def legacy_bert(layers: int = 4, hidden: int = 256, heads: int = 4, seq: int = 1
     pooled = b.op("Tanh", [b.linear(first, "m.pooler.dense", hidden, hidden)])
     b.nodes.append(helper.make_node("Identity", [pooled], ["pooler_output"],
                                     name="/pooler_output"))
-    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])
-    attention = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, seq])
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, seq])
+    attention = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq])
     outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
-                                             [1, seq, hidden]),
-               helper.make_tensor_value_info("pooler_output", TensorProto.FLOAT, [1, hidden])]
+                                             [batch, seq, hidden]),
+               helper.make_tensor_value_info("pooler_output", TensorProto.FLOAT,
+                                             [batch, hidden])]
     graph = helper.make_graph(b.prologue + b.nodes, "main_graph", [ids, attention], outputs,
                               b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],

@@ -15,11 +15,13 @@ import contextlib
 import http.client
 import json
 import sys
+import tempfile
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+import onnx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -34,6 +36,7 @@ from app.server.runner import ServeProcess, ServerThread, bind
 from app.server.state import MAX_BODY_BYTES
 from app.server.tensors import encode_response, parse_infer
 from benchmarks.common import median_seconds, result
+from benchmarks.exports import legacy_bert
 from runtime import DeviceConfig
 from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.graph import load_graph
@@ -122,6 +125,28 @@ def pipelined_vs_plain(requests: int, clients: int = 16) -> tuple[float, float]:
     return prism, plain
 
 
+SERVINGS = {"batching": ["--max-batch", "16", "--max-delay-ms", "2"],
+            "replicas": ["--replicas", "2"],
+            "batching + replicas": ["--replicas", "2", "--max-batch", "16", "--max-delay-ms", "2"]}
+
+
+def bert_servings(requests: int, clients: int = 32, rounds: int = 2) -> dict[str, float]:
+    """Requests/s of a BERT-style encoder (4 layers, hidden 256, seq 128, dynamic batch) on
+    `prism serve` over 2 cpu devices, batched, replicated, and both: the best of `rounds`
+    interleaved rounds each."""
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "bert.onnx"
+        onnx.save(legacy_bert(batch="batch"), model)
+        best = dict.fromkeys(SERVINGS, 0.0)
+        for _ in range(rounds):
+            for name, flags in SERVINGS.items():
+                with ServeProcess([str(model), "--devices", "cpu:2", *flags]) as serve:
+                    _throughput(serve.url, "bert", clients, clients)  # warm-up
+                    best[name] = max(best[name], _throughput(serve.url, "bert", clients,
+                                                             requests))
+    return best
+
+
 def plain_app(model: str, threads: int = 2) -> Starlette:
     """One onnxruntime session behind the server's own guard, tensor decoding and
     encoding, runs on worker threads: `prism serve` without Prism."""
@@ -168,6 +193,12 @@ def run(quick: bool = False) -> list[dict]:
         out.append(result(f"{model} over HTTP, 64 clients: batched (max 32) / unbatched "
                           f"throughput", ratio, "x", "> 1x", ratio > 1,
                           f"{batched:.0f}/s vs {plain:.0f}/s (aiohttp clients)"))
+    served = bert_servings(60 * scale)
+    both, alone = served["batching + replicas"], max(served["batching"], served["replicas"])
+    out.append(result("BERT-style encoder over HTTP, 32 clients, 2 cpu devices: batching + "
+                      "replicas / the better of either alone", both / alone, "x", ">= 1x",
+                      both / alone >= 1, ", ".join(f"{k} {v:.1f}/s" for k, v in
+                                                    served.items())))
     prism, plain = pipelined_vs_plain(250 * scale)
     ratio = prism / plain
     out.append(result("cnn over HTTP, 16 clients: prism serve on 2 cpu devices / one "

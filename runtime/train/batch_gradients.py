@@ -47,7 +47,9 @@ def loss_and_gradients(model: str | Path | onnx.ModelProto | Graph,
     """The batch's mean loss and `gradients`."""
     if backend not in BACKENDS:
         raise TrainingError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
-    tg = TrainingGraph.build(load_graph(model), feeds, labels, Loss(loss))
+    # Unfolded: folding would make new initializers of what constants compute (gradients
+    # are asked for the model's own initializers, by their names)
+    tg = TrainingGraph.build(load_graph(model, fold=False), feeds, labels, Loss(loss))
     grads = tg.backward.grads
     model = tg.model([LOSS, *dict.fromkeys(g for g in grads.values() if g)])
     reads = {i.name for i in model.graph.input}  # a rewrite may leave a feed unread

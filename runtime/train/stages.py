@@ -249,7 +249,7 @@ def _program(name: str, model: onnx.ModelProto, resident: Mapping[str, np.ndarra
              config: DeviceConfig, *, received: Sequence[str], sent: Sequence[str]
              ) -> StageProgram:
     """A stage program as its device loads it, timed by the cost model."""
-    graph = load_graph(model, name=name)
+    graph = load_graph(model, name=name, fold=False)  # timed as the device loads it
     compute = sum(device_seconds(c, config) for c in graph_costs(graph).values())
     copies = sum(link_seconds(graph.tensor_bytes(t), config) for t in received) + \
         sum(send_seconds(graph.tensor_bytes(t), config) for t in sent)

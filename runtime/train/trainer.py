@@ -106,7 +106,7 @@ class Trainer:
                  devices: Sequence[DeviceConfig], config: TrainConfig, *, bus: Any = None,
                  name: str | None = None, labels_name: str = "labels") -> None:
         self.config, self.bus = config, bus
-        self.graph = load_graph(model, name=name)
+        self.graph = load_graph(model, name=name, fold=False)  # trains the model's own weights
         self.name = self.graph.name
         self.data, self.labels = _checked_data(self.graph, data, labels, config, labels_name)
         first = {k: v[:config.micro_size] for k, v in self.data.items()}
@@ -118,7 +118,7 @@ class Trainer:
                 self.tg.forward.prediction), labels_name)
         # the graph as planned: symbolic dimensions bound to the micro-batch
         self.costed = load_graph(self.graph.model, default_dim=config.micro_size,
-                                 name=self.name)
+                                 name=self.name, fold=False)
         _, self.plan = plan_network(self.costed, list(devices), config.partition)
         used = {p.device for p in self.plan.partitions}
         self.devices: dict[str, Device] = {}
