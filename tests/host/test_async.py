@@ -77,10 +77,11 @@ def test_errors_and_cancellation_reach_the_awaiting_coroutine():
 
 def test_an_answer_after_its_loop_has_closed_is_dropped_quietly(caplog):
     rng = np.random.default_rng()
-    with HostManager(parse_devices("sim:1:flops=50M")) as host:
+    with HostManager(parse_devices("sim:1:flops=10M")) as host:
         host.add_network("mlp", MLP)
 
-        async def main() -> None:  # leaves its request running (~0.2 s on this device)
+        async def main() -> None:  # leaves its request running (~1 s on this device: long
+            # enough that a loop starved by a busy machine still finds it running)
             task = asyncio.ensure_future(host.run_async("mlp", _feeds(rng, 8)))
             await asyncio.sleep(0.02)
             assert not task.done()
