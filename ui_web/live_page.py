@@ -118,11 +118,11 @@ def latency(view: DashboardView) -> None:
                   icon=":material/speed:", on_click=_replan_measured,
                   help="plan again with each partition's measured median run time "
                        "(the new plan loads beside this one, then takes the load)")
-        sidebar.show_result()
+        sidebar.show_result(sidebar.REPLAN_KEY)
 
 
 def _replan_measured() -> None:
-    st.session_state[sidebar.RESULT_KEY] = shared_live().replan_measured()
+    st.session_state[sidebar.REPLAN_KEY] = shared_live().replan_measured()
 
 
 def schedule(view: DashboardView) -> None:

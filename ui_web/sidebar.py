@@ -18,6 +18,7 @@ from app.defaults import sample_models
 from ui_web.shared import Applied, SharedLive
 
 RESULT_KEY = "apply_result"
+REPLAN_KEY = "replan_result"  # shown beside its button: a fragment rerun does not reach the top
 UPLOAD_GEN = "upload_generation"
 DEFAULT_LOAD = LoadSetting(rate=100.0)
 LOAD_KINDS = ("rate", "clients")
@@ -105,15 +106,15 @@ def render(shared: SharedLive) -> None:
             st.session_state[RESULT_KEY] = _apply(shared, choices, upload)
 
 
-def show_result() -> None:
-    """The last Apply's outcome at the top of the page: an error stays until the next Apply,
-    a success shows once."""
-    result: Applied | None = st.session_state.get(RESULT_KEY)
+def show_result(key: str = RESULT_KEY) -> None:
+    """The last Apply's (or re-plan's) outcome where it is kept: an error stays until the
+    next one, a success shows once."""
+    result: Applied | None = st.session_state.get(key)
     if result is None:
         return
     if result.error:
         st.error(f"**Apply failed; {result.message}.** {result.error}",
                  icon=":material/error:")
     else:
-        st.session_state.pop(RESULT_KEY)
+        st.session_state.pop(key)
         st.success(result.message, icon=":material/check_circle:")
