@@ -21,13 +21,14 @@ from benchmarks import (
     quantized,
     ray_devices,
     serving,
+    torch_offload,
     training,
 )
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
           "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
           "cold": cold_start.run, "http": http_serving.run, "ray": ray_devices.run,
-          "training": training.run, "plans": plans.run}
+          "training": training.run, "plans": plans.run, "torch": torch_offload.run}
 HERE = Path(__file__).parent
 
 

@@ -1,0 +1,235 @@
+"""One block of an ATen graph -> an ONNX model, with the call's real tensors.
+
+The block's weights (parameters and buffers) become the model's initializers, so the
+partitioner sees and places them; its other tensors become the model's inputs. Sizes the
+block reads as Python ints are taken from its tensors' shapes where one of them carries
+that size, so a block of a dynamic graph exports with dynamic dimensions; a size no input
+carries is fixed at its value, and the model then serves that value only.
+
+The exporter is `torch.onnx.export(..., dynamo=True)`: torch.export of the block, then
+torchlib's translation of each ATen operator and onnxscript's optimizer (constant folding,
+BatchNorm into Conv). The block is already ATen, decomposed with the exporter's own table,
+so the export re-traces what it will translate.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import onnx
+import torch
+from torch.fx import GraphModule
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a block's placeholder becomes in the exported model: a fed tensor (`fed`, its
+    index among them), a weight (`weight`, its buffer), a size read from a fed tensor
+    (`size`, fed index and `dim`), or an int fixed at export (`fixed`, its `value`)."""
+
+    kind: str
+    index: int = 0
+    buffer: str = ""
+    dim: int = 0
+    value: int = 0
+
+
+@dataclass(frozen=True)
+class ExportedBlock:
+    """An exported block: the model, which call arguments feed which inputs, the fixed
+    dimensions each input must have (None where dynamic), the ints it was fixed at."""
+
+    model: onnx.ModelProto
+    inputs: tuple[tuple[str, int], ...]       # (model input, position in the call)
+    dims: tuple[tuple[int | None, ...], ...]  # per model input
+    outputs: tuple[str, ...]
+    constants: frozenset[str]                 # outputs the model holds as constants
+    fixed: tuple[tuple[int, int], ...]        # (position, value) of ints fixed at export
+    seconds: float = 0.0
+
+
+_EXPORTING = threading.Lock()
+
+
+class ExportFailed(Exception):
+    """The exporter refused the block; `op` names the operator it failed at, if it said."""
+
+    def __init__(self, op: str | None, cause: str):
+        super().__init__(f"{op or 'the block'}: {cause}")
+        self.op, self.cause = op, cause
+
+
+class _Block(torch.nn.Module):
+    """The block as the exporter sees it: fed tensors in, weights as buffers, sizes read
+    from the fed tensors' shapes."""
+
+    def __init__(self, gm: GraphModule, sources: Sequence[Source],
+                 weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.gm, self.sources = gm, list(sources)
+        for name, value in weights.items():
+            self.register_buffer(name, value.detach())
+
+    def forward(self, *fed: torch.Tensor) -> object:
+        args: list[object] = []
+        for source in self.sources:
+            if source.kind == "fed":
+                args.append(fed[source.index])
+            elif source.kind == "weight":
+                args.append(getattr(self, source.buffer))
+            elif source.kind == "size":
+                args.append(fed[source.index].size(source.dim))
+            else:
+                args.append(source.value)
+        return self.gm(*args)
+
+
+@contextmanager
+def quiet_loggers(names: Sequence[str] = ("torch.onnx", "torch.export", "onnxscript",
+                                          "onnx_ir")) -> Iterator[None]:
+    """The exporter's loggers silenced: they log what they skip, rewrite and fail at, and
+    a failure reaches the caller as an ExportFailed."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _same_symbol(a: object, b: object) -> bool:
+    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) \
+        and a.node.expr == b.node.expr
+
+
+def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
+             ) -> tuple[list[Source], list[int], dict[str, torch.Tensor], dict[int, int]]:
+    """Per placeholder what feeds it, the positions of the fed tensors, the weights by
+    buffer name, the ints fixed (position -> value)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fed_positions = [i for i, a in enumerate(args)
+                     if isinstance(a, torch.Tensor) and i not in weights]
+    fed_index = {pos: k for k, pos in enumerate(fed_positions)}
+    sources: list[Source] = []
+    buffers: dict[str, torch.Tensor] = {}
+    fixed: dict[int, int] = {}
+    for i, (node, arg) in enumerate(zip(placeholders, args, strict=True)):
+        if i in fed_index:
+            sources.append(Source("fed", index=fed_index[i]))
+        elif isinstance(arg, torch.Tensor):
+            name = f"w{len(buffers)}_{node.name}"
+            buffers[name] = arg
+            sources.append(Source("weight", buffer=name))
+        else:
+            size = _size_source(node.meta.get("val"), placeholders, fed_positions)
+            if size is None:
+                fixed[i] = int(arg)  # type: ignore[call-overload]
+                size = Source("fixed", value=fixed[i])
+            sources.append(size)
+    return sources, fed_positions, buffers, fixed
+
+
+def _size_source(value: object, placeholders: list, fed_positions: list[int]
+                 ) -> Source | None:
+    """A size read from fed tensor k's dimension d, if that dimension is the symbol
+    `value`."""
+    for k, pos in enumerate(fed_positions):
+        fake = placeholders[pos].meta.get("val")
+        for d, size in enumerate(getattr(fake, "shape", ())):
+            if _same_symbol(size, value):
+                return Source("size", index=k, dim=d)
+    return None
+
+
+def _dynamic_dims(gm: GraphModule, fed_positions: list[int]) -> tuple | None:
+    """Dim.AUTO on every dimension the traced graph left symbolic, or None if none is."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    specs = []
+    for pos in fed_positions:
+        fake = placeholders[pos].meta.get("val")
+        specs.append({d: torch.export.Dim.AUTO for d, s in enumerate(fake.shape)
+                      if isinstance(s, torch.SymInt)} or None)
+    return (tuple(specs),) if any(specs) else None  # forward(*fed): one positional
+
+
+_OVERLOAD = re.compile(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)")
+_TARGET = re.compile(r"target=torch\.ops\.(\w+\.\w+\.\w+)")
+_ATEN = re.compile(r"\b(aten(?:::|\.)\w+(?:\.\w+)?)")
+
+
+def failed_op(text: str) -> str | None:
+    """The operator an exporter message names first (`aten.foo.default`), if any."""
+    if match := _OVERLOAD.search(text):
+        return f"{match.group(1)}.{match.group(2)}"
+    if match := _TARGET.search(text):
+        return match.group(1)
+    if match := _ATEN.search(text):
+        return match.group(1).replace("::", ".")
+    return None
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost reason, on one line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:200]
+
+
+def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
+                 ) -> ExportedBlock:
+    """Export `gm` called with `args`; `weights`: positions of args to hold as
+    initializers. Raises ExportFailed naming the operator the exporter stopped at."""
+    sources, fed_positions, buffers, fixed = _sources(gm, args, weights)
+    dynamic = None if fixed else _dynamic_dims(gm, fed_positions)
+    wrapper = _Block(gm, sources, buffers).eval()
+    fed = tuple(args[i] for i in fed_positions)
+    start = time.perf_counter()
+    try:
+        # one export at a time (torch.export's tracing state and the loggers' levels are
+        # the process's), outside any dispatch mode the caller runs under (AOT autograd
+        # checks a graph's first call for aliasing custom ops with one)
+        with _EXPORTING, _disable_current_modes(), torch.no_grad(), \
+                warnings.catch_warnings(), quiet_loggers():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(wrapper, fed, dynamo=True, dynamic_shapes=dynamic,
+                                        verbose=False, optimize=True)
+    except Exception as exc:  # the exporter raises many kinds; each becomes a fallback
+        text = "\n".join(str(e) for e in _chain(exc))
+        raise ExportFailed(failed_op(text), _cause(exc)) from None
+    seconds = time.perf_counter() - start
+    if program is None:
+        raise ExportFailed(None, "the exporter returned no model")
+    model = program.model_proto
+    initializers = {t.name for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in initializers]
+    if len(names) != len(fed_positions):
+        raise ExportFailed(None, f"the model takes {len(names)} inputs for "
+                                 f"{len(fed_positions)} tensors")
+    dims = tuple(tuple(d.dim_value if d.HasField("dim_value") else None
+                       for d in i.type.tensor_type.shape.dim)
+                 for i in model.graph.input if i.name not in initializers)
+    made_by_constant = {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    outputs = tuple(o.name for o in model.graph.output)
+    return ExportedBlock(model, tuple(zip(names, fed_positions, strict=True)), dims, outputs,
+                         frozenset(o for o in outputs
+                                   if o in initializers or o in made_by_constant),
+                         tuple(sorted(fixed.items())), seconds)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out = [exc]
+    while (cause := out[-1].__cause__) is not None and len(out) < 10:
+        out.append(cause)
+    return out

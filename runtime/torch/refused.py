@@ -1,0 +1,74 @@
+"""Operators kept in PyTorch although torch.onnx translates them: the qualification sweep
+(`python -m tests.torch.sweep`, table in docs/torch_ops.md) found their ONNX answers differ
+from PyTorch's, always or for some arguments. Operator (an overload, or a packet for every
+overload) -> the refusal, as the report prints it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+
+def _always(arguments: Mapping[str, object]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+    when: Callable[[Mapping[str, object]], bool] = _always  # the call's arguments by name
+
+
+# onnxruntime's inference kernels normalize with the running statistics whatever ONNX's
+# `training_mode` says, where PyTorch in training normalizes with the batch's own
+_TRAINING_NORM = Refusal("batch norm in training mode: onnxruntime normalizes with the "
+                         "running statistics, PyTorch with the batch's")
+_DIVISOR = Refusal("a divisor_override: torch.onnx's translation ignores it",
+                   lambda arguments: arguments.get("divisor_override") is not None)
+
+_MEAN = Refusal("reduce='mean': torch.onnx's translation averages otherwise than PyTorch "
+                "where indices repeat", lambda arguments: arguments.get("reduce") == "mean")
+
+
+
+def _few_values(arguments: Mapping[str, object]) -> bool:
+    """Does the reduction see no more values than its correction (or, dynamic, maybe)?"""
+    source = arguments.get("self", arguments.get("inp"))  # aten's name, prims'
+    shape = getattr(getattr(source, "meta", {}).get("val"), "shape", None)
+    if shape is None:
+        return True
+    dims = arguments.get("dim", arguments.get("dims"))
+    axes: Iterable = dims if isinstance(dims, list | tuple) and dims else \
+        [dims] if isinstance(dims, int) else range(len(shape))
+    count = math.prod(shape[d] for d in axes)
+    correction = arguments.get("correction")
+    if correction is None:
+        correction = 1 if arguments.get("unbiased", True) else 0
+    return not isinstance(count, int) or not isinstance(correction, int | float) \
+        or count - correction <= 0
+
+
+_FEW = Refusal("as many values as its correction or fewer: PyTorch answers NaN or inf, "
+               "torch.onnx's translation 0", _few_values)
+
+REFUSED: dict[str, Refusal] = {
+    "aten._native_batch_norm_legit_functional": _TRAINING_NORM,
+    "aten._native_batch_norm_legit.default": _TRAINING_NORM,
+    "aten._native_batch_norm_legit.no_stats": _TRAINING_NORM,
+    "aten.native_batch_norm": _TRAINING_NORM,
+    "aten._batch_norm_with_update": _TRAINING_NORM,
+    "aten._batch_norm_with_update_functional": _TRAINING_NORM,
+    "aten.avg_pool2d": _DIVISOR,
+    "aten.avg_pool3d": _DIVISOR,
+    "aten.scatter_reduce": _MEAN,
+    "aten.var": _FEW, "aten.var_mean": _FEW, "aten.std": _FEW, "aten.std_mean": _FEW,
+    "prims.var": _FEW,
+}
+
+# Operators whose first output is right but whose other outputs (kept for the backward
+# pass) are not what PyTorch makes: offloaded only where nothing reads the others.
+FIRST_OUTPUT_ONLY: dict[str, str] = {
+    "aten._scaled_dot_product_flash_attention_for_cpu":
+        "its logsumexp output (kept for gradients) is not PyTorch's",
+}

@@ -1,0 +1,69 @@
+"""How the backend is found: by name through the `torch_dynamo_backends` entry point
+Prism's distribution declares, with nothing imported first; or by importing runtime.torch
+(a source tree run without installing). The rest of `runtime` never needs torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP = "torch_dynamo_backends"
+
+# the discovery `torch.compile(backend="prism")` runs (registry.lookup_backend), without
+# importing every other backend first
+FIND = """
+import json, sys
+from torch._dynamo.backends import registry
+registry._discover_entrypoint_backends()
+before = "runtime.torch" in sys.modules
+found = registry._BACKENDS["prism"].load()
+import runtime.torch.backend
+print(json.dumps({"before": before, "listed": "prism" in registry._BACKENDS,
+                  "same": found is runtime.torch.backend.prism}))
+"""
+
+WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # as if the torch extra were not installed
+import runtime, runtime.host.manager, runtime.partition, runtime.devices.manager
+import app.cli
+from runtime.torch import options  # noqa
+"""
+
+
+def declared() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["entry-points"][GROUP]
+
+
+def test_torch_finds_the_backend_by_its_entry_point(tmp_path):
+    """A distribution whose metadata holds exactly what pyproject.toml declares (as an
+    install writes it): torch lists `prism` and loads runtime.torch.backend.prism."""
+    assert declared() == {"prism": "runtime.torch.backend:prism"}
+    info = tmp_path / "prism_entry_check-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: prism-entry-check\n"
+                                   "Version: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{GROUP}]\n" + "".join(f"{k} = {v}\n" for k, v in declared().items()))
+    done = subprocess.run([sys.executable, "-c", FIND], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": f"{tmp_path}:{ROOT}",
+                                                       "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "before": False, "listed": True, "same": True}
+
+
+def test_runtime_imports_without_torch():
+    """Everything but the torch room imports with torch absent; the room itself says, in
+    one line, what to install."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "ImportError: runtime.torch needs PyTorch: pip install " \
+                   "'prism-runtime[torch]'", done.stderr[-1500:]

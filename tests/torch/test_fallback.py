@@ -1,0 +1,144 @@
+"""When Prism cannot run part of a graph, PyTorch runs it: an operator the exporter fails
+at, ONNX no device of the host runs, a host that stops answering. The answer is always
+eager PyTorch's, with one warning line naming what stays behind; never an error, never a
+hang. Options are checked before anything is traced."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import runtime.torch
+from runtime.devices import DeviceConfig, supported_ops
+from runtime.errors import PrismError
+from runtime.host import HostManager
+from runtime.torch import OffloadWarning
+from runtime.torch.compiled import collecting
+from runtime.torch.options import OffloadOptions
+from runtime.torch.support import onnx_registry
+from tests.support.torch_modules import fresh, relative_error
+
+
+@torch.library.custom_op("prism_tests::fragile", mutates_args=())
+def fragile(x: torch.Tensor) -> torch.Tensor:
+    """Tripled. Its ONNX translation is registered where the backend's support check sees
+    it, not where the exporter looks: the check passes, the export fails at it."""
+    return x * 3
+
+
+@fragile.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _translation(x):  # type: ignore[no-untyped-def]
+    raise RuntimeError("never reached: the exporter has no entry for prism_tests.fragile")
+
+
+onnx_registry().register_op(torch.ops.prism_tests.fragile.default, _translation)
+FRAGILE = "prism_tests.fragile.default"
+
+
+def offload_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, OffloadWarning)]
+
+
+def run(function, *args, **options):  # type: ignore[no-untyped-def]
+    """Compile, call once without gradients; (answer, report, OffloadWarning lines)."""
+    fast = torch.compile(function, backend="prism", options=options)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad(), \
+            collecting() as reports:
+        warnings.simplefilter("always")
+        answer = fast(*args)
+    (report,) = reports
+    return answer, report, offload_warnings(caught)
+
+
+def test_an_operator_the_export_fails_at_stays_in_pytorch_and_the_rest_runs(host):
+    layers = nn.Sequential(nn.Linear(6, 6), nn.ReLU())
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(fragile(layers(x)))
+
+    x = fresh(4, 6)
+    answer, report, lines = run(model, x, host=host)
+    assert relative_error(answer, model(x).detach()) < 1e-4
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert FRAGILE in lines[0] and "export failed" in lines[0]
+    kept = {n.op: n.reason for n in report.kept_nodes}
+    assert list(kept) == [FRAGILE] and "export failed" in kept[FRAGILE]
+    assert report.offloaded and all(n in host.networks() for n in report.networks)
+
+
+def test_a_block_that_cannot_be_exported_at_all_runs_in_pytorch(host):
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(fragile(x))
+
+    x = fresh(3, 5)
+    answer, report, lines = run(model, x, host=host, torch_executed_ops=["aten.relu"])
+    assert torch.equal(answer, model(x))
+    assert len(lines) == 1 and "runs in PyTorch" in lines[0] and FRAGILE in lines[0], lines
+    assert not report.offloaded and not report.networks
+    block = next(iter(report.blocks.values()))
+    assert block.state.startswith("runs in PyTorch") and not block.variants
+
+
+def test_what_no_device_runs_stays_in_pytorch():
+    """Devices without Softmax: the softmax stays in PyTorch, the layers around it become
+    two blocks of their own, each on the host."""
+    ops = supported_ops("cpu") - {"Softmax"}
+    devices = [DeviceConfig(name=f"npu{i}", backend="cpu", supported_ops=ops) for i in range(2)]
+    model = nn.Sequential(nn.Linear(8, 16), nn.Softmax(-1), nn.Linear(16, 4)).eval()
+    x = fresh(5, 8)
+    with HostManager(devices) as narrow:
+        answer, report, lines = run(model, x, host=narrow)
+        assert relative_error(answer, model(x).detach()) < 1e-4
+        assert len(lines) == 1 and "Softmax" in lines[0], lines
+        kept = report.kept_nodes
+        assert [n.op for n in kept] == ["aten._softmax.default"], report.table()
+        assert "Softmax" in kept[0].reason
+        live = [b for b in report.blocks.values() if b.variants]
+        assert len(live) == 2 and all(b.parent == "b0" for b in live)
+        assert sorted(narrow.networks()) == sorted(report.networks)
+
+
+def test_a_host_that_stops_answering_hands_the_block_back_to_pytorch():
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU()).eval()
+    gone = HostManager([DeviceConfig(name="cpu0", backend="cpu")])
+    fast = torch.compile(model, backend="prism", options={"host": gone})
+    x = fresh(2, 4)
+    with torch.no_grad():
+        assert relative_error(fast(x), model(x)) < 1e-4
+        gone.close()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert relative_error(fast(x), model(x)) < 1e-4
+    lines = offload_warnings(caught)
+    assert len(lines) == 1 and "its run on Prism failed" in lines[0], lines
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"devices": "cpu:1", "colour": "blue"}, "unknown option(s) colour"),
+    ({"devices": "cpu:1", "host": object()}, "either devices or host"),
+    ({"host": object()}, "host must be a HostManager"),
+    ({"min_block_size": 0}, "min_block_size must be a whole number"),
+    ({"batching": {"max_batch": 4}}, "batching: unknown setting"),
+])
+def test_bad_options_are_refused_in_one_line_before_tracing(options, words):
+    with pytest.raises(PrismError) as caught:
+        OffloadOptions.of(options)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(PrismError):
+        runtime.torch.compile(nn.ReLU(), **options)
+
+
+def test_op_names_read_every_spelling():
+    same = {"aten.sub.Tensor", "aten::sub.Tensor", "torch.ops.aten.sub.Tensor",
+            str(torch.ops.aten.sub.Tensor)}
+    assert OffloadOptions.of({"torch_executed_ops": same}).torch_executed_ops == {
+        "aten.sub.Tensor"}
+    assert OffloadOptions.of({"torch_executed_ops": ["relu", torch.ops.aten.relu]}
+                             ).torch_executed_ops == {"aten.relu"}

@@ -1,0 +1,114 @@
+"""A block exports once per kind of input it is called with: a dynamic graph's block
+exports with dynamic dimensions and serves every batch size from one network; weights
+changed in place make it export again with the weights fed; tensors cross to numpy and
+back without copies."""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch import nn
+
+from runtime.torch import OffloadWarning
+from runtime.torch.compiled import collecting
+from runtime.torch.tensors import laid_out, layout_of, to_numpy, to_torch
+from tests.support.torch_modules import fresh, fresh_weights, relative_error
+
+
+def test_a_dynamic_graph_serves_new_batch_sizes_from_one_network(host):
+    """Batch 1 and 8 are two graphs (dynamo specializes 1, then marks the batch dynamic);
+    the second exports with a symbolic batch, so 5 and 13 reuse its network."""
+    fresh_weights()
+    model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6)).eval()
+    fast = torch.compile(model, backend="prism", options={"host": host})
+    seen = []
+    with torch.no_grad(), collecting() as reports:
+        for batch in (1, 8, 5, 13):
+            x = fresh(batch, 6)
+            assert relative_error(fast(x), model(x)) < 1e-4
+            seen.append(set(host.networks()))
+    assert len(seen[1] - seen[0]) == 1 and seen[3] == seen[2] == seen[1]
+    static, dynamic = reports  # batch 1, then every batch from 8 on
+    ((fixed,),) = [b.variants for b in static.blocks.values()]
+    ((symbolic,),) = [b.variants for b in dynamic.blocks.values()]
+    assert list(fixed.inputs.values()) == [[1, 6]]
+    assert list(symbolic.inputs.values()) == [[None, 6]]
+
+
+def test_weights_changed_in_place_are_seen(host):
+    """An optimizer step or load_state_dict changes weights in place; the block exports
+    again (its weights fed on every call from then on) and answers as eager does."""
+    fresh_weights()
+    model = nn.Sequential(nn.Linear(5, 5), nn.Tanh()).eval()
+    fast = torch.compile(model, backend="prism", options={"host": host})
+    x = fresh(3, 5)
+    with torch.no_grad(), collecting() as reports:
+        before = fast(x)
+        model[0].weight.mul_(-2.0)
+        after = fast(x)
+        assert relative_error(after, model(x)) < 1e-4
+        y = fresh(3, 5)  # the export with fed weights serves what comes next
+        assert relative_error(fast(y), model(y)) < 1e-4
+    assert not torch.allclose(before, after)
+    (report,) = reports
+    block = next(iter(report.blocks.values()))
+    assert block.state.startswith("weights changed") and len(block.variants) == 1
+
+
+def test_tensors_cross_without_copies():
+    tensor = fresh(3, 4)
+    array = to_numpy(tensor)
+    assert np.shares_memory(array, tensor.numpy())
+    strided = tensor.t()  # a view: numpy gets the same memory and strides
+    assert np.shares_memory(to_numpy(strided), array)
+    back = to_torch(array)
+    assert back.data_ptr() == tensor.data_ptr()
+    kept = np.arange(4.0, dtype=np.float32)
+    assert to_torch(kept, copy=True).data_ptr() != kept.ctypes.data  # a constant the host keeps
+    frozen = kept.copy()
+    frozen.flags.writeable = False
+    assert to_torch(frozen).data_ptr() != frozen.ctypes.data
+
+
+def test_outputs_take_the_layout_the_graph_was_traced_with():
+    """A block's ONNX output is row-major; where PyTorch made a transposed layout, later
+    `view`s may rely on it, so it is laid out again."""
+    traced = torch.empty(4, 6, 5).transpose(0, 1)  # (6, 4, 5), memory order (1, 0, 2)
+    layout = layout_of(traced)
+    assert layout == (1, 0, 2)
+    values = fresh(6, 4, 5)
+    again = laid_out(values, layout)
+    assert torch.equal(again, values) and again.stride() == traced.stride()
+    assert layout_of(torch.empty(2, 3)) is None
+
+
+def test_batching_serves_the_dynamic_graph_and_says_why_not_the_static_one(host):
+    """`batching` needs a symbolic batch dimension: the batch-1 graph (static) runs
+    unbatched after one warning line; the dynamic graph's network batches, and requests
+    from several threads at once answer each with its own rows."""
+    fresh_weights()
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    fast = torch.compile(model, backend="prism", options={
+        "host": host, "batching": {"max_batch_size": 16, "max_queue_delay_ms": 2}})
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        one = fresh(1, 4)
+        assert relative_error(fast(one), model(one)) < 1e-4
+        eight = fresh(8, 4)
+        assert relative_error(fast(eight), model(eight)) < 1e-4
+    lines = [str(w.message) for w in caught if issubclass(w.category, OffloadWarning)]
+    assert len(lines) == 1 and "runs unbatched" in lines[0], lines
+    inputs = [fresh(n, 4) for n in (2, 3, 5, 7) * 4]
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():  # grad mode is per thread
+            return fast(x)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(call, inputs))
+    with torch.no_grad():
+        for x, y in zip(inputs, answers, strict=True):
+            assert relative_error(y, model(x)) < 1e-4
