@@ -69,7 +69,7 @@ class CompiledGraph:
 
 
 _retired: queue.SimpleQueue[tuple[HostManager, list[str]]] = queue.SimpleQueue()
-_janitor: threading.Thread | None = None
+_on_hosts = 0  # graphs on a host whose networks are not unloaded yet
 _janitor_lock = threading.Lock()
 
 
@@ -80,19 +80,26 @@ def _retire(host: HostManager, networks: list[str]) -> None:
 
 
 def _start_janitor() -> None:
-    global _janitor
+    """One more graph on a host: the janitor runs until every such graph's networks are
+    unloaded, so no thread outlives the graphs it serves."""
+    global _on_hosts
     with _janitor_lock:
-        if _janitor is None:
-            _janitor = threading.Thread(target=_unload_retired, name="prism-torch-janitor",
-                                        daemon=True)
-            _janitor.start()
+        _on_hosts += 1
+        if _on_hosts == 1:
+            threading.Thread(target=_unload_retired, name="prism-torch-janitor",
+                             daemon=True).start()
 
 
 def _unload_retired() -> None:
+    global _on_hosts
     while True:
         host, networks = _retired.get()
         for name in networks:
             remove_network(host, name)
+        with _janitor_lock:
+            _on_hosts -= 1
+            if _on_hosts == 0:
+                return
 
 
 def reports() -> list[GraphReport]:
