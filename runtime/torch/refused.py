@@ -31,7 +31,6 @@ _MEAN = Refusal("reduce='mean': torch.onnx's translation averages otherwise than
                 "where indices repeat", lambda arguments: arguments.get("reduce") == "mean")
 
 
-
 def _few_values(arguments: Mapping[str, object]) -> bool:
     """Does the reduction see no more values than its correction (or, dynamic, maybe)?"""
     source = arguments.get("self", arguments.get("inp"))  # aten's name, prims'
@@ -49,6 +48,9 @@ def _few_values(arguments: Mapping[str, object]) -> bool:
         or count - correction <= 0
 
 
+_TAILS = Refusal("its far tail: torch.onnx's translation loses it (0 or inf where PyTorch "
+                  "answers finite values)")
+
 _FEW = Refusal("as many values as its correction or fewer: PyTorch answers NaN or inf, "
                "torch.onnx's translation 0", _few_values)
 
@@ -64,6 +66,7 @@ REFUSED: dict[str, Refusal] = {
     "aten.scatter_reduce": _MEAN,
     "aten.var": _FEW, "aten.var_mean": _FEW, "aten.std": _FEW, "aten.std_mean": _FEW,
     "prims.var": _FEW,
+    "aten.special_erfcx": _TAILS,
 }
 
 # Operators whose first output is right but whose other outputs (kept for the backward
