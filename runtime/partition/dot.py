@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Protocol
 
 from runtime.graph import Graph
+from runtime.partition.memory_plan import Placed
 from runtime.units import human_bytes, human_seconds
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -32,13 +33,7 @@ HEADER = (
 )
 
 
-class _Part(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def nodes(self) -> tuple[str, ...]: ...
+class _Part(Placed, Protocol):
     @property
     def memory_bytes(self) -> int: ...
     @property

@@ -73,6 +73,14 @@ async def wait_until(pilot: Pilot, cond: Callable[[], bool], timeout: float = 10
         await pilot.pause(0.05)
 
 
+async def open_stepper(pilot: Pilot) -> StepperScreen:
+    """Press `s` and wait for the partition stepper: its screen."""
+    await pilot.press("s")
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, StepperScreen),
+                     what="the stepper")
+    return pilot.app.screen
+
+
 async def run_for(pilot: Pilot, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -192,9 +200,7 @@ def test_footer_load_keys_record_and_quit(tmp_path: Path, live_threads):
         assert size > 0 and files[0].stat().st_size == size  # stopped: no more writes
         seen["file"] = files[0]
 
-        await pilot.press("s")
-        await wait_until(pilot, lambda: isinstance(app.screen, StepperScreen),
-                         what="the stepper")
+        await open_stepper(pilot)
         await pilot.press("escape")
         assert not isinstance(app.screen, StepperScreen)
         await quit_app(pilot)
@@ -315,9 +321,7 @@ def test_a_bundle_shows_its_schedule_and_origin(tmp_path: Path, live_threads):
         table = app.screen.query_one(ScheduleTable)
         seen["cells"] = [tuple(str(c) for c in table.get_row(k)) for k in table.rows]
         seen["view"] = app.view
-        await pilot.press("s")
-        await wait_until(pilot, lambda: isinstance(app.screen, StepperScreen),
-                         what="the stepper")
+        await open_stepper(pilot)
         seen["stepper"] = shown(app.screen.query_one("#stepper-status"))
         await quit_app(pilot)
 
@@ -409,11 +413,7 @@ def test_stepper_steps_forward_and_back_with_the_plans_colours(live_threads):
         assert shown(screen.query_one("#reason")) == screen.stepper.view().step.reason
 
     async def script(pilot: Pilot) -> None:
-        app = pilot.app
-        await pilot.press("s")
-        await wait_until(pilot, lambda: isinstance(app.screen, StepperScreen),
-                         what="the stepper")
-        screen = app.screen
+        screen = await open_stepper(pilot)
         steps = screen.stepper.steps
         opens = [i for i, s in enumerate(steps) if s.kind == "open"]
         await check(pilot, screen, 0)
@@ -452,10 +452,7 @@ def test_stepper_reruns_when_mode_changes(live_threads):
 
     async def script(pilot: Pilot) -> None:
         app = pilot.app
-        await pilot.press("s")
-        await wait_until(pilot, lambda: isinstance(app.screen, StepperScreen),
-                         what="the stepper")
-        screen = app.screen
+        screen = await open_stepper(pilot)
         old = screen.stepper
         await pilot.press("end")
         await pilot.press("m")
@@ -541,11 +538,8 @@ def test_snapshot_dashboard(snap_compare):
 def test_snapshot_stepper(snap_compare):
     live = LiveRuntime(start_load=False, seed=0)
 
-    async def open_stepper(pilot: Pilot) -> None:
-        await pilot.press("s")
-        await wait_until(pilot, lambda: isinstance(pilot.app.screen, StepperScreen),
-                         what="the stepper")
-        steps = pilot.app.screen.stepper.steps
+    async def open_on_the_second_partition(pilot: Pilot) -> None:
+        steps = (await open_stepper(pilot)).stepper.steps
         target = [i for i, s in enumerate(steps) if s.kind == "open"][1] + 2
         await pilot.press(*["pagedown"] * (target // 10), *["right"] * (target % 10))
         assert pilot.app.screen.stepper.index == target
@@ -553,7 +547,7 @@ def test_snapshot_stepper(snap_compare):
 
     try:
         assert snap_compare(dashboard(live, close_runtime=False), terminal_size=SIZE,
-                            run_before=open_stepper)
+                            run_before=open_on_the_second_partition)
     finally:
         live.close()
 
