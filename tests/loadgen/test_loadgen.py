@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -79,22 +80,29 @@ def no_leftover_threads():
     assert poll(lambda: not load_threads(), 5), load_threads()
 
 
+@pytest.fixture
+def proxy() -> Iterator[Counting]:
+    """`m`, an mlp that batches (so no request runs on its sender's thread), on one slow sim
+    device, behind a proxy counting the requests in flight."""
+    with HostManager(slow_sim(10), max_queue=1000) as host:
+        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
+        yield Counting(host)
+
+
 # -- closed loop ---------------------------------------------------------------------------
 
 
-def test_closed_loop_has_at_most_c_in_flight_on_a_batching_network(no_leftover_threads):
+def test_closed_loop_has_at_most_c_in_flight_on_a_batching_network(no_leftover_threads,
+                                                                   proxy):
     # a batching network never runs a request on the sender's thread
-    with HostManager(slow_sim(10), max_queue=1000) as host:
-        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        proxy = Counting(host)
-        gen = LoadGenerator(proxy, "m", concurrency=8).start()
-        try:
-            time.sleep(0.4)
-            assert proxy.peak == 8
-            assert gen.stats.sent >= 16
-        finally:
-            gen.stop(timeout=5)
-        assert load_threads() == []
+    gen = LoadGenerator(proxy, "m", concurrency=8).start()
+    try:
+        time.sleep(0.4)
+        assert proxy.peak == 8
+        assert gen.stats.sent >= 16
+    finally:
+        gen.stop(timeout=5)
+    assert load_threads() == []
 
 
 def test_closed_loop_reaches_c_in_flight_when_runs_take_time(no_leftover_threads):
@@ -241,45 +249,39 @@ def test_scale_changes_the_open_loop_rate(no_leftover_threads):
         assert 1.8 <= fast / slow <= 5.0, (slow, fast)
 
 
-def test_scale_changes_the_closed_loop_client_count(no_leftover_threads):
-    with HostManager(slow_sim(10), max_queue=1000) as host:
-        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        proxy = Counting(host)
-        gen = LoadGenerator(proxy, "m", concurrency=2).start()
-        try:
-            time.sleep(0.2)
-            assert proxy.peak == 2
-            gen.scale(2)
-            assert gen.concurrency == 4
-            time.sleep(0.2)
-            assert proxy.peak == 4
-            gen.scale(0.5)
-            assert gen.concurrency == 2
-            time.sleep(0.1)  # the clients above the count finish their last request
-            proxy.reset_peak()
-            time.sleep(0.2)
-            assert proxy.peak <= 2
-        finally:
-            gen.stop(timeout=5)
+def test_scale_changes_the_closed_loop_client_count(no_leftover_threads, proxy):
+    gen = LoadGenerator(proxy, "m", concurrency=2).start()
+    try:
+        time.sleep(0.2)
+        assert proxy.peak == 2
+        gen.scale(2)
+        assert gen.concurrency == 4
+        time.sleep(0.2)
+        assert proxy.peak == 4
+        gen.scale(0.5)
+        assert gen.concurrency == 2
+        time.sleep(0.1)  # the clients above the count finish their last request
+        proxy.reset_peak()
+        time.sleep(0.2)
+        assert proxy.peak <= 2
+    finally:
+        gen.stop(timeout=5)
 
 
-def test_scale_down_then_up_never_exceeds_the_client_count(no_leftover_threads):
+def test_scale_down_then_up_never_exceeds_the_client_count(no_leftover_threads, proxy):
     """Clients 2 and 3 still have a request out when the count drops to 2 and comes
     back to 4: each must continue as one client, not as two."""
-    with HostManager(slow_sim(10), max_queue=1000) as host:
-        host.add_network("m", MLP, batching={"max_batch_size": 4, "max_queue_delay_ms": 1})
-        proxy = Counting(host)
-        gen = LoadGenerator(proxy, "m", concurrency=4).start()
-        try:
-            time.sleep(0.2)
-            assert proxy.peak == 4
-            gen.scale(0.5)
-            gen.scale(2)
-            assert gen.concurrency == 4
-            time.sleep(0.3)
-            assert proxy.peak <= 4, f"{proxy.peak} requests in flight with 4 clients"
-        finally:
-            gen.stop(timeout=5)
+    gen = LoadGenerator(proxy, "m", concurrency=4).start()
+    try:
+        time.sleep(0.2)
+        assert proxy.peak == 4
+        gen.scale(0.5)
+        gen.scale(2)
+        assert gen.concurrency == 4
+        time.sleep(0.3)
+        assert proxy.peak <= 4, f"{proxy.peak} requests in flight with 4 clients"
+    finally:
+        gen.stop(timeout=5)
 
 
 @pytest.mark.parametrize("mode", ["closed", "open", "paused"])
