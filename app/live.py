@@ -9,6 +9,7 @@ leaves the old network serving and raises.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,6 +122,11 @@ class LiveRuntime:
                       bundle=self._origin() is not None)
 
     def plan(self) -> Plan | None:
+        """The plan serving now: the host's learner may have re-made it since it loaded
+        (runtime/host/learning.py)."""
+        if self.host is not None:
+            with contextlib.suppress(PrismError):  # between two networks of a re-plan
+                self._plan = self.host.plan(self.network)
         return self._plan
 
     def outline(self) -> Outline | None:
@@ -211,7 +217,7 @@ class LiveRuntime:
             raise PrismError(f"{self.model.name} is a bundle, planned when it was compiled: "
                              f"recompile it to plan it again")
         host = self._running()
-        costs = live_costs(host.graph(self.network), self._plan, seconds)
+        costs = live_costs(host.graph(self.network), host.plan(self.network), seconds)
         self._replace_network(self.model, self.mode, costs)
         return self._plan
 

@@ -1,7 +1,7 @@
 """Plans against measurements (`--only plans`): how far plans are from their lower bound,
-how close a measured plan's estimates come to the run times under pipelined load, what
-calibration does to throughput next to onnxruntime with two threads, and whether
-`replicas="auto"` ever loses to one replica.
+how close a measured plan's estimates come to the run times under pipelined load (as
+loaded, and once it has learnt from serving), what calibration does to throughput next to
+onnxruntime with two threads, and whether `replicas="auto"` ever loses to one replica.
 
 Everything is measured in this run, in a cache directory of its own (so the first load
 measures, as a new user's would). The machine is shared: throughput figures interleave
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ("mlp", "cnn", "transformer", "branchy", "control_flow")
 REAL = ROOT / "tests" / "real_models"
 CLIENTS = 4  # in flight: enough for two stages to overlap
+LEARN_SECONDS = 10.0  # served before a learned plan is measured: several of the learner's looks
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,25 @@ class Run:
     cores: float  # CPU seconds this process used per second of the load: what it was given
 
 
-def pipelined(net: Network, devices: list[DeviceConfig], requests: int, **options) -> Run:
+def pipelined(net: Network, devices: list[DeviceConfig], requests: int, learned: bool = False,
+              **options) -> Run:
     """Prism under `CLIENTS` closed-loop clients: its throughput and each partition's
-    median run time."""
+    median run time, with the plan it was loaded with, or (`learned`) the plan it has
+    after serving LEARN_SECONDS while it learns (runtime/host/learning.py)."""
     with HostManager(devices, max_queue=4 * CLIENTS, max_active=2 * CLIENTS) as host:
         start = time.perf_counter()
         plan = host.add_network(net.name, net.model, bindings=net.bindings, **options)
         loaded = time.perf_counter() - start
-        LoadGenerator(host, net.name, concurrency=CLIENTS, requests=CLIENTS * 10,
-                      feeds=net.feeds, bindings=net.bindings).measure()  # warm
+        warm = LoadGenerator(host, net.name, concurrency=CLIENTS,
+                             requests=None if learned else CLIENTS * 10, feeds=net.feeds,
+                             bindings=net.bindings)
+        if learned:  # the same load, long enough for the learner to look a few times
+            warm.start()
+            time.sleep(LEARN_SECONDS)
+            warm.stop()
+        else:
+            warm.measure()
+        plan = host.plan(net.name)  # what it predicts for the load measured next
         runs = host.bus.subscribe(maxlen=requests * 4, kinds=("partition.run.finished",))
         cpu, wall = time.process_time(), time.perf_counter()
         rate = LoadGenerator(host, net.name, concurrency=CLIENTS, requests=requests,
@@ -116,29 +127,36 @@ def bound_gaps(quick: bool) -> list[dict]:
 def estimates(quick: bool) -> list[dict]:
     """On exports the repository never had, over 2 one-thread cpu devices, balanced with
     default settings: each partition's estimate against its median run time under
-    pipelined load, the stages' balance, and weights crossing devices per request."""
+    pipelined load, the stages' balance, and weights crossing devices per request; with
+    the plan as loaded, and as it is after serving a while as it learns."""
     networks = [real("bert"), real("gpt2"), real("resnet"), legacy(2 if quick else 4)]
     out = []
     for net in networks:
-        run = pipelined(net, cpus(2), 600 if quick else 3000)
-        graph_weights = set(load_graph(net.model, bindings=net.bindings).initializers)
-        crossing = [t.tensor for t in run.plan.transfers if t.tensor in graph_weights]
-        errors = {p.name: p.est_seconds / run.p50[p.name] - 1 for p in run.plan.partitions}
-        worst = max(abs(e) for e in errors.values())
-        stages = list(run.p50.values())
-        balance = max(stages) / min(stages)
-        detail = "; ".join(f"{p.name} est {p.est_seconds * 1e6:.0f} us, p50 "
-                           f"{run.p50[p.name] * 1e6:.0f} us ({errors[p.name]:+.0%})"
-                           for p in run.plan.partitions)
-        out.append(result(f"{net.name} on cpu:2: worst estimate off its p50 under load",
-                          100 * worst, "%", "<= 25", worst <= 0.25,
-                          f"{detail}; {run.plan.costs} costs; first load "
-                          f"{run.load_seconds:.2f} s; the process got {run.cores:.2f} cores"))
-        out.append(result(f"{net.name} on cpu:2: slowest stage / fastest (p50)", balance, "x",
-                          "<= 1.15", balance <= 1.15, f"{len(stages)} stages"))
-        out.append(result(f"{net.name} on cpu:2: weight tensors crossing devices per request",
-                          len(crossing), "", "0", not crossing, ", ".join(crossing) or "none"))
+        for learned in (False, True):
+            run = pipelined(net, cpus(2), 600 if quick else 3000, learned)
+            out += _estimate_rows(net, run, "learned" if learned else "as loaded")
     return out
+
+
+def _estimate_rows(net: Network, run: Run, which: str) -> list[dict]:
+    graph_weights = set(load_graph(net.model, bindings=net.bindings).initializers)
+    crossing = [t.tensor for t in run.plan.transfers if t.tensor in graph_weights]
+    errors = {p.name: p.est_seconds / run.p50[p.name] - 1 for p in run.plan.partitions}
+    worst = max(abs(e) for e in errors.values())
+    stages = list(run.p50.values())
+    balance = max(stages) / min(stages)
+    detail = "; ".join(f"{p.name} ({len(p.nodes)} nodes) est {p.est_seconds * 1e6:.0f} us, "
+                       f"p50 {run.p50[p.name] * 1e6:.0f} us ({errors[p.name]:+.0%})"
+                       for p in run.plan.partitions)
+    head = f"{net.name} on cpu:2, plan {which}"
+    return [result(f"{head}: worst estimate off its p50 under load", 100 * worst, "%",
+                   "<= 25", worst <= 0.25,
+                   f"{detail}; {run.plan.costs} costs; first load {run.load_seconds:.2f} s; "
+                   f"the process got {run.cores:.2f} cores"),
+            result(f"{head}: slowest stage / fastest (p50)", balance, "x", "<= 1.15",
+                   balance <= 1.15, f"{len(stages)} stages, {run.rate:.0f} requests/s"),
+            result(f"{head}: weight tensors crossing devices per request", len(crossing), "",
+                   "0", not crossing, ", ".join(crossing) or "none")]
 
 
 def calibration(quick: bool) -> list[dict]:

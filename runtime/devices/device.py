@@ -275,6 +275,12 @@ class Device(ABC):
         small model notices. This default declines."""
         return None
 
+    def recent_runs(self, key: str) -> tuple[int, list[float]] | None:
+        """How many runs of `key` have succeeded, and the times of the newest (a few
+        hundred); None from a device that keeps none (one whose time is modelled keeps
+        none: its model is already what it runs)."""
+        return None
+
     @abstractmethod
     def stats(self) -> DeviceStats: ...
 

@@ -46,6 +46,7 @@ class _Local(threading.local):
 
 _local = _Local()
 _IDLE_POLL = 0.5  # bound on each worker wait; close() also wakes it
+RECENT_RUNS = 512  # run times kept per key for `recent_runs`, the newest
 
 
 def on_device_thread() -> bool:
@@ -76,6 +77,14 @@ class RunAccount:
 
 
 @dataclass(slots=True)
+class RunTimes:
+    """A loaded function's successful runs: how many, and the newest ones' seconds."""
+
+    times: deque[float]
+    count: int = 0
+
+
+@dataclass(slots=True)
 class _Job:
     key: str
     feeds: dict[str, np.ndarray]
@@ -91,6 +100,7 @@ class DeviceManager(Device):
         super().__init__(config, bus)
         self._compile = compile
         self._runs: dict[str, _Run] = {}  # key -> how its function runs (`_runner`)
+        self._recent: dict[str, RunTimes] = {}  # key -> its successful runs
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Job] = deque()
         self._running = threading.Lock()  # held through each run: the device is busy
@@ -111,6 +121,7 @@ class DeviceManager(Device):
     def _uninstall(self, key: str) -> None:
         with self._cond:
             self._runs.pop(key, None)
+            self._recent.pop(key, None)
 
     # -- runs ----------------------------------------------------------------------------
 
@@ -151,6 +162,12 @@ class DeviceManager(Device):
 
     def stats(self) -> DeviceStats:
         return self._stats(self._tally.runs, self._tally.busy_seconds, len(self._queue))
+
+    def recent_runs(self, key: str) -> tuple[int, list[float]] | None:
+        timed = self._recent.get(key)
+        if timed is None or type(self)._invoke is not DeviceManager._invoke:
+            return None  # not loaded, or a device keeping modelled time: see Device's
+        return timed.count, list(timed.times.copy())  # copy(): one step, while runs append
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -227,6 +244,8 @@ class DeviceManager(Device):
         # A device that keeps no time of its own runs the function straight: a frame less
         invoke = None if type(self)._invoke is DeviceManager._invoke else self._invoke
         call = function.run
+        timed = self._recent[key] = RunTimes(deque(maxlen=RECENT_RUNS))
+        recent = timed.times
 
         def run(feeds: dict[str, np.ndarray], tag: Tag | None, arrived: float | None
                 ) -> tuple[Outputs | None, ExecutionError | None]:
@@ -242,13 +261,16 @@ class DeviceManager(Device):
             except Exception as exc:
                 error = failed(key, exc)
             finally:  # also when a BaseException passes: the device must not stay busy
-                end = clock()
+                took = clock() - start
                 tally.runs += 1  # under `_running`, as every run
-                tally.busy_seconds += end - start
+                tally.busy_seconds += took
+                if outputs is not None:
+                    recent.append(took)
+                    timed.count += 1
                 if tagged is not None:
                     self.publish("partition.run.finished", **tagged, device=self.name,
                                  queue_wait=0.0 if arrived is None else start - arrived,
-                                 run_seconds=end - start, ok=outputs is not None)
+                                 run_seconds=took, ok=outputs is not None)
             return outputs, error
 
         return run

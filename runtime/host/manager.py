@@ -30,6 +30,7 @@ from runtime.executor.futures import answer_of
 from runtime.executor.requests import DEFAULT_TIMEOUT, Request, checked_timeout
 from runtime.host.dispatch import Dispatcher, HostStats
 from runtime.host.lean import lean_path
+from runtime.host.learning import PlanLearner
 from runtime.host.serving import ServedNetwork
 from runtime.inputs import InputSpec
 from runtime.observe.events import EventBus
@@ -68,6 +69,7 @@ class HostManager:
         self.timeout = checked_timeout(timeout, "HostManager timeout")
         self.max_active = max_active or max(2, 2 * len(devices))
         self._slots = Dispatcher(self.bus, self.max_active)  # the registry, admission, slots
+        self._learner = PlanLearner(self._slots, self.bus)  # plans learning while they serve
 
     # -- networks ----------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class HostManager:
             self._slots.release(name)
             raise
         self._slots.register(served)
+        self._learner.watch(loaded)
         origin = {} if loaded.bundle is None else {"bundle": loaded.bundle.path,
                                                    "placed": loaded.bundle.devices}
         plan = loaded.plan
@@ -211,7 +214,8 @@ class HostManager:
         """Stop taking requests, let accepted ones finish for up to `timeout`, fail the rest.
         Returns within `timeout` (and a little), even with a device stuck in a run."""
         deadline = time.monotonic() + timeout
-        if not self._slots.stop(timeout):
+        self._learner.close(timeout)
+        if not self._slots.stop(max(0.0, deadline - time.monotonic())):
             return  # closed already
         for device in self.devices.values():
             device.close(max(0.0, deadline - time.monotonic()))

@@ -25,6 +25,9 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "partition.step": ("network", "index", "step", "reason", "partition", "device", "nodes"),
     "partition.planned": ("network", "mode", "partitions", "bottleneck_seconds",
                           "lower_bound_seconds", "costs"),
+    # a plan serving learnt from its partitions' run times (runtime/host/learning.py):
+    # their medians, and whether it was re-made (`moved`) or only re-estimated, and why
+    "plan.learned": ("network", "moved", "reason", "medians", "bottleneck_seconds"),
     # the first load of a network measures its nodes on this machine: how far it has got
     "cost.measure": ("network", "what", "done", "total"),
     "provision.loaded": ("network", "partition", "device", "weight_bytes", "activation_bytes",

@@ -118,6 +118,17 @@ class Plan:
                        device_seconds={n: busy.get(n, 0.0) for n in names},
                        bottleneck_seconds=max(busy.values(), default=0.0), arenas=arenas)
 
+    def with_estimates(self, seconds: Mapping[str, float]) -> Plan:
+        """The plan with partition `p` estimated at `seconds[p]` (its compute: what its
+        runs took), each device's busy time following; a live plan (`costs`)."""
+        partitions = [replace(p, est_seconds=seconds.get(p.name, p.est_seconds))
+                      for p in self.partitions]
+        busy = dict.fromkeys(self.device_seconds, 0.0)
+        for p in partitions:
+            busy[p.device] = busy.get(p.device, 0.0) + p.stage_seconds
+        return replace(self, partitions=partitions, device_seconds=busy,
+                       bottleneck_seconds=max(busy.values(), default=0.0), costs="live")
+
     def device_memory(self) -> dict[str, int]:
         """Bytes each device needs: every partition's weights, plus one activation arena,
         the peak of the device's memory plan (its partitions run one at a time, and a

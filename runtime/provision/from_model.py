@@ -35,6 +35,7 @@ from runtime.provision.calibrate import ROUNDS, bounded, loaded_medians
 from runtime.provision.hops import device_hops
 from runtime.provision.network import (
     LoadedNetwork,
+    Replanning,
     as_loaded,
     free_bytes,
     place_replicas,
@@ -82,20 +83,26 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
     publish_plan(bus, name, made.steps, made.plan)
     face = signature(graph)
 
-    def place(plan: Plan) -> Placed:
+    def place(plan: Plan, tag: str = "") -> Placed:
         twin_sets: list[Mapping[str, str] | None] = [None]  # per replica: device -> twin
         if replicas != 1:
             twin_sets += twin_maps(plan, configs, further(replicas))
         return place_replicas(name, plan, programs(graph, plan), devices, bus, twin_sets,
-                              face, graph)
+                              face, graph, tag)
 
-    loaded, executors = place(made.plan)
+    def lay(plan: Plan, tag: str = "", placed: Placed | None = None) -> LoadedNetwork:
+        loaded, executors = placed or place(plan, tag)
+        return LoadedNetwork(name, as_loaded(plan, loaded[0], devices), face, loaded,
+                             executors, batching, graph_source=graph, replanning=replanning)
+
+    # measured costs, unbatched (a batch's run times are its size's): it may learn
+    replanning = Replanning(made.replan, lay) if made.plan.costs == "measured" and \
+        batching is None else None
+    placed = place(made.plan)
     if made.fresh:
-        loaded, executors = _under_load(name, graph, made, face, loaded, executors, place,
-                                        bus, progress)
+        placed = _under_load(name, graph, made, face, *placed, place, bus, progress)
         made.store(graph)
-    return LoadedNetwork(name, as_loaded(made.plan, loaded[0], devices), face, loaded,
-                         executors, batching, graph_source=graph)
+    return lay(made.plan, placed=placed)
 
 
 def _under_load(name: str, graph: Graph, made: Planned, face: Signature,

@@ -27,7 +27,19 @@ from runtime.types import BatchingConfig
 
 if TYPE_CHECKING:
     from runtime.bundle.placed import LoadedBundle
+    from runtime.cost.model import CostModel
     from runtime.graph import Graph
+
+
+@dataclass(frozen=True)
+class Replanning:
+    """How a network loaded from a model on measured costs plans again on other costs
+    (`replan`: its steps and plan) and lays a plan on its devices beside what is loaded
+    (`lay(plan, tag)`: every replica, under keys `tag` tells apart): what the host's
+    learner (runtime/host/learning.py) needs to re-plan it while it serves."""
+
+    replan: Callable[[CostModel], tuple[list[Step], Plan]]
+    lay: Callable[[Plan, str], LoadedNetwork]
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +56,7 @@ class LoadedNetwork:
     # the graph, or how to load it when first asked (a bundle's network.onnx)
     graph_source: Graph | Callable[[], Graph] | None = None
     bundle: LoadedBundle | None = None  # the bundle it was loaded from, if it was
+    replanning: Replanning | None = None  # how it plans again while it serves, if it may
     _graph: list[Graph] = field(default_factory=list, repr=False)  # loaded when asked
     _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -97,18 +110,19 @@ def publish_plan(bus: Any, name: str, steps: Sequence[Step], plan: Plan) -> None
 def place_replicas(name: str, plan: Plan, made: Mapping[str, Program],
                    devices: Mapping[str, Device], bus: Any,
                    twin_sets: Sequence[Mapping[str, str] | None], face: Signature,
-                   graph: Graph | None = None
+                   graph: Graph | None = None, tag: str = ""
                    ) -> tuple[tuple[tuple[LoadedPartition, ...], ...], tuple[Executor, ...]]:
     """Provision `made` (partition -> program) once per replica (`twin_sets`: per replica,
     plan device -> its twin, None for the plan's own devices) and make each replica's
     executor, checking partition outputs against `graph` when there is one (else only
-    that they are there); raises with nothing left loaded."""
+    that they are there); `tag` marks every key (a second plan of the network loaded
+    beside its first); raises with nothing left loaded."""
     loaded: list[tuple[LoadedPartition, ...]] = []
     groups = twin_groups(devices.values())
     try:
         for r, onto in enumerate(twin_sets):
             loaded.append(tuple(provision(plan, made, devices, network=name,
-                                          tag=f"#{r}" if r else "", bus=bus, onto=onto,
+                                          tag=f"{tag}#{r}" if r else tag, bus=bus, onto=onto,
                                           groups=groups)))
     except BaseException:
         unload_replicas(name, loaded, bus)
