@@ -107,6 +107,8 @@ class DeviceManager(Device):
         self._closed = False
         self._worker: threading.Thread | None = None
         self._tally = RunAccount()
+        # a device keeping time of its own (`_invoke` overridden: `sim`) keeps no run times
+        self._modelled = type(self)._invoke is not DeviceManager._invoke
 
     def _install(self, key: str, program: Program) -> None:
         if self._closed:
@@ -165,7 +167,7 @@ class DeviceManager(Device):
 
     def recent_runs(self, key: str) -> tuple[int, list[float]] | None:
         timed = self._recent.get(key)
-        if timed is None or type(self)._invoke is not DeviceManager._invoke:
+        if timed is None or self._modelled:
             return None  # not loaded, or a device keeping modelled time: see Device's
         return timed.count, list(timed.times.copy())  # copy(): one step, while runs append
 
@@ -242,7 +244,7 @@ class DeviceManager(Device):
         figures and its finished event are kept. A closure over what every run reads."""
         tally, failed, clock = self._tally, self._failed, time.perf_counter
         # A device that keeps no time of its own runs the function straight: a frame less
-        invoke = None if type(self)._invoke is DeviceManager._invoke else self._invoke
+        invoke = self._invoke if self._modelled else None
         call = function.run
         timed = self._recent[key] = RunTimes(deque(maxlen=RECENT_RUNS))
         recent = timed.times

@@ -113,7 +113,7 @@ class PlanLearner:
         medians = _medians(loaded, self._seen.setdefault(name, {}))
         if medians is None or self._settling.pop(name, False):
             return  # the first runs of a plan just laid are its sessions warming up
-        plan, slowest = loaded.plan, max(medians.values())
+        plan, slowest, fastest = loaded.plan, max(medians.values()), min(medians.values())
         tried = self._tried.pop(name, None)
         before = max((p.est_seconds for p in tried.partitions), default=0.0) if tried else 0.0
         if tried is not None and slowest > (1 + GAIN) * before:
@@ -123,7 +123,7 @@ class PlanLearner:
                        f"{human_seconds(before)}: back to that plan")
             return
         off = max(abs(p.est_seconds / medians[p.name] - 1) for p in plan.partitions)
-        spread = slowest / min(medians.values())
+        spread = slowest / fastest
         if off <= TRUSTED and spread <= BALANCED:
             return
         now = plan.with_estimates(medians)
@@ -131,7 +131,7 @@ class PlanLearner:
                   f"{spread:.2f}x the fastest")
         # A gap a GIL wait could make is not moved: where it is the waits that differ,
         # moving nodes moves no time (docs/performance.md, "Plans that learn")
-        if spread > BALANCED and slowest - min(medians.values()) > LOAD_WAIT_MAX and \
+        if spread > BALANCED and slowest - fastest > LOAD_WAIT_MAX and \
                 self._moves[name] < MOVES:
             # here, not at the top: a host serving bundles never imports the partitioner
             from runtime.partition.planning import live_costs, same_assignment
@@ -179,9 +179,8 @@ class PlanLearner:
     def _swap(self, net: ServedNetwork, loaded: LoadedNetwork) -> bool:
         """Serve `loaded` in place of what `net` serves, unless it is being removed (or the
         host closes): requests choose a replica under the same lock."""
-        with self._slots.lock:
-            if net.removing or self._stop.is_set() or \
-                    self._slots.networks.get(net.name) is not net:
+        with self._slots.lock:  # an RLock: `_serving` takes it again
+            if self._serving(net.name) is not net:
                 return False
             net.loaded, net.replicas = loaded, loaded.replicas
             return True

@@ -24,7 +24,9 @@ class ServedNetwork:
     path); `accepted`
     holds a token per request accepted and not yet ended (lean runs aside), `lean_runs` one
     per lean run in flight: deque appends and pops are atomic, so neither needs a lock.
-    `removing` is set once `remove_network` begins; `running` holds requests started."""
+    `removing` is set once `remove_network` begins; `running` holds requests started.
+    `loaded` and `replicas` change only when the host's learner swaps in a re-made plan,
+    under the dispatcher's lock (runtime/host/learning.py)."""
 
     __slots__ = ("accepted", "batcher", "check_feeds", "lean_run", "lean_runs", "loaded", "name",
                  "removing", "replicas", "running", "specs", "timeout")
