@@ -91,9 +91,11 @@ class InputSpec:
 
     def accepts(self, array: np.ndarray) -> bool:
         """Is `array` of this dtype and shape (a symbolic dimension takes any size)? Shapes
-        accepted are remembered, so a shape seen before costs one set lookup."""
+        accepted are remembered, so a shape seen before costs one set lookup. Equal
+        dtypes need not be one object (onnxruntime's int64 is numpy's longlong, say)."""
         dtype = self.dtype
-        if array.shape in self.shapes_seen and (array.dtype is dtype or dtype is None):
+        if array.shape in self.shapes_seen and (array.dtype is dtype or dtype is None
+                                                or array.dtype == dtype):
             return True
         if (dtype is not None and array.dtype != dtype) or not _shape_ok(self.dims,
                                                                           array.shape):

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from queue import Empty, SimpleQueue
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,6 +47,7 @@ class _Local(threading.local):
 
 _local = _Local()
 _IDLE_POLL = 0.5  # bound on each worker wait; close() also wakes it
+_CLOSED = None  # what close() queues to wake the worker
 RECENT_RUNS = 512  # run times kept per key for `recent_runs`, the newest
 
 
@@ -101,8 +103,11 @@ class DeviceManager(Device):
         self._compile = compile
         self._runs: dict[str, _Run] = {}  # key -> how its function runs (`_runner`)
         self._recent: dict[str, RunTimes] = {}  # key -> its successful runs
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[_Job] = deque()
+        # The worker's line: a C queue, as a Condition's notify costs microseconds of Python
+        # a run; `_lock` makes closing and queueing one step each
+        self._queue: SimpleQueue[_Job | None] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._next: _Job | None = None  # taken by the worker, which waits for the device
         self._running = threading.Lock()  # held through each run: the device is busy
         self._closed = False
         self._worker: threading.Thread | None = None
@@ -117,11 +122,11 @@ class DeviceManager(Device):
         if program.resident or program.writes:
             function = ResidentFunction(function, self._resident, program)
         run = self._runner(key, function)
-        with self._cond:
+        with self._lock:
             self._runs[key] = run
 
     def _uninstall(self, key: str) -> None:
-        with self._cond:
+        with self._lock:
             self._runs.pop(key, None)
             self._recent.pop(key, None)
 
@@ -134,7 +139,7 @@ class DeviceManager(Device):
         forwards to another device must queue there)."""
         local, running = _local, self._running
         if local.device or not (running.acquire(True, wait) if wait > 0 else
-                                not self._queue and running.acquire(False)):
+                                self._queue.empty() and running.acquire(False)):
             return None
         try:  # from the moment the device is held: Ctrl-C may land on any line
             if self._closed:
@@ -153,17 +158,18 @@ class DeviceManager(Device):
         """Queue for the worker thread, which calls `done` (no Future: the executor chains
         its stages this way, a Future's locks costing microseconds per stage)."""
         job = _Job(key, feeds, tag, done, time.perf_counter())
-        with self._cond:
+        with self._lock:
             closed = self._closed
             if not closed:
-                self._queue.append(job)
-                self._ensure_worker()
-                self._cond.notify_all()
+                self._queue.put(job)
+                if self._worker is None:
+                    self._ensure_worker()
         if closed:
             done(None, ExecutionError(f"device {self.name} closed"))
 
     def stats(self) -> DeviceStats:
-        return self._stats(self._tally.runs, self._tally.busy_seconds, len(self._queue))
+        waiting = self._queue.qsize() + (self._next is not None)
+        return self._stats(self._tally.runs, self._tally.busy_seconds, waiting)
 
     def recent_runs(self, key: str) -> tuple[int, list[float]] | None:
         timed = self._recent.get(key)
@@ -173,12 +179,12 @@ class DeviceManager(Device):
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             self._closed = True
-            dropped = list(self._queue)
-            self._queue.clear()
-            self._cond.notify_all()
+            dropped = _taken(self._queue)
             worker = self._worker
+            if worker is not None:
+                self._queue.put(_CLOSED)
         for job in dropped:
             _settle(job, None, ExecutionError(f"device {self.name} closed"))
         if worker is not None and worker is not threading.current_thread():
@@ -196,15 +202,23 @@ class DeviceManager(Device):
     def _work(self) -> None:
         _local.device = True
         job: _Job | None = None
+        queue = self._queue
         try:
             while True:
-                with self._cond:
-                    while not self._closed and not self._queue:
-                        self._cond.wait(_IDLE_POLL)
-                    if not self._queue:
-                        return  # closed and drained
-                    job = self._queue.popleft()
+                try:
+                    job = queue.get(timeout=_IDLE_POLL)
+                except Empty:
+                    job = None
+                if self._closed:  # a job taken as it closed fails as the queued ones did
+                    if job is not None:
+                        answer, job = job, None
+                        _settle(answer, None, ExecutionError(f"device {self.name} closed"))
+                    return
+                if job is None:
+                    continue
+                self._next = job
                 self._running.acquire()  # held by a run on a caller's thread, at most
+                self._next = None
                 try:
                     run = self._runs.get(job.key) or self._unloaded(job.key)
                     outputs, error = run(job.feeds, job.tag, job.arrived)
@@ -221,7 +235,7 @@ class DeviceManager(Device):
         device is closed a fresh worker takes the queue over."""
         what = described(exc)
         log.warning("the worker of %s died (%s); replacing it", self.name, what)
-        with self._cond:
+        with self._lock:
             self._worker = None
             if not self._closed:
                 self._ensure_worker()
@@ -256,8 +270,9 @@ class DeviceManager(Device):
             error: ExecutionError | None = None
             outputs: Outputs | None = None
             try:
-                if tagged is not None:
+                if tagged is not None:  # its time is not the run's
                     self.publish("partition.run.started", **tagged, device=self.name)
+                    start = clock()
                 outputs = call(feeds) if invoke is None else invoke(
                     key, function, feeds, start if arrived is None else arrived)
             except Exception as exc:
@@ -309,6 +324,18 @@ class ResidentFunction:
                                  f"{list(old.shape)} to {value.dtype}{list(value.shape)}")
         store.update(written)
         return outputs
+
+
+def _taken(queue: SimpleQueue[_Job | None]) -> list[_Job]:
+    """Every job in `queue`, taken out of it."""
+    jobs: list[_Job] = []
+    while True:
+        try:
+            job = queue.get_nowait()
+        except Empty:
+            return jobs
+        if job is not None:
+            jobs.append(job)
 
 
 def _settle(job: _Job, outputs: Outputs | None, error: ExecutionError | None) -> None:

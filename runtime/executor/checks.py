@@ -48,8 +48,8 @@ class OutputCheck:
         if type(outputs) is dict:  # the usual case, every output as seen before
             for name, dtype, seen in self.expected:
                 value = outputs.get(name)
-                if type(value) is not np.ndarray or value.shape not in seen or \
-                        (value.dtype is not dtype and dtype is not None):
+                if type(value) is not np.ndarray or value.shape not in seen or (
+                        value.dtype is not dtype and dtype is not None and value.dtype != dtype):
                     return self._problem(outputs)
             return None
         return self._problem(outputs)

@@ -335,6 +335,26 @@ def test_a_failing_run_fails_only_that_call(managers):
     assert finished[0]["queue_wait"] >= 0 and finished[0]["run_seconds"] >= 0
 
 
+class SlowBus(Bus):
+    """Takes `hold` seconds over each `partition.run.started`: a subscriber's cost."""
+
+    hold = 0.05
+
+    def publish(self, kind, **fields):
+        if kind == "partition.run.started":
+            time.sleep(self.hold)
+        super().publish(kind, **fields)
+
+
+def test_a_runs_time_leaves_out_publishing_its_start(managers):
+    bus = SlowBus()
+    m = managers("cpu1", bus=bus, functions={"ok": Probe()})
+    assert blocking(m, "ok", x(2), tag={"network": "n", "request": 1}) == {"y": 2}
+    (finished,) = bus.of("partition.run.finished")
+    assert finished["run_seconds"] < bus.hold <= finished["queue_wait"]
+    assert m.recent_runs("ok")[1][0] == finished["run_seconds"]
+
+
 @pytest.mark.parametrize("backend", ["cpu", "sim"])  # sim keeps time: its own `_invoke`
 def test_run_now_computes_counts_its_runs_and_declines_once_unloaded_or_closed(managers,
                                                                                backend):

@@ -113,8 +113,9 @@ def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside(monkey
             inner.append(host.run("relu", {"x": x}))
             inner.append(inner[0].done())
 
-        outer = host.run("relu", {"x": x}, inline=False)
-        outer.add_done_callback(again)
+        with device._running:  # until the callback is on: it must run on the worker
+            outer = host.run("relu", {"x": x}, inline=False)
+            outer.add_done_callback(again)
         outer.result(timeout=WAIT)
         assert poll(lambda: len(inner) == 2) and inner[1] is False
         np.testing.assert_array_equal(inner[0].result(timeout=WAIT)["y"], np.maximum(x, 0))
