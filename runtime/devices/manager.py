@@ -175,7 +175,7 @@ class DeviceManager(Device):
         timed = self._recent.get(key)
         if timed is None or self._modelled:
             return None  # not loaded, or a device keeping modelled time: see Device's
-        return timed.count, list(timed.times.copy())  # copy(): one step, while runs append
+        return timed.count, list(timed.times)  # one C step under the GIL, as runs append
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
 from runtime.partition.memory_plan import device_peak_bytes
-from runtime.partition.plan import Partition, Plan, Transfer
+from runtime.partition.plan import Partition, Plan, Transfer, device_busy
 from runtime.precision import node_precisions
 
 
@@ -85,9 +85,7 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
             transfer_in_seconds=incoming[pname] + model.hop_seconds(dev),
             flops=sum(model.costs[n.name].flops for n in nodes),
             transfer_out_seconds=outgoing[pname]))
-    busy = dict.fromkeys((d.name for d in devices), 0.0)
-    for p in partitions:
-        busy[p.device] += p.stage_seconds
+    busy = device_busy(partitions, (d.name for d in devices))
     arenas = {d: device_peak_bytes(partitions, graph, d) for d in {p.device for p in partitions}}
     return Plan(network=graph.name, mode=mode, devices=list(devices), partitions=partitions,
                 transfers=transfers, bottleneck_seconds=max(busy.values(), default=0.0),

@@ -7,7 +7,7 @@ from JSON without the partitioner (`build.py` makes plans from a graph).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -106,26 +106,23 @@ class Plan:
         device_of = {p.name: p.device for p in partitions}
         transfers = [replace(t, src=device_of[t.src_partition],
                              dst=device_of[t.dst_partitions[0]]) for t in self.transfers]
-        busy: dict[str, float] = {}
         arenas: dict[str, int] = {}
         for old, new in zip(self.partitions, partitions, strict=True):
-            busy[new.device] = busy.get(new.device, 0.0) + new.stage_seconds
             arenas[new.device] = max(arenas.get(new.device, 0), self.arenas.get(old.device, 0))
-        names = list(dict.fromkeys([*(d.name for d in self.devices), *busy]))
+        names = list(dict.fromkeys([*(d.name for d in self.devices), *arenas]))
         known = {d.name: d for d in self.devices}
+        busy = device_busy(partitions, names)
         return replace(self, partitions=partitions, transfers=transfers,
                        devices=[configs.get(n) or known[n] for n in names],
-                       device_seconds={n: busy.get(n, 0.0) for n in names},
-                       bottleneck_seconds=max(busy.values(), default=0.0), arenas=arenas)
+                       device_seconds=busy, bottleneck_seconds=max(busy.values(), default=0.0),
+                       arenas=arenas)
 
     def with_estimates(self, seconds: Mapping[str, float]) -> Plan:
         """The plan with partition `p` estimated at `seconds[p]` (its compute: what its
         runs took), each device's busy time following; a live plan (`costs`)."""
         partitions = [replace(p, est_seconds=seconds.get(p.name, p.est_seconds))
                       for p in self.partitions]
-        busy = dict.fromkeys(self.device_seconds, 0.0)
-        for p in partitions:
-            busy[p.device] = busy.get(p.device, 0.0) + p.stage_seconds
+        busy = device_busy(partitions, self.device_seconds)
         return replace(self, partitions=partitions, device_seconds=busy,
                        bottleneck_seconds=max(busy.values(), default=0.0), costs="live")
 
@@ -163,3 +160,12 @@ class Plan:
 
         inks = scheme_inks(d.name for d in self.devices)
         return plan_dot(self, inks, Outline.of(graph) if graph is not None else None)
+
+
+def device_busy(partitions: Iterable[Partition], devices: Iterable[str]) -> dict[str, float]:
+    """Each device's busy time per request: the stage times of its partitions (`devices`
+    first, in their order, each at least 0)."""
+    busy = dict.fromkeys(devices, 0.0)
+    for p in partitions:
+        busy[p.device] = busy.get(p.device, 0.0) + p.stage_seconds
+    return busy
