@@ -9,23 +9,16 @@ a model on measured costs, unbatched; `LoadedNetwork.replanning`): once every pa
 of its first replica has run `MIN_RUNS` times since the last look, it takes the medians of
 their newest run times. Estimates within `TRUSTED` of them and stages within `BALANCED`
 of each other leave the plan as it is. Stages further apart than that, and by more than
-a GIL wait can make (`calibrate.LOAD_WAIT_MAX`), are planned again on those medians
-(`planning.live_costs`). A plan that moves nodes and promises a bottleneck `GAIN` shorter
-is laid on the devices beside the one serving (keys `network~N/partition`), requests
-switch to it at once, and the old one is unloaded when its last request has ended; if it
-does not fit beside it, the old keeps serving. The look after is skipped (the new sessions
-warm up); the next checks the promise: a slowest stage `GAIN` slower than before goes back
-to the plan before, and that network moves no more; `MOVES` at most.
-
-Where the stages are apart by no more than a wait can make, the model cannot say which
-way nodes should go: the slowest stage may be waiting for the GIL while the last stage
-answers its request and its caller sends the next, and giving the waiting stage more work
-hides that wait instead of lengthening it. So once per network the learner plans the
-other way (the slowest and fastest stages' medians swapped) and keeps that plan only if
-its slowest stage measures `OTHER_WAY_GAIN` shorter than before, else goes back
-(docs/performance.md, "Which way to move"). Any other look only takes the medians as the
-plan's estimates. Either way `plan.learned` says what happened and why, and the plan is
-published (`partition.step`, `partition.planned`) as a load publishes one.
+a GIL wait can make (`calibrate.LOAD_WAIT_MAX`; where it is the waits that differ,
+moving nodes moves no time), are planned again on those medians (`planning.live_costs`).
+A plan that moves nodes and promises a bottleneck `GAIN` shorter is laid on the devices
+beside the one serving (keys `network~N/partition`), requests switch to it at once, and
+the old one is unloaded when its last request has ended; if it does not fit beside it,
+the old keeps serving. The look after is skipped (the new sessions warm up); the next
+checks the promise: a slowest stage `GAIN` slower than before goes back to the plan
+before, and that network moves no more; `MOVES` at most per network. Any other plan only
+takes the medians as its estimates. Either way `plan.learned` says what happened and why,
+and the plan is published (`partition.step`, `partition.planned`) as a load publishes one.
 """
 
 from __future__ import annotations
@@ -56,8 +49,7 @@ MIN_RUNS = 200  # runs of every partition a look needs
 TRUSTED = 0.15  # an estimate this far off its median is corrected
 BALANCED = 1.10  # slowest stage over fastest (medians) above which a plan is re-made
 GAIN = 0.05  # share of its bottleneck a new plan must save to be loaded
-OTHER_WAY_GAIN = 0.05  # share of it a plan moved the other way must save, measured
-MOVES = 3  # re-plans on the medians that move nodes, per network
+MOVES = 3  # re-plans that move nodes, per network
 DRAIN_SECONDS = 300.0  # bound on waiting for the old plan's last request
 
 
@@ -69,9 +61,7 @@ class PlanLearner:
         self._lock = threading.Lock()
         self._moves: dict[str, int] = {}  # learning network -> re-plans that moved it
         self._seen: dict[str, dict[str, int]] = {}  # network -> key -> runs at the last look
-        self._tried: dict[str, tuple[Plan, bool]] = {}  # network -> (the plan before its
-        # last move, whether that move went the other way)
-        self._other_way: dict[str, bool] = {}  # network -> the other way is yet to be tried
+        self._tried: dict[str, Plan] = {}  # network -> the plan before its last re-plan
         self._settling: dict[str, bool] = {}  # network -> a plan was just laid for it
         self._tags = itertools.count(1)  # a laid plan's keys: network~N/partition
         self._thread: threading.Thread | None = None
@@ -85,7 +75,6 @@ class PlanLearner:
         with self._lock:  # runs before it serves (its calibration's) are not its load's
             self._seen[net.name] = {key: runs[0] for key, runs in counted if runs}
             self._moves.setdefault(net.name, 0)
-            self._other_way.setdefault(net.name, True)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="prism-plan-learner",
                                                 daemon=True)
@@ -119,24 +108,20 @@ class PlanLearner:
                 self._seen.pop(name, None)
                 self._tried.pop(name, None)
                 self._settling.pop(name, None)
-                self._other_way.pop(name, None)
             return
         loaded = net.loaded
         medians = _medians(loaded, self._seen.setdefault(name, {}))
         if medians is None or self._settling.pop(name, False):
             return  # the first runs of a plan just laid are its sessions warming up
         plan, slowest, fastest = loaded.plan, max(medians.values()), min(medians.values())
-        if (tried := self._tried.pop(name, None)) is not None:
-            before_plan, other_way = tried
-            before = max(p.est_seconds for p in before_plan.partitions)
-            if slowest > ((1 - OTHER_WAY_GAIN) if other_way else (1 + GAIN)) * before:
-                if not other_way:
-                    self._moves[name] = MOVES  # moving does not pay here: no more of it
-                self._move(net, loaded, before_plan, [], medians,
-                           f"the plan {'moved the other way' if other_way else 're-made'}: "
-                           f"slowest stage {human_seconds(slowest)}, the plan before it "
-                           f"{human_seconds(before)}: back to that plan")
-                return
+        tried = self._tried.pop(name, None)
+        before = max((p.est_seconds for p in tried.partitions), default=0.0) if tried else 0.0
+        if tried is not None and slowest > (1 + GAIN) * before:
+            self._moves[name] = MOVES  # moving does not pay here: no more of it
+            self._move(net, loaded, tried, [], medians, f"the re-made plan's slowest stage "
+                       f"took {human_seconds(slowest)}, the plan before it "
+                       f"{human_seconds(before)}: back to that plan")
+            return
         off = max(abs(p.est_seconds / medians[p.name] - 1) for p in plan.partitions)
         spread = slowest / fastest
         if off <= TRUSTED and spread <= BALANCED:
@@ -144,24 +129,22 @@ class PlanLearner:
         now = plan.with_estimates(medians)
         detail = (f"estimates up to {off:.0%} off the medians of the last runs, slowest stage "
                   f"{spread:.2f}x the fastest")
-        if spread > BALANCED and self._moves[name] < MOVES:
+        # A gap a GIL wait could make is not moved: where it is the waits that differ,
+        # moving nodes moves no time (docs/performance.md, "Plans that learn")
+        if spread > BALANCED and slowest - fastest > LOAD_WAIT_MAX and \
+                self._moves[name] < MOVES:
             # here, not at the top: a host serving bundles never imports the partitioner
             from runtime.partition.planning import live_costs, same_assignment
 
             assert loaded.replanning is not None
-            other_way = slowest - fastest <= LOAD_WAIT_MAX
-            if not other_way or self._other_way.pop(name, False):
-                steps, new = loaded.replanning.replan(live_costs(
-                    loaded.graph, plan, _swapped(medians) if other_way else medians))
-                if not same_assignment(new, plan) and (other_way or new.bottleneck_seconds
-                                                       <= (1 - GAIN) * now.bottleneck_seconds):
-                    self._moves[name] += 1
-                    how = ("apart by no more than a wait can make: moved the other way, to be "
-                           "measured" if other_way else "re-planned on them")
-                    if self._move(net, loaded, new, steps, medians, f"{detail}: {how}"):
-                        self._tried[name] = (now, other_way)
-                        return
-                    detail += "; a plan that moves nodes did not fit beside it"
+            steps, new = loaded.replanning.replan(live_costs(loaded.graph, plan, medians))
+            if not same_assignment(new, plan) and \
+                    new.bottleneck_seconds <= (1 - GAIN) * now.bottleneck_seconds:
+                self._moves[name] += 1
+                if self._move(net, loaded, new, steps, medians, f"{detail}: re-planned on them"):
+                    self._tried[name] = now
+                    return
+                detail += "; a better plan did not fit beside it"
         if self._swap(net, replace(loaded, plan=now)):
             self._learned(name, now, medians, False, f"{detail}: estimates corrected")
 
@@ -210,13 +193,6 @@ class PlanLearner:
             publish_plan(self._bus, name, [], plan)
         self._bus.publish("plan.learned", network=name, moved=moved, reason=reason,
                           medians=medians, bottleneck_seconds=plan.bottleneck_seconds)
-
-
-def _swapped(medians: dict[str, float]) -> dict[str, float]:
-    """The medians with the slowest and the fastest stage's swapped: planned on them, work
-    moves onto the slowest stage instead of off it."""
-    slow, fast = max(medians, key=medians.__getitem__), min(medians, key=medians.__getitem__)
-    return {**medians, slow: medians[fast], fast: medians[slow]}
 
 
 def _medians(loaded: LoadedNetwork, seen: dict[str, int]) -> dict[str, float] | None:
