@@ -1,6 +1,7 @@
 """Plans against measurements (`--only plans`): how far plans are from their lower bound,
 how close a measured plan's estimates come to the run times under pipelined load (as
-loaded, and once it has learnt from serving), what calibration does to throughput next to
+loaded, and once it has learnt from serving; from callback-driven clients, and learned
+from threads and asyncio tasks as well), what calibration does to throughput next to
 onnxruntime with two threads, and whether `replicas="auto"` ever loses to one replica.
 
 Everything is measured in this run, in a cache directory of its own (so the first load
@@ -14,7 +15,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import numpy as np
 import onnx
 
 from app.loadgen import LoadGenerator, plain_onnxruntime
+from benchmarks.clients import asyncio_rate, threads_rate
 from benchmarks.common import result
 from benchmarks.exports import legacy_bert, legacy_bert_feeds
 from runtime.cost.cache import CACHE_ENV
@@ -79,29 +81,54 @@ class Run:
     cores: float  # CPU seconds this process used per second of the load: what it was given
 
 
+def callbacks(host: HostManager, net: Network, requests: int) -> float:
+    """`requests` from CLIENTS closed-loop clients, each sending its next request from the
+    answer's callback (`LoadGenerator`); requests/s."""
+    return LoadGenerator(host, net.name, concurrency=CLIENTS, requests=requests,
+                         feeds=net.feeds, bindings=net.bindings).measure()
+
+
+def threads(host: HostManager, net: Network, requests: int) -> float:
+    """The same from CLIENTS threads looping `host.run(...).result()`."""
+    feeds = _own_feeds(net)
+    return threads_rate(lambda: host.run(net.name, feeds).result(), CLIENTS,
+                        requests // CLIENTS)
+
+
+def coroutines(host: HostManager, net: Network, requests: int) -> float:
+    """The same from CLIENTS asyncio tasks awaiting `host.run_async(...)`."""
+    feeds = _own_feeds(net)
+    return asyncio_rate(lambda: host.run_async(net.name, feeds), CLIENTS, requests // CLIENTS)
+
+
+def _own_feeds(net: Network) -> Mapping[str, np.ndarray]:
+    if net.feeds is None:
+        raise ValueError(f"{net.name}: threads and asyncio clients send the network's feeds")
+    return net.feeds
+
+
+Callers = Callable[[HostManager, Network, int], float]
+CALLERS: dict[str, Callers] = {"callbacks": callbacks, "threads": threads,
+                               "asyncio": coroutines}
+
+
 def pipelined(net: Network, devices: list[DeviceConfig], requests: int, learned: bool = False,
-              **options) -> Run:
-    """Prism under `CLIENTS` closed-loop clients: its throughput and each partition's
+              callers: Callers = callbacks, **options) -> Run:
+    """Prism under `CLIENTS` closed-loop `callers`: its throughput and each partition's
     median run time, with the plan it was loaded with, or (`learned`) the plan it has
     after serving LEARN_SECONDS while it learns (runtime/host/learning.py)."""
     with HostManager(devices, max_queue=4 * CLIENTS, max_active=2 * CLIENTS) as host:
         start = time.perf_counter()
         plan = host.add_network(net.name, net.model, bindings=net.bindings, **options)
         loaded = time.perf_counter() - start
-        warm = LoadGenerator(host, net.name, concurrency=CLIENTS,
-                             requests=None if learned else CLIENTS * 10, feeds=net.feeds,
-                             bindings=net.bindings)
-        if learned:  # the same load, long enough for the learner to look a few times
-            warm.start()
-            time.sleep(LEARN_SECONDS)
-            warm.stop()
-        else:
-            warm.measure()
+        until = time.perf_counter() + (LEARN_SECONDS if learned else 0.0)
+        callers(host, net, CLIENTS * 10)  # warm
+        while time.perf_counter() < until:  # long enough for the learner to look a few times
+            callers(host, net, CLIENTS * 100)
         plan = host.plan(net.name)  # what it predicts for the load measured next
         runs = host.bus.subscribe(maxlen=requests * 4, kinds=("partition.run.finished",))
         cpu, wall = time.process_time(), time.perf_counter()
-        rate = LoadGenerator(host, net.name, concurrency=CLIENTS, requests=requests,
-                             feeds=net.feeds, bindings=net.bindings).measure()
+        rate = callers(host, net, requests)
         cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
         metrics = Metrics(samples=requests)
         metrics.feed(runs.drain())
@@ -135,6 +162,19 @@ def estimates(quick: bool) -> list[dict]:
         for learned in (False, True):
             run = pipelined(net, cpus(2), 600 if quick else 3000, learned)
             out += _estimate_rows(net, run, "learned" if learned else "as loaded")
+    return out
+
+
+def by_callers(quick: bool) -> list[dict]:
+    """The learned plan's estimates and balance as `estimates` measures them, under the
+    other ways users call: threads blocking on `host.run(...).result()`, and asyncio
+    tasks. What a stage waits for the GIL depends on who runs Python between its runs
+    (docs/performance.md, "Three ways of calling")."""
+    out = []
+    for net in (real("bert"), real("gpt2"), real("resnet")):
+        for name in ("threads", "asyncio"):
+            run = pipelined(net, cpus(2), 600 if quick else 3000, True, CALLERS[name])
+            out += _estimate_rows(net, run, f"learned, {CLIENTS} {name} clients")[:2]
     return out
 
 
@@ -219,8 +259,8 @@ def run(quick: bool = False) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="prism-bench-cache-") as cache:
         os.environ[CACHE_ENV] = cache  # a first load measures, as a new user's would
         try:
-            return [*bound_gaps(quick), *estimates(quick), *calibration(quick),
-                    *replicas_auto(quick)]
+            return [*bound_gaps(quick), *estimates(quick), *by_callers(quick),
+                    *calibration(quick), *replicas_auto(quick)]
         finally:
             if previous is None:
                 os.environ.pop(CACHE_ENV, None)
