@@ -32,6 +32,22 @@ from runtime.observe.metrics import Metrics, MetricsSnapshot
 from runtime.observe.trace import ChromeTrace
 from runtime.units import human_bytes, human_seconds
 
+# (rtol, atol) for float32 and wider: room for kernels summing in another order
+CHECK_TOLERANCE = (1e-4, 1e-5)
+# the least relative room, in ulps (eps) of the output's own dtype: where the float16 roundings
+# fall moves with the partitions (onnxruntime computes float16 ops in float, casting back only
+# where a tensor leaves the session; a reference device computes in float16), a few ulps apart
+CHECK_ULPS = 16
+
+
+def tolerance(dtype: np.dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing a float or complex output of `dtype` with onnxruntime's:
+    CHECK_TOLERANCE, widened for a narrower dtype to CHECK_ULPS of its eps, atol in the
+    same ratio."""
+    rtol, atol = CHECK_TOLERANCE
+    wide = max(rtol, CHECK_ULPS * float(np.finfo(dtype).eps))
+    return wide, atol * wide / rtol
+
 
 def difference(got: object, want: object) -> tuple[float, str | None]:
     """(largest error, what differs or None) between Prism's output and onnxruntime's.
@@ -54,7 +70,8 @@ def difference(got: object, want: object) -> tuple[float, str | None]:
     gap[(got == want) | (np.isnan(got) & np.isnan(want))] = 0.0  # equal infinities, twin NaNs
     gap[np.isnan(gap)] = np.inf  # NaN on one side only
     err = float(gap.max(initial=0.0))
-    same = np.allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    rtol, atol = tolerance(want.dtype)
+    same = np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     return err, None if same else f"largest error {err:.3g}"
 
 

@@ -159,13 +159,15 @@ def read_model(source: str | Path | bytes | onnx.ModelProto,
     _check_size(path, size, max_bytes)
     try:
         model = onnx.load(str(path), load_external_data=False)
-        _check_size(path, size + _external_bytes(model, path.parent), max_bytes)
-        external_data_helper.load_external_data_for_model(model, str(path.parent))
-        return model
-    except DeviceMemoryError:
-        raise
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
+    _check_size(path, size + _external_bytes(model, path.parent), max_bytes)
+    try:
+        external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot read its external data: {_one_line(exc)}"
+                             ) from None
+    return model
 
 
 def _check_size(path: Path, size: int, max_bytes: int | None) -> None:

@@ -233,10 +233,42 @@ def _shape_ok(dims: tuple[Dim, ...] | None, shape: tuple[int, ...]) -> bool:
         not isinstance(d, int) or d == s for d, s in zip(dims, shape, strict=True))
 
 
+# A symbolic dimension named on several inputs, and where: (input index, axis) each
+SharedDim = tuple[str, tuple[tuple[int, int], ...]]
+
+
+def shared_dims(specs: list[InputSpec]) -> tuple[SharedDim, ...]:
+    """The symbolic dimensions that more than one place among the inputs names. ONNX reads
+    one name as one size (TensorRT checks it the same way), and a graph relies on it: a
+    batch of images and a batch of features of different sizes reach a Concat that fails,
+    or a batcher that would shift other requests' rows."""
+    places: dict[str, list[tuple[int, int]]] = {}
+    for i, spec in enumerate(specs):
+        if spec.type is None and spec.dims:
+            for axis, dim in enumerate(spec.dims):
+                if isinstance(dim, str):
+                    places.setdefault(dim, []).append((i, axis))
+    return tuple((name, tuple(where)) for name, where in places.items() if len(where) > 1)
+
+
+def _check_shared(network: str, specs: list[InputSpec], shared: tuple[SharedDim, ...],
+                  arrays: list[Any]) -> None:
+    """InvalidInputError naming the two inputs whose sizes of one named dimension differ."""
+    for name, where in shared:
+        (i, axis), *rest = where
+        size = arrays[i].shape[axis]
+        for j, other_axis in rest:
+            if arrays[j].shape[other_axis] != size:
+                raise InvalidInputError(
+                    f"inputs {specs[i].name!r} and {specs[j].name!r} of {network} disagree on "
+                    f"dimension {name!r}: {size} and {arrays[j].shape[other_axis]}")
+
+
 def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object]
                 ) -> dict[str, np.ndarray]:
     """Feeds as arrays, in input order, or InvalidInputError naming the input, expected vs
-    given. (`FeedCheck` puts a short pass in front, for a network's every request.)"""
+    given, or the two inputs that give one named dimension two sizes. (`FeedCheck` puts a
+    short pass in front, for a network's every request.)"""
     if type(feeds) is not dict and not isinstance(feeds, Mapping):
         raise InvalidInputError(f"feeds for {network} must be a dict of input name -> array, "
                                 f"got {type(feeds).__name__}")
@@ -265,6 +297,8 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
         extra = sorted(k for k in feeds if k not in out)
         raise InvalidInputError(f"{network} has no input {extra[0]!r}; inputs are "
                                 f"{', '.join(map(repr, sorted(out)))}")
+    if shared := shared_dims(specs):
+        _check_shared(network, specs, shared, [out[s.name] for s in specs])
     return out
 
 
@@ -273,11 +307,15 @@ class FeedCheck:
     feeds are arrays of a dtype and shape accepted before, and checking those touches
     only a tuple per input (under load, every object touched is a cache miss)."""
 
-    __slots__ = ("expected", "network", "specs", "width")
+    __slots__ = ("agreed", "expected", "network", "shared", "specs", "width")
 
     def __init__(self, network: str, specs: list[InputSpec]):
         self.network, self.specs, self.width = network, specs, len(specs)
         self.expected = tuple((s.name, s.dtype, s.shapes_seen) for s in specs)
+        # with a dimension named twice, each input's shape seen before is not enough:
+        # the shapes must have been seen together (`agreed`, every input's shape in order)
+        self.shared = bool(shared_dims(specs))
+        self.agreed: set[tuple[tuple[int, ...], ...]] = set()
 
     def check(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         if type(feeds) is dict and len(feeds) == self.width:
@@ -289,8 +327,25 @@ class FeedCheck:
                     break
                 out[name] = value
             else:
-                return out
-        return check_feeds(self.network, self.specs, feeds)
+                if not self.shared or tuple(v.shape for v in out.values()) in self.agreed:
+                    return out
+        out = check_feeds(self.network, self.specs, feeds)
+        if self.shared and len(self.agreed) < _SHAPES_KEPT and all(
+                type(v) is np.ndarray for v in out.values()):
+            self.agreed.add(tuple(v.shape for v in out.values()))
+        return out
+
+
+def graph_outputs(values: Mapping[str, Any], names: Iterable[str], inputs: Iterable[str] = ()
+                  ) -> dict[str, Any]:
+    """A request's graph outputs (`names`) from its tensors. One that is also a graph input
+    (among `inputs`) is given back as a copy, as onnxruntime gives it: what the caller then
+    writes into either stays apart from the other."""
+    out = {t: values[t] for t in names}
+    for t in inputs:
+        if t in out and type(out[t]) is np.ndarray:
+            out[t] = out[t].copy()
+    return out
 
 
 def random_feeds(specs: list[InputSpec], rng: np.random.Generator,

@@ -275,7 +275,7 @@ def encode_response(model: str, version: str, request: InferRequest,
     for name, value in outputs.items():
         if wanted is not None and name not in wanted:
             continue
-        array = np.ascontiguousarray(value)
+        array = np.asarray(value, order="C")  # not ascontiguousarray: it makes a scalar 1-d
         entry: dict[str, Any] = {"name": name, "datatype": datatype(array.dtype),
                                  "shape": list(array.shape)}
         if wanted[name] if wanted is not None else request.binary_default:

@@ -12,8 +12,9 @@ and writes and the rows it waits for; the policy, chosen at open, decides how ro
 - `pipelined`: the same workers with many requests in flight, so one request's later
   rows overlap the next one's earlier rows; `run` may be called from many threads.
 
-It imports only numpy, onnxruntime, the bundle reader (with its protobuf walk) and the
-session options it shares with the just-in-time path (no partitioner, no onnx, no events);
+It imports only numpy, onnxruntime, the bundle reader (with its protobuf walk), and the
+feed check and session options it shares with the just-in-time path (no partitioner, no
+onnx, no events);
 the suite checks that in a fresh interpreter. `cpu` and `sim` rows
 run in onnxruntime (a `sim` row computes its values; the driver models no time);
 `reference` rows need onnx's evaluator and are refused.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -32,15 +33,15 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
-from runtime.devices.ort.options import new_session
+from runtime.devices.ort.options import new_session, refuse_empty
 from runtime.errors import (
     BundleError,
     ExecutionError,
-    InvalidInputError,
     RequestTimeoutError,
     drop_frames,
     first_line,
 )
+from runtime.inputs import FeedCheck, InputSpec, graph_outputs
 
 POLICIES = ("serial", "parallel", "pipelined")
 RUNS_IN_ORT = ("cpu", "sim")
@@ -51,17 +52,21 @@ _POLL = 0.5  # bound on each idle worker wait
 class Stage:
     """One schedule row, loaded: its session and the names it reads and writes."""
 
-    __slots__ = ("after", "device", "index", "names", "partition", "reads", "session", "weights")
+    __slots__ = ("after", "check", "device", "index", "names", "partition", "reads", "session",
+                 "weights")
 
     def __init__(self, index: int, row: Mapping, session: ort.InferenceSession,
-                 weights: np.ndarray):
+                 weights: np.ndarray, ops: Iterable[str] = ()):
         self.index, self.partition, self.device = index, row["partition"], row["device"]
         self.reads, self.after = tuple(row["reads"]), tuple(row["after"])
         self.session = session
         self.weights = weights  # keeps the mapping alive while onnxruntime may read it
         self.names = [o.name for o in session.get_outputs()]
+        self.check = refuse_empty(ops)
 
     def run(self, feeds: dict) -> dict:
+        if self.check is not None:
+            self.check(feeds)
         return dict(zip(self.names, self.session.run(self.names, feeds), strict=True))
 
 
@@ -77,7 +82,9 @@ def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
     except Exception as exc:
         raise BundleError(f"{where} does not load in onnxruntime {ort.__version__}: "
                           f"{first_line(exc)}") from None
-    return Stage(index, row, session, weights)
+    ops = next((r["ops"] for r in bundle.manifest.get("requirements", ())
+                if r["partition"] == row["partition"]), ())
+    return Stage(index, row, session, weights, ops)
 
 
 class _Request:
@@ -121,7 +128,10 @@ class Driver:
         self.bundle, self.stages, self.policy, self.timeout = bundle, stages, policy, timeout
         self.network: str = manifest["network"]
         self.inputs: list[dict] = manifest["inputs"]
+        # feeds checked as the host checks them: dtype, rank, fixed and named dimensions
+        self._check = FeedCheck(self.network, [InputSpec.from_dict(i) for i in self.inputs]).check
         self.outputs: list[str] = manifest["outputs"]
+        self.passed = [i["name"] for i in self.inputs if i["name"] in self.outputs]  # copied
         self.constants = bundle.constants()
         # the table's dependencies: rows each row waits for, rows each row releases
         index = {s.partition: s.index for s in stages}
@@ -154,7 +164,7 @@ class Driver:
         if self.policy == "serial":
             for stage in self.stages:
                 values.update(self._call(stage, {t: values[t] for t in stage.reads}))
-            return {t: values[t] for t in self.outputs}
+            return graph_outputs(values, self.outputs, self.passed)
         wait = self.timeout if timeout is None else timeout
         if self._one_at_a_time is None:
             return self._await(self._start(values), wait)
@@ -180,7 +190,7 @@ class Driver:
                 raise BundleError(f"the driver for {self.network} is closed")
             self._in_flight.add(request)
         if not self.stages:
-            self._end(request, {t: values[t] for t in self.outputs})
+            self._end(request, graph_outputs(values, self.outputs, self.passed))
         for stage in self.stages:
             if request.missing[stage.index] == 0:
                 self._workers[stage.device].jobs.put((stage, request))
@@ -209,7 +219,7 @@ class Driver:
         for nxt in ready:
             self._workers[nxt.device].jobs.put((nxt, request))
         if finished:
-            self._end(request, {t: request.values[t] for t in self.outputs})
+            self._end(request, graph_outputs(request.values, self.outputs, self.passed))
 
     def _end(self, request: _Request, outputs: dict | None = None,
              error: BaseException | None = None) -> None:
@@ -231,35 +241,6 @@ class Driver:
                                    f"{first_line(exc)}")
             error.partition, error.device = stage.partition, stage.device
             raise error from None
-
-    def _check(self, feeds: Mapping[str, object]) -> dict:
-        """Feeds by input name, each tensor checked for dtype, rank and fixed dimensions."""
-        if not isinstance(feeds, Mapping):
-            raise InvalidInputError(f"feeds for {self.network} must be a dict of input name "
-                                    f"-> array, got {type(feeds).__name__}")
-        names = [i["name"] for i in self.inputs]
-        extra = sorted(set(feeds) - set(names))
-        if extra:
-            raise InvalidInputError(f"{self.network} has no input {extra[0]!r}; inputs are "
-                                    f"{', '.join(map(repr, names))}")
-        out = {}
-        for spec in self.inputs:
-            name, dtype, dims = spec["name"], spec["dtype"], spec["dims"]
-            value = feeds.get(name)
-            if spec["kind"] != "tensor":
-                out[name] = value  # sequences and optionals: onnxruntime checks them
-                continue
-            if value is None:
-                raise InvalidInputError(f"input {name!r} of {self.network} is missing: "
-                                        f"expected {_describe(dtype, dims)}")
-            array = np.asarray(value)
-            if (dtype is not None and array.dtype != np.dtype(dtype)) or not _fits(dims,
-                                                                                array.shape):
-                raise InvalidInputError(
-                    f"input {name!r} of {self.network}: expected {_describe(dtype, dims)}, "
-                    f"got {array.dtype} [{', '.join(map(str, array.shape))}]")
-            out[name] = array
-        return out
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -286,17 +267,6 @@ class Driver:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _fits(dims: list | None, shape: tuple[int, ...]) -> bool:
-    """Rank and every fixed dimension agree (symbolic or unknown ones take anything)."""
-    return dims is None or (len(dims) == len(shape) and all(
-        not isinstance(d, int) or d == n for d, n in zip(dims, shape, strict=True)))
-
-
-def _describe(dtype: str | None, dims: list | None) -> str:
-    shape = "?" if dims is None else ", ".join("?" if d is None else str(d) for d in dims)
-    return f"{dtype or '?'} [{shape}]"
 
 
 def open_bundle(path: str | Path, policy: str = "serial", *,

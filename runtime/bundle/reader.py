@@ -119,10 +119,13 @@ class Bundle:
         return self._weights
 
     def constants(self) -> dict[str, np.ndarray]:
-        """The graph outputs that are constants (manifest `constants`), as arrays."""
+        """The graph outputs that are constants (manifest `constants`), as read-only arrays:
+        every request's outputs share them, so one caller's write must not reach the next
+        (copies, so they outlive the mapping)."""
         weights = self.weights()
-        return {name: weights[c["offset"]:c["offset"] + c["length"]].view(c["dtype"]).reshape(
-            c["shape"]).copy() for name, c in self.manifest["constants"].items()}
+        return {name: _read_only(weights[c["offset"]:c["offset"] + c["length"]].view(
+            c["dtype"]).reshape(c["shape"]).copy())
+            for name, c in self.manifest["constants"].items()}
 
     def _span(self, name: str) -> tuple[int, int]:
         if self._map.closed:
@@ -213,3 +216,8 @@ def read_bundle(path: str | Path) -> Bundle:
             mapped.close()
         file.close()
         raise
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.manager import DeviceManager
-from runtime.devices.ort.options import new_session
+from runtime.devices.ort.options import new_session, refuse_empty
 from runtime.errors import ProvisionError, first_line
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -37,13 +38,29 @@ class OrtFunction:
         return dict(zip(self.output_names, outputs, strict=True))
 
 
+class CheckedOrtFunction(OrtFunction):
+    """An OrtFunction whose model holds an op onnxruntime ends the process on when a feed
+    is empty (`refuse_empty`): such a run fails instead, and the host serves on."""
+
+    def __init__(self, session: ort.InferenceSession, program: Program,
+                 check: Callable[[Mapping[str, Any]], None]):
+        super().__init__(session, program)
+        self.check = check
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check(feeds)
+        return super().run(feeds)
+
+
 def ort_function(program: Program, config: DeviceConfig, threads: int) -> OrtFunction:
     try:
         session = new_session(program.model, threads, program.external)
     except Exception as exc:
         raise ProvisionError(f"{config.name}: onnxruntime cannot load {program.name or 'model'}"
                              f" on CPU: {first_line(exc)}") from None
-    return OrtFunction(session, program)
+    check = refuse_empty(program.ops)
+    return OrtFunction(session, program) if check is None else CheckedOrtFunction(
+        session, program, check)
 
 
 def compile_cpu(program: Program, config: DeviceConfig) -> OrtFunction:

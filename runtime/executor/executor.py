@@ -37,7 +37,7 @@ from runtime.devices.remote import local
 from runtime.errors import ExecutionError, described
 from runtime.executor.checks import OutputCheck
 from runtime.executor.requests import Request, RequestDone
-from runtime.inputs import Signature
+from runtime.inputs import Signature, graph_outputs
 from runtime.partition.plan import Partition
 from runtime.types import Outputs, Tag
 
@@ -74,6 +74,7 @@ class Executor:
         self.outputs = list(face.outputs)
         self.constants = dict(face.constants)
         fed = set(face.input_names)
+        self.passed = [t for t in self.outputs if t in fed]  # given back: copied
         self.checks = list(checks) if checks is not None else [
             OutputCheck.names(lp.partition.outputs) for lp in loaded]
         self.readers: dict[str, list[int]] = {}
@@ -126,7 +127,7 @@ class Executor:
         """Run `request`; `done(request, outputs, error)` is called once when it ends."""
         run = _Run({**request.feeds, **self.constants}, list(self.missing))
         if not self.parts:
-            done(request, {t: run.values[t] for t in self.outputs}, None)
+            done(request, graph_outputs(run.values, self.outputs, self.passed), None)
             return
         # Collect first: a partition that runs inline may make others ready meanwhile.
         for i in [i for i, count in enumerate(run.missing) if count == 0]:
@@ -199,7 +200,7 @@ class Executor:
             for r in ready:
                 self._launch(run, request, r, done)
             if finished:
-                outputs = {t: run.values[t] for t in self.outputs}
+                outputs = graph_outputs(run.values, self.outputs, self.passed)
                 done(request, local(outputs) if self.remote else outputs, None)
         except Exception as exc:  # a bug here must still end the request
             self._fail(run, request, done, exc)

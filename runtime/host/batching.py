@@ -123,6 +123,10 @@ class Batcher:
         out: the less a sender's thread does, the more senders make each batch.)"""
         feeds, cfg = request.feeds, self.config
         rows = request.rows = len(next(iter(feeds.values()))) if feeds else 1
+        if len(feeds) > 1 and any(len(value) != rows for value in feeds.values()):
+            sizes = ", ".join(f"{name!r}: {len(value)}" for name, value in feeds.items())
+            raise InvalidInputError(f"request to {self.name} has inputs of different batch "
+                                    f"sizes ({sizes}); a batch joins them row by row")
         if rows > cfg.max_batch_size:
             raise InvalidInputError(f"request to {self.name} has batch {rows}, more than "
                                     f"its max_batch_size {cfg.max_batch_size}")

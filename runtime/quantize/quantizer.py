@@ -24,12 +24,16 @@ import io
 import json
 import logging
 import tempfile
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
+import onnx.version_converter
+from onnx import external_data_helper
 
+from runtime.errors import ModelLoadError
 from runtime.graph import Graph, load_graph
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
@@ -99,20 +103,83 @@ def quantizable_ops(fmt: str = "qdq") -> frozenset[str]:
     return qlinear if fmt == "qoperator" else qlinear | frozenset(registry.QDQRegistry)
 
 
+PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis`, per-channel scales, is from opset 13
+SYMBOLIC_INFERENCE = "onnxruntime.tools.symbolic_shape_infer"
+# Where that inference, when it cannot finish, saves what it has before it raises: in the
+# working directory, with its weights in a file beside it
+SYMBOLIC_LEFTOVER = Path("sym_shape_infer_temp.onnx")
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
+
+
+def _raised_in_symbolic_inference(exc: BaseException) -> bool:
+    return any(frame.f_globals.get("__name__") == SYMBOLIC_INFERENCE
+               for frame, _ in traceback.walk_tb(exc.__traceback__))
+
+
+def _pre_process(src: Path, out: Path) -> None:
+    """onnxruntime's quant_pre_process, its symbolic shape inference skipped where sympy is
+    missing or where that inference raises: it does on some valid models (an op it has no
+    rule for, such as a ReduceMax with its axes as an input, leaves a shape unknown that
+    the next rule reads). ONNX's shape inference still runs after it, and onnxruntime's
+    quantizer runs it again; the symbolic one mostly adds symbolic dims for transformers."""
+    q = _ort()
+    symbolic = importlib.util.find_spec("sympy") is not None
+    ours = not SYMBOLIC_LEFTOVER.exists()  # what it leaves there is ours to remove
+    try:
+        q.quant_pre_process(str(src), str(out), skip_symbolic_shape=not symbolic)
+    except Exception as exc:  # onnxruntime raises plain Exceptions
+        if not (symbolic and _raised_in_symbolic_inference(exc)):
+            raise
+        if ours:
+            _remove_leftover()
+        q.quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
+
+
+def _remove_leftover() -> None:
+    """SYMBOLIC_LEFTOVER and the weights file it names, if there."""
+    with contextlib.suppress(OSError, ValueError):  # none there, or not a model: not ours
+        model = onnx.load(str(SYMBOLIC_LEFTOVER), load_external_data=False)
+        for tensor in external_data_helper._get_all_tensors(model):
+            if external_data_helper.uses_external_data(tensor):
+                info = external_data_helper.ExternalDataInfo(tensor)
+                (SYMBOLIC_LEFTOVER.parent / info.location).unlink(missing_ok=True)
+    SYMBOLIC_LEFTOVER.unlink(missing_ok=True)
+
+
+def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model converted up to opset 13 (onnx's version converter) where it is below.
+    Per-channel QDQ, the default, writes DequantizeLinear with `axis`, which older opsets
+    lack; onnxruntime's documentation asks for opset 13 for it, and its quantizer itself
+    converts a model up to the opset a requested type needs rather than refuse it (11
+    below 10, 19 for float8, 21 for 16-bit and block-wise), so a user of it expects the
+    conversion, not an error. Where the converter fails, the model keeps its opset: per
+    tensor and QOperator still quantize it, and `quantize` says so where per-channel QDQ
+    then makes an invalid model."""
+    version = _default_opset(model)
+    if version is None or version >= PER_CHANNEL_OPSET:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, PER_CHANNEL_OPSET)
+    except Exception:  # the converter raises plain RuntimeErrors and checker errors
+        return model
+
+
 def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
-    """onnxruntime's pre-processing; symbolic shape inference only where sympy is there."""
+    """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs."""
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src = Path(tmp) / "in.onnx"
         onnx.save(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)),
                   str(src))
         out = Path(tmp) / "prepared.onnx"
         try:
-            _ort().quant_pre_process(str(src), str(out), skip_symbolic_shape=(
-                importlib.util.find_spec("sympy") is None))
+            _pre_process(src, out)
         except Exception as exc:
             raise QuantizeError(f"onnxruntime cannot prepare the model for quantization: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
-        return onnx.load(str(out))
+        return _per_channel_opset(onnx.load(str(out)))
 
 
 class _Reader:
@@ -167,10 +234,16 @@ def read_profile(path: str | Path, graph: Graph) -> str:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise QuantizeError(f"{path} is not a profile from `prism profile` ({exc})") from None
     strangers = sorted(tensors - set(graph.tensors))
-    if strangers or not tensors & set(graph.inputs):
-        what = f"tensor {strangers[0]!r}" if strangers else "none of its inputs"
-        raise QuantizeError(f"profile {path} does not belong to {graph.name}: it has ranges "
-                            f"for {what} that the prepared model lacks")
+    if strangers:
+        raise QuantizeError(f"profile {path} does not belong to {graph.name}: it has a range "
+                            f"for tensor {strangers[0]!r}, which {graph.name} lacks")
+    # onnxruntime calibrates float tensors only: a text model's integer ids have no range
+    floats = {t for t in graph.inputs if (graph.tensors[t].dtype or "").startswith("float")}
+    lacking = "any tensor" if not tensors else "any of its float inputs" if (
+        floats and not tensors & floats) else None
+    if lacking:
+        raise QuantizeError(f"profile {path} does not belong to {graph.name}: it has no range "
+                            f"for {lacking}")
     name = str(method.get("value", "") if isinstance(method, dict) else method)
     return name.rsplit(".", 1)[-1].lower()
 
@@ -202,7 +275,24 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
         except Exception as exc:
             raise QuantizeError(f"onnxruntime could not quantize {graph.name}: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
-        return channels_last_handoff(onnx.load(str(out)))
+        try:
+            return channels_last_handoff(onnx.load(str(out)))
+        except ModelLoadError as exc:
+            raise QuantizeError(_invalid_output(exc, graph, options)) from None
+
+
+def _invalid_output(exc: ModelLoadError, prepared: Graph, options: QuantizeOptions) -> str:
+    """Why the int8 model fails to load, in words that blame it, not the user's model
+    (load_graph calls a model given in memory "model"), and what still quantizes where
+    the prepared model stayed below the opset per-channel QDQ needs."""
+    message = f"the int8 model onnxruntime made of {prepared.name}{str(exc).removeprefix('model')}"
+    version = _default_opset(prepared.model)
+    if (options.format == "qdq" and options.per_channel and version is not None
+            and version < PER_CHANNEL_OPSET):
+        message += (f" (per-channel QDQ needs opset {PER_CHANNEL_OPSET}; {prepared.name} stayed "
+                    f"at opset {version}, which onnx's version converter could not raise: "
+                    f"quantize per tensor or in the QOperator format)")
+    return message
 
 
 @dataclass

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper, save
 
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from runtime.driver import POLICIES, open_bundle
 from runtime.errors import BundleError, ExecutionError, InvalidInputError, RequestTimeoutError
+from runtime.host import HostManager
 from tests.support.bundles import VOCAB, assert_identical, case, cpus, feeds, graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +49,7 @@ def test_driver_imports_only_numpy_onnxruntime_and_the_reader(policy, tmp_path):
     assert report["outputs"] == sorted(c.jit_outputs[0])
     ours = {m for m in report["new"] if m.split(".")[0] == "runtime"}
     assert ours == {"runtime", "runtime.lazy", "runtime.driver", "runtime.bundle.driver",
-                    "runtime.errors", "runtime.units",
+                    "runtime.errors", "runtime.units", "runtime.inputs",
                     "runtime.bundle", "runtime.bundle.reader", "runtime.bundle.proto",
                     "runtime.devices",
                     "runtime.devices.ort", "runtime.devices.ort.options"}
@@ -166,3 +168,37 @@ def test_a_partition_it_cannot_run_leaves_nothing_open(tmp_path):
         open_bundle(path)
     assert "partition p1" in str(err.value) and "\n" not in str(err.value)
     assert _open_files(path) == 0
+
+
+def test_constant_and_given_back_outputs_are_no_ones_to_change(tmp_path):
+    """An output that is an initializer comes back on every request, from the host and
+    from the driver, read-only: one caller cannot change what the next one gets. An
+    output that is a graph input comes back a copy, as onnxruntime gives it."""
+    rng = np.random.default_rng()
+    w = rng.standard_normal((2, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "const",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, tmp_path / "const.onnx")
+    bundle = compile_bundle(tmp_path / "const.onnx", parse_devices("cpu:1"),
+                            tmp_path / "const.prism")
+    feeds = {"x": rng.standard_normal((4, 3)).astype(np.float32)}
+    with HostManager(parse_devices("cpu:1")) as host, open_bundle(bundle.path) as driver:
+        host.add_network("model", tmp_path / "const.onnx")
+        host.add_network("bundle", bundle.path)
+        runs = [driver.run, *(lambda f, n=n: host.run(n, f).result(timeout=60)
+                               for n in ("model", "bundle"))]
+        for run in runs:
+            first = run(feeds)
+            with pytest.raises(ValueError, match="read-only"):
+                first["w"][0, 0] = 7.0
+            np.testing.assert_array_equal(run(feeds)["w"], w)
+            given = feeds["x"].copy()
+            first["x"][:] = 0.0
+            np.testing.assert_array_equal(feeds["x"], given)

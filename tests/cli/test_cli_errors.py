@@ -260,6 +260,27 @@ def test_a_model_with_invalid_utf8(capsys, tmp_path):
                 host.add_network("bad", source)
 
 
+@pytest.mark.parametrize("damage", ["missing", "short"])
+def test_external_data_missing_or_short_is_named(capsys, tmp_path, damage):
+    """A model whose weights live in a side file: the error names the model and the
+    tensor its side file cannot give, not "is not an ONNX model"."""
+    rng = np.random.default_rng()
+    w = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w0")
+    model = _model([helper.make_node("MatMul", ["x", "w0"], ["y"])], [_vec("x", [1, 64])],
+                   [_vec("y", [1, 64])], [w])
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, path, save_as_external_data=True, location="w.data",
+                    size_threshold=0)
+    data = tmp_path / "w.data"
+    if damage == "missing":
+        data.unlink()
+    else:
+        data.write_bytes(data.read_bytes()[:100])
+    line = one_line_error(capsys, ["partition", str(path), "--devices", "cpu:1"])
+    assert str(path) in line and "external data" in line and "w0" in line, line
+    assert "not an ONNX model" not in line
+
+
 # -- --check says what it compared -------------------------------------------------------------
 
 

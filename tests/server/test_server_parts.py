@@ -48,15 +48,17 @@ def test_tritonclients_requests_decode_to_its_arrays(datatype, binary):
 
 
 @pytest.mark.parametrize("datatype", list(DTYPES))
-def test_responses_read_back_with_tritonclient(datatype):
+@pytest.mark.parametrize("shape", [(3, 2), ()], ids=["matrix", "scalar"])
+def test_responses_read_back_with_tritonclient(datatype, shape):
     rng = np.random.default_rng()
-    array = _random(datatype, (3, 2), rng)
+    array = _random(datatype, shape, rng)
     for binary in (False, True):
         request = InferRequest({}, None, binary, 1, None, "id-1")
         body, header_length = encode_response("m", "1", request, {"out": array})
         result = triton.InferResult.from_response_body(body, header_length=header_length)
         got = result.as_numpy("out")
         assert result.get_response()["id"] == "id-1"
+        assert result.get_output("out")["shape"] == list(shape)
         if datatype == "BYTES" and not binary:
             assert [g.decode() if isinstance(g, bytes) else g for g in got.ravel()] == [
                 b.decode("utf-8", "replace") for b in array.ravel()]

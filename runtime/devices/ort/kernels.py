@@ -2,11 +2,12 @@
 
 A node runs on onnxruntime when, after the sub-model is re-stamped to an opset the
 installed onnxruntime reads (`sessions.loadable`), a CPU kernel is registered for its
-op at the version the model's opset selects and for the types its tensors have (or the
-op is a function onnxruntime inlines), every tensor it exchanges with the rest of the
-plan has a dtype onnxruntime's Python API can take, and a session of the node alone
-loads (probed once per node kind and types; that finds attributes onnxruntime's schemas
-lack and kernels that fail at initialisation). Model-local functions are checked node by
+op at the version the model's opset selects and for the types its tensors have (for a
+node reading float16, the float kernel will do: onnxruntime casts around it; or the op
+is a function onnxruntime inlines), every tensor it exchanges with the rest of the plan
+has a dtype onnxruntime's Python API can take, and a session of the node alone loads
+(probed once per node kind and types; that finds attributes onnxruntime's schemas lack
+and kernels that fail at initialisation). Model-local functions are checked node by
 node, as are the bodies of If, Loop and Scan.
 """
 
@@ -106,16 +107,50 @@ def _formal(params: Sequence[onnx.defs.OpSchema.FormalParameter], i: int
 
 
 def _types_fit(kernel: Kernel, schema: onnx.defs.OpSchema, node: onnx.NodeProto,
-               types: Mapping[str, onnx.TypeProto]) -> bool:
+               texts: Mapping[str, str]) -> bool:
     for params, names in ((schema.inputs, node.input), (schema.outputs, node.output)):
         for i, name in enumerate(names):
             formal = _formal(params, i) if name else None
             allowed = kernel.types.get(formal.type_str) if formal is not None else None
-            kind = types.get(name) if allowed is not None else None
-            text = type_string(kind) if kind is not None else None
+            text = texts.get(name) if allowed is not None else None
             if allowed is not None and text is not None and text not in allowed:
                 return False
     return True
+
+
+def _node_types(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]) -> dict[str, str]:
+    """onnxruntime's names of the types of the node's typed inputs and outputs."""
+    texts = {}
+    for name in (*node.input, *node.output):
+        text = type_string(types[name]) if name in types else None
+        if text is not None:
+            texts[name] = text
+    return texts
+
+
+_HALF, _FLOAT = "tensor(float16)", "tensor(float)"
+
+
+def _cast_to_float(node: onnx.NodeProto, texts: Mapping[str, str]) -> dict[str, str] | None:
+    """The types onnxruntime runs a node with when no CPU kernel takes its float16 inputs:
+    its InsertCastTransformer casts every float16 tensor the node reads to float, runs the
+    float kernel and casts float16 outputs back. It does so only for a node that reads a
+    float16 tensor (not bfloat16, not a sequence; a node making float16 from other types
+    needs a float16 kernel) and holds no subgraph. None when it does not apply."""
+    if any(True for _ in subgraphs(node)) or \
+            not any(texts.get(name) == _HALF for name in node.input if name):
+        return None
+    return {name: _FLOAT if text == _HALF else text for name, text in texts.items()}
+
+
+def _some_fit(kernels: Sequence[Kernel], schema: onnx.defs.OpSchema, node: onnx.NodeProto,
+              types: Mapping[str, onnx.TypeProto]) -> bool:
+    """Does one of `kernels` take the node's types, as they are or as onnxruntime runs them
+    (`_cast_to_float`)?"""
+    texts = _node_types(node, types)
+    ways = (texts, _cast_to_float(node, texts))
+    return any(_types_fit(k, schema, node, way) for way in ways if way is not None
+               for k in kernels)
 
 
 def _type_list(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]) -> str:
@@ -177,7 +212,7 @@ class _Check:
             return None
         kernels = [k for k in kernel_table().get((domain, op), ()) if k.first <= since <= k.last]
         if kernels:
-            if schema is None or any(_types_fit(k, schema, proto, types) for k in kernels):
+            if schema is None or _some_fit(kernels, schema, proto, types):
                 return None
             return f"onnxruntime has no CPU kernel for {op}({since}) on {_type_list(proto, types)}"
         if domain == "" and schema is not None and defines_function(schema):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -17,6 +18,28 @@ import onnxruntime as ort
 # generic kernel 30x slower than the float one; off, a float stem keeps its float pool
 # (outputs equal either way: max commutes with quantizing). docs/performance.md.
 SESSION_CONFIG = {"optimization.disable_specified_optimizers": "QDQPropagationTransformer"}
+
+
+# Ops onnxruntime ends the process on (std::terminate) when they run on an empty tensor,
+# a batch of 0 say (LSTM and GRU, onnxruntime 1.32); `refuse_empty` turns that into an error
+ABORTS_ON_EMPTY = frozenset({"LSTM", "GRU"})
+
+
+def refuse_empty(ops: Iterable[str]) -> Callable[[Mapping[str, Any]], None] | None:
+    """For a model holding an op in ABORTS_ON_EMPTY, a check of its feeds that raises
+    ValueError naming an empty one; None for any other model (nothing to check)."""
+    risky = sorted(ABORTS_ON_EMPTY.intersection(ops))
+    if not risky:
+        return None
+
+    def check(feeds: Mapping[str, Any]) -> None:
+        for name, value in feeds.items():
+            if getattr(value, "size", 1) == 0:
+                raise ValueError(f"{' and '.join(risky)} cannot run on empty input {name!r} "
+                                 f"(shape {list(value.shape)}): onnxruntime would end the "
+                                 f"process")
+
+    return check
 
 
 def session_options(threads: int, external: Mapping[str, np.ndarray] | None = None

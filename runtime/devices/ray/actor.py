@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from runtime.devices.ort.options import session_options
+from runtime.devices.ort.options import refuse_empty, session_options
 from runtime.devices.timeline import Timeline
 from runtime.errors import first_line
 
@@ -29,8 +30,8 @@ Status = tuple[str | None, float, list[tuple[str, tuple[int, ...]] | None]]
 class PartitionWorker:
     def __init__(self, device: str, threads: int, timed: bool):
         self.device, self.threads, self.timed = device, threads, timed
-        # key -> (session, output names, modelled seconds of one run)
-        self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float]] = {}
+        # key -> (session, output names, modelled seconds of one run, `refuse_empty`'s check)
+        self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float, Any]] = {}
         self.timeline = Timeline()
 
     def info(self) -> dict[str, Any]:
@@ -40,15 +41,16 @@ class PartitionWorker:
         return {"node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    def load(self, key: str, model: bytes, seconds: float) -> tuple[str | None, list[str]]:
-        """(None, output names), or (why not, [])."""
+    def load(self, key: str, model: bytes, seconds: float, ops: Iterable[str] = ()
+             ) -> tuple[str | None, list[str]]:
+        """(None, output names), or (why not, []). `ops`: the model's op types."""
         try:
             session = ort.InferenceSession(model, session_options(self.threads),
                                            providers=["CPUExecutionProvider"])
         except Exception as exc:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]
-        self.sessions[key] = (session, names, max(0.0, seconds))
+        self.sessions[key] = (session, names, max(0.0, seconds), refuse_empty(ops))
         return None, names
 
     def unload(self, key: str) -> None:
@@ -72,10 +74,13 @@ class PartitionWorker:
         entry = self.sessions.get(key)
         if entry is None:
             return (f"{self.device}: {key} is not loaded", 0.0, []), *([None] * width)
-        session, outputs, seconds = entry
+        session, outputs, seconds, check = entry
         start = time.perf_counter()
         try:
-            values = session.run(outputs, {**feeds, **dict(zip(names, fetched, strict=True))})
+            given = {**feeds, **dict(zip(names, fetched, strict=True))}
+            if check is not None:
+                check(given)
+            values = session.run(outputs, given)
         except Exception as exc:
             return ((f"{self.device} failed running {key}: {first_line(exc)}", 0.0, []),
                     *([None] * width))
