@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +24,11 @@ import numpy as np
 from app.server.errors import in_public
 from app.server.load_options import LoadOptions, load_options
 from app.server.repository import ModelRepository
-from app.server.tensors import datatype
+from app.server.tensors import TensorError, datatype
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs
+from runtime.types import check_batchable
 
 UNLOAD_WAIT = 30.0  # seconds an unload waits for the model's requests to end
 log = logging.getLogger("prism.server")
@@ -72,6 +74,16 @@ class Served:
                 "inputs": [o.to_dict() for o in self.input_infos()],
                 "outputs": [o.to_dict() for o in self.outputs]}
 
+    def check_rows(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """With max_batch_size but no dynamic batcher (which says so itself), a request's
+        batch may not exceed it, as Triton's default scheduler has it."""
+        limit = self.options.max_batch_size
+        if limit and not self.options.dynamic_batching:
+            rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=0)
+            if rows > limit:
+                raise TensorError(f"request to {self.name} has batch {rows}, more than its "
+                                  f"max_batch_size {limit}")
+
     def input_infos(self) -> list[TensorInfo]:
         return [_info(s.name, s.dtype, s.dims) for s in self.inputs]
 
@@ -90,11 +102,24 @@ class Served:
             "default_model_filename": self.source.name,
             "parameters": {"partition": {"string_value": self.mode},
                            "devices": {"string_value": ",".join(n for n, _ in self.devices)}}}
-        if batch:
+        if batch and self.options.dynamic_batching:
             config["dynamic_batching"] = {
                 "preferred_batch_size": list(self.options.preferred_batch_sizes),
                 "max_queue_delay_microseconds": round(self.options.max_queue_delay_ms * 1000)}
         return config
+
+
+def _batch_first(host: HostManager, network: str) -> None:
+    """A model with max_batch_size takes its first dimension as the batch, dynamic batcher
+    or not (Triton's rule): every input and output must have a symbolic one, or the load
+    fails and the network goes."""
+    graph = host.graph(network)
+    try:
+        check_batchable(network, graph.declared_dims(graph.inputs),
+                        graph.declared_dims(graph.outputs))
+    except PrismError:
+        host.remove_network(network)
+        raise
 
 
 def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> TensorInfo:
@@ -154,6 +179,8 @@ class Catalog:
             self._loading.add(name)
             try:
                 plan = self.host.add_network(network, str(path), **options.add_network())
+                if options.max_batch_size and not options.dynamic_batching:
+                    _batch_first(self.host, network)
             except Exception as exc:
                 self._failed[name] = first_line(in_public(exc, name))
                 raise

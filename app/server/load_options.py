@@ -2,8 +2,9 @@
 or a load request's "config" JSON, which replaces it) and the load request's own
 parameters, which win -> `HostManager.add_network` keywords.
 
-From the configuration: `max_batch_size` with `dynamic_batching`
-(`max_queue_delay_microseconds`, `preferred_batch_size`) turns on Prism's batching, the
+From the configuration: `max_batch_size` bounds every request's first dimension, and with
+`dynamic_batching` (`max_queue_delay_microseconds`, `preferred_batch_size`) turns on
+Prism's batching (the load parameter `max_batch_size` turns it on by itself), the
 `instance_group` counts are replicas, and `parameters` (`partition`, `devices`,
 `replicas`) are Prism's own. Load parameters: partition, devices, replicas,
 max_batch_size, max_queue_delay_ms, preferred_batch_sizes, version, config, costs
@@ -37,14 +38,15 @@ class LoadOptions:
     partition: str = "balanced"
     devices: tuple[str, ...] | None = None
     replicas: int | str = 1
-    max_batch_size: int = 0  # 0: no dynamic batching
+    max_batch_size: int = 0  # 0: requests carry no batch dimension
+    dynamic_batching: bool = False  # requests joined in batches of up to max_batch_size
     max_queue_delay_ms: float = 1.0
     preferred_batch_sizes: tuple[int, ...] = ()
     costs: str | None = None  # None: the host's default (measured)
 
     def add_network(self) -> dict[str, Any]:
         """Keywords for `HostManager.add_network`."""
-        batching = None if not self.max_batch_size else {
+        batching = None if not (self.max_batch_size and self.dynamic_batching) else {
             "max_batch_size": self.max_batch_size, "max_queue_delay_ms": self.max_queue_delay_ms,
             "preferred_batch_sizes": list(self.preferred_batch_sizes)}
         return {"partition": self.partition, "devices": self.devices,
@@ -63,12 +65,13 @@ def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) ->
     if "config" in params:
         config = _json_config(params.pop("config"))
     found: dict[str, Any] = {}
-    if _whole(config.get("max_batch_size", 0), "max_batch_size", 0) and \
-            "dynamic_batching" in config:
+    if _whole(config.get("max_batch_size", 0), "max_batch_size", 0):
+        found["max_batch_size"] = config["max_batch_size"]
+    if found and "dynamic_batching" in config:
         dynamic = config["dynamic_batching"] or {}
         if not isinstance(dynamic, Mapping):
             raise LoadOptionError("config: dynamic_batching must be a message")
-        found["max_batch_size"] = config["max_batch_size"]
+        found["dynamic_batching"] = True
         delay = _whole(dynamic.get("max_queue_delay_microseconds", 1000),
                        "dynamic_batching.max_queue_delay_microseconds", 0)
         found["max_queue_delay_ms"] = delay / 1000
@@ -80,6 +83,8 @@ def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) ->
                                 for g in groups if isinstance(g, Mapping))
     found.update(_config_parameters(config.get("parameters")))
     found.update(params)
+    if "max_batch_size" in params:
+        found["dynamic_batching"] = True
     return _checked(found)
 
 
@@ -130,6 +135,7 @@ def _checked(found: dict[str, Any]) -> LoadOptions:
             _whole(replicas, "replicas", 1)
     if "max_batch_size" in found:
         options["max_batch_size"] = _whole(found["max_batch_size"], "max_batch_size", 0)
+        options["dynamic_batching"] = bool(found.get("dynamic_batching"))
     if "max_queue_delay_ms" in found:
         try:
             delay = float(found["max_queue_delay_ms"])

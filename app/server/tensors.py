@@ -196,21 +196,43 @@ def _fits(name: str, shape: tuple[int, ...], count: int, dtype: np.dtype, sent: 
                           f"{what}{least} bytes, binary_data_size is {sent}")
 
 
+# What JSON values each kind of datatype takes, by the kind numpy reads them as: BOOL true
+# and false, integers whole numbers, floats any number, BYTES strings (as Triton takes them)
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "O": "U"}
+_JSON_NAMES = {"b": "true or false", "i": "whole numbers", "u": "whole numbers",
+               "f": "numbers with fractions", "U": "strings"}
+
+
 def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: np.dtype
                ) -> np.ndarray:
+    """The data as `dtype`, refused unless every value is of the JSON type the datatype
+    takes and in its range: numpy alone would turn "false" into True and 1.7 into 1."""
     if not isinstance(data, list):
         raise TensorError(f"input {name!r}: 'data' must be a list")
     try:
-        array = np.array(data, dtype=dtype)
+        given = np.array(data)
     except (ValueError, TypeError, OverflowError) as exc:
         raise TensorError(f"input {name!r}: data is not {datatype(dtype)}: "
                           f"{str(exc).splitlines()[0]}") from None
-    if array.size != count:
+    if given.size != count:
         raise TensorError(f"input {name!r}: shape {list(shape)} holds {count} elements, "
-                          f"data has {array.size}")
-    if dtype.kind == "f" and np.isnan(array).any():  # JSON has no NaN: numpy made it of null
-        raise TensorError(f"input {name!r}: data holds null")
-    return array.reshape(shape)
+                          f"data has {given.size}")
+    if given.dtype.kind == "f" and dtype.kind in "iu":  # numpy reads whole numbers past
+        exact = np.array(data, dtype=object)  # int64's range as floats; Python's ints keep them
+        if all(type(v) is int for v in exact.flat):
+            try:
+                given = exact.astype(dtype)
+            except OverflowError:
+                raise TensorError(f"input {name!r}: data is not {datatype(dtype)}: it holds "
+                                  f"values out of its range") from None
+    if count and given.dtype.kind not in _JSON_KINDS[dtype.kind]:
+        held = _JSON_NAMES.get(given.dtype.kind, "null or values of mixed types")
+        raise TensorError(f"input {name!r}: data is not {datatype(dtype)}: it holds {held}")
+    if count and dtype.kind in "iu" and (
+            given.min() < np.iinfo(dtype).min or given.max() > np.iinfo(dtype).max):
+        raise TensorError(f"input {name!r}: data is not {datatype(dtype)}: it holds values "
+                          f"from {given.min()} to {given.max()}")
+    return given.astype(dtype).reshape(shape)
 
 
 def _from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int,
@@ -223,9 +245,10 @@ def _from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int
 
 
 def _bytes_elements(name: str, chunk: memoryview, count: int) -> np.ndarray:
-    """BYTES binary data: each element a little-endian uint32 length, then its bytes."""
+    """BYTES binary data: each element a little-endian uint32 length, then its bytes,
+    UTF-8 text."""
     data, end, at = bytes(chunk), len(chunk), 0
-    elements: list[bytes] = [b""] * count
+    elements = [""] * count
     for i in range(count):
         if at + 4 > end:
             raise TensorError(f"input {name!r}: BYTES data ends inside element {i}")
@@ -234,7 +257,10 @@ def _bytes_elements(name: str, chunk: memoryview, count: int) -> np.ndarray:
         if at + size > end:
             raise TensorError(f"input {name!r}: BYTES element {i} claims {size} bytes, "
                               f"{end - at} remain")
-        elements[i] = data[at:at + size]
+        try:  # onnxruntime takes text; bytes it would store as their repr, "b'...'"
+            elements[i] = data[at:at + size].decode()
+        except UnicodeDecodeError:
+            raise TensorError(f"input {name!r}: BYTES element {i} is not UTF-8 text") from None
         at += size
     if at != end:
         raise TensorError(f"input {name!r}: {end - at} bytes follow its {count} "
@@ -262,15 +288,19 @@ def _raw(body: bytes, inputs: Sequence[InputSpec]) -> InferRequest:
     return InferRequest({spec.name: array}, None, True, DEFAULT_PRIORITY, None)
 
 
+def check_outputs(model: str, request: InferRequest, names: Sequence[str]) -> None:
+    """TensorError if the request asks for an output the model does not have: said before
+    the run, as Triton does, so a request that cannot be answered runs nothing."""
+    missing = [n for n in request.outputs or () if n not in names]
+    if missing:
+        raise TensorError(f"{model} has no output {missing[0]!r}; outputs are "
+                          f"{', '.join(map(repr, names))}")
+
+
 def encode_response(model: str, version: str, request: InferRequest,
                     outputs: Mapping[str, np.ndarray]) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when binary tensors follow it."""
-    wanted = request.outputs
-    if wanted is not None:
-        missing = [n for n in wanted if n not in outputs]
-        if missing:
-            raise TensorError(f"{model} has no output {missing[0]!r}; outputs are "
-                              f"{', '.join(map(repr, outputs))}")
+    wanted = request.outputs  # names the model has (`check_outputs`, before the run)
     described, blobs = [], []
     for name, value in outputs.items():
         if wanted is not None and name not in wanted:

@@ -1,8 +1,8 @@
 """A Plan to JSON and back, without running the partitioner again.
 
-`plan_dict` is `Plan.to_dict()` plus the per-device arenas; `plan_from_dict` rebuilds
-an equal Plan from it (JSON floats round-trip exactly). `rename_devices` moves a plan
-onto other device names (a bundle's devices matched to a host's).
+`plan_from_dict` rebuilds an equal Plan from `Plan.to_dict()` (JSON floats round-trip
+exactly). `rename_devices` moves a plan onto other device names (a bundle's devices
+matched to a host's).
 """
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ from dataclasses import replace
 
 from runtime.devices.config import DeviceConfig
 from runtime.partition.plan import Partition, Plan, Transfer
-
-
-def plan_dict(plan: Plan) -> dict:
-    return {**plan.to_dict(), "arenas": dict(plan.arenas)}
 
 
 def _tuples(record: Mapping) -> dict:

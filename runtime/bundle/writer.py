@@ -22,7 +22,6 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from runtime.bundle.driver import RUNS_IN_ORT, load_stage
-from runtime.bundle.plan_io import plan_dict
 from runtime.bundle.reader import (
     EXTERNAL_LOCATION,
     FORMAT,
@@ -232,7 +231,7 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
         "weights": {"bytes": len(store.blob), "tensors": len(store.at),
                     "referenced_bytes": store.referenced},
     }
-    text = [(MANIFEST, manifest), ("plan.json", plan_dict(plan)),
+    text = [(MANIFEST, manifest), ("plan.json", plan.to_dict()),
             ("memory.json", memory_plans_dict(memory_plans(plan, graph))),
             ("steps.json", [s.to_dict() for s in steps])]
     members = [(name, json.dumps(data, indent=1).encode()) for name, data in text] + [

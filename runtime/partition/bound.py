@@ -4,10 +4,12 @@ Relaxations, each valid for any assignment of nodes to devices, contiguous or no
 the cost model the plan was made with:
 
 - **work**: every node costs at least its time on the fastest device placement allows
-  it, W in all; a plan using j >= 2 devices also copies at least one activation (the
-  cheapest crossing: the fewest bytes any tensor carries, at the cheapest receiving
-  end), so the devices are busy at least W + that, and the busiest of k at least a k-th
-  of it, plus the fixed cost every partition run pays (the least any device has).
+  it, W in all; a plan using j >= 2 devices also copies at least one activation if the
+  nodes are connected through activations (graph inputs and weights are no copies, so
+  independent branches may split without one): the cheapest crossing, the fewest bytes
+  any tensor carries at the cheapest receiving end. The devices are busy at least W +
+  that, and the busiest of k at least a k-th of it, plus the fixed cost every partition
+  run pays (the least any device has).
 - **largest node**: the slowest node on its fastest allowed device, plus that device's
   fixed cost per run, runs in some stage whole.
 - **one device**: a plan on one device copies nothing; its time is the whole graph's
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import networkx as nx
 
 from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
@@ -75,8 +79,8 @@ def lower_bound(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     single = min((t for name, t in whole.items() if by_name[name].memory_bytes >= need),
                  default=None)
     k = len(devices)
-    split = max((work + _cheapest_copy(graph, model, devices)) / k + min(fixed.values()),
-                largest)
+    copy = _cheapest_copy(graph, model, devices) if nx.is_weakly_connected(graph.dag) else 0.0
+    split = max((work + copy) / k + min(fixed.values()), largest)
     options = ([split] if k > 1 else []) + ([single] if single is not None else [])
     return Bound(min(options, default=split), split, largest, largest_node, single, k)
 

@@ -149,6 +149,7 @@ class Plan:
             "order": list(self.order),
             "reasons": self.reasons,
             "precisions": self.precisions,
+            "arenas": dict(self.arenas),
         }
 
     def to_json(self) -> str:

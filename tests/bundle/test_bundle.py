@@ -19,7 +19,7 @@ import pytest
 from app.cli import main
 from runtime.bundle.contents import open_contents
 from runtime.bundle.match import match_devices, needs, parse_remap
-from runtime.bundle.plan_io import plan_dict, plan_from_dict, rename_devices
+from runtime.bundle.plan_io import plan_from_dict, rename_devices
 from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, WEIGHTS, read_bundle
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import DeviceConfig, parse_devices
@@ -58,7 +58,7 @@ def _wide(monkeypatch):
                                        ("sim:3:mem=400KB", "memory")])
 def test_plan_round_trips_without_the_partitioner(spec, mode):
     plan = partition(graph("cnn"), parse_devices(spec), mode)
-    again = plan_from_dict(json.loads(json.dumps(plan_dict(plan))))
+    again = plan_from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again == plan and again.arenas == plan.arenas
     assert again.device_memory() == plan.device_memory()
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.http as triton
+from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from app.http_bench import bench
@@ -169,8 +172,12 @@ def test_requested_outputs_and_versioned_path(server):
     response = json.loads(payload)
     assert response["model_name"] == "cnn" and response["model_version"] == "1"
     body["outputs"] = [{"name": "nope"}]
+    labels = {"model": "cnn", "version": "1"}
+    counts = ("nv_inference_request_success", "nv_inference_exec_count")
+    before = [metric(url, k, **labels) for k in counts]
     status, message = error_of(call(f"{url}/v2/models/cnn/infer", "POST", body))
     assert status == 400 and "'nope'" in message
+    assert [metric(url, k, **labels) for k in counts] == before  # refused before it ran
 
 
 def test_many_concurrent_clients_each_get_their_own_answer(server):
@@ -269,6 +276,36 @@ def test_index_load_and_unload(client, server):
     assert state.host.replicas(served.network) == 2
     feeds = _feeds(state, "cnn", rows=3)
     _assert_same(_infer(url, "cnn", feeds), _in_process(state, "cnn", feeds))
+
+
+def test_max_batch_size_alone_bounds_the_batch_as_tritons_default_scheduler(client, server):
+    """A configuration with max_batch_size and no dynamic_batching: the config says so,
+    a request of more rows is refused before it runs, one within it is answered, and no
+    requests are joined. A model whose outputs have no batch dimension does not load."""
+    url, state = server
+    client.load_model("cnn", config=json.dumps({"max_batch_size": 2}))
+    config = client.get_model_config("cnn")
+    assert config["max_batch_size"] == 2 and "dynamic_batching" not in config
+    feeds = _feeds(state, "cnn", rows=2)
+    _assert_same(_infer(url, "cnn", feeds), _in_process(state, "cnn", feeds))
+    image = _feeds(state, "cnn", rows=3)["image"]
+    body = {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32",
+                        "data": image.ravel().tolist()}]}
+    status, message = error_of(call(f"{url}/v2/models/cnn/infer", "POST", body))
+    assert status == 400 and "max_batch_size 2" in message
+    fixed = state.catalog.repository.root / "fixed" / "1"
+    fixed.mkdir(parents=True)
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]),
+        opset_imports=[helper.make_opsetid("", 17)]), fixed / "model.onnx")
+    status, message = error_of(call(f"{url}/v2/repository/models/fixed/load", "POST",
+                                    {"parameters": {"config": json.dumps({"max_batch_size": 2})}}))
+    assert status == 400 and "fixed first dimension" in message
+    assert not client.is_model_ready("fixed") and "fixed" not in state.host.networks()
+    shutil.rmtree(fixed.parent)
+    client.load_model("cnn")  # as its repository configures it, for the tests after
 
 
 def test_load_parameters_reload_beside_the_old_network(server):

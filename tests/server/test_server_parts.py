@@ -17,8 +17,9 @@ from app.server.tensors import DTYPES, InferRequest, TensorError, encode_respons
 def _random(datatype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     dtype = DTYPES[datatype]
     if dtype.kind == "O":
-        return np.array([bytes(rng.integers(0, 256, rng.integers(0, 9)).astype(np.uint8))
-                         for _ in range(int(np.prod(shape)))], dtype=object).reshape(shape)
+        return np.array(["".join(map(chr, rng.integers(32, 0x2FF, rng.integers(0, 9))))
+                         .encode() for _ in range(int(np.prod(shape)))],
+                        dtype=object).reshape(shape)
     if dtype.kind == "b":
         return rng.random(shape) < 0.5
     if dtype.kind == "f":
@@ -40,9 +41,8 @@ def test_tritonclients_requests_decode_to_its_arrays(datatype, binary):
     got = parse_infer(body if isinstance(body, bytes) else body.encode(),
                       None if header_length is None else str(header_length), []).feeds["t"]
     assert got.shape == (2, 3) and got.dtype == DTYPES[datatype]
-    if datatype == "BYTES":
-        want = [b if binary else b.decode() for b in array.ravel()]
-        assert list(got.ravel()) == want
+    if datatype == "BYTES":  # text, as onnxruntime takes it, however it came
+        assert list(got.ravel()) == [b.decode() for b in array.ravel()]
     else:
         np.testing.assert_array_equal(got, array)
 
@@ -89,8 +89,12 @@ def test_a_triton_config_becomes_load_options():
     assert load_options(config, {"replicas": "auto"}).replicas == "auto"
     # a load request's own parameters win, its config replaces the file's
     assert load_options(config, {"partition": "balanced"}).partition == "balanced"
+    assert options.dynamic_batching and options.add_network()["batching"]["max_batch_size"] == 16
+    # max_batch_size alone bounds the batch (Triton's default scheduler), joins no requests
     replaced = load_options(config, {"config": json.dumps({"max_batch_size": 4})})
-    assert replaced.max_batch_size == 0 and replaced.partition == "balanced"
+    assert replaced.max_batch_size == 4 and not replaced.dynamic_batching
+    assert replaced.add_network()["batching"] is None and replaced.partition == "balanced"
+    assert load_options({}, {"max_batch_size": 4}).dynamic_batching  # Prism's own parameter
     assert options.costs is None and options.add_network()["costs"] is None  # the default
     assert load_options(config, {"costs": "model"}).add_network()["costs"] == "model"
 
@@ -108,3 +112,26 @@ def test_a_broken_config_is_one_error(text):
 def test_bad_load_parameters_are_refused(params):
     with pytest.raises(LoadOptionError):
         load_options({}, params)
+
+
+@pytest.mark.parametrize(("datatype", "data", "held"), [
+    ("BOOL", ["false", "true"], "strings"), ("BOOL", [0, 1], "whole numbers"),
+    ("INT64", [1.7, 2.0], "fractions"), ("INT64", ["1", "2"], "strings"),
+    ("INT8", [1, 300], "from 1 to 300"), ("UINT64", [-1, 2**63], "out of its range"),
+    ("FP32", [None, 1.0], "mixed"), ("FP32", ["1.5", "2"], "strings"),
+    ("BYTES", [1, 2], "whole numbers")])
+def test_json_data_of_another_type_is_refused_not_converted(datatype, data, held):
+    """numpy would make True of "false" and 1 of 1.7; Triton refuses them, and so do we."""
+    body = json.dumps({"inputs": [{"name": "t", "datatype": datatype, "shape": [2],
+                                   "data": data}]}).encode()
+    with pytest.raises(TensorError, match=f"data is not {datatype}: it holds .*{held}"):
+        parse_infer(body, None, [])
+
+
+def test_json_data_in_range_is_taken_exactly():
+    rng = np.random.default_rng()
+    for datatype in ("UINT64", "INT64", "INT8", "FP16", "BOOL"):
+        array = _random(datatype, (3,), rng)
+        body = json.dumps({"inputs": [{"name": "t", "datatype": datatype, "shape": [3],
+                                       "data": array.tolist()}]}).encode()
+        np.testing.assert_array_equal(parse_infer(body, None, []).feeds["t"], array)

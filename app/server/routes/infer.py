@@ -22,7 +22,13 @@ from app.server.errors import in_public, respond
 from app.server.guard import Guard
 from app.server.routes.models import MODEL, VERSION
 from app.server.state import ServerState
-from app.server.tensors import InferRequest, TensorError, encode_response, parse_infer
+from app.server.tensors import (
+    InferRequest,
+    TensorError,
+    check_outputs,
+    encode_response,
+    parse_infer,
+)
 from runtime.errors import InvalidInputError, NetworkNotFoundError, QueueFullError
 
 HEADER_LENGTH = b"inference-header-content-length"
@@ -46,6 +52,8 @@ class Infer:
         large = size > OFFLOAD_BYTES
         try:
             parsed = await maybe_offload(size, parse_infer, body, header, served.inputs)
+            check_outputs(served.name, parsed, [o.name for o in served.outputs])
+            served.check_rows(parsed.feeds)
             try:
                 outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
                                     parsed.timeout, large=large)

@@ -29,7 +29,6 @@ from app.dashboard.source import MODES, PartitionSteps
 from app.server.routes.body import json_response
 from app.server.state import ServerState
 from runtime.bundle.contents import open_contents
-from runtime.bundle.plan_io import plan_dict
 from runtime.errors import PrismError
 from runtime.observe.trace import ChromeTrace
 from runtime.partition.dot import Outline
@@ -88,7 +87,7 @@ def routes(state: ServerState) -> list[BaseRoute]:
         served = state.catalog.of_network(name)
         return {"network": name, "model": str(served.source) if served else name,
                 "mode": plan.mode, "devices": ",".join(d.name for d in plan.devices),
-                "plan": plan_dict(plan), "outline": outline_dict(Outline.of(host.graph(name))),
+                "plan": plan.to_dict(), "outline": outline_dict(Outline.of(host.graph(name))),
                 "bundle": None if origin is None else {
                     "path": str(origin.path), "manifest": origin.manifest,
                     "placed": dict(origin.devices)}}
@@ -118,7 +117,7 @@ def routes(state: ServerState) -> list[BaseRoute]:
         return json_response({"model": found.model, "mode": found.mode,
                               "devices": found.devices,
                               "steps": [step.to_dict() for step in found.steps],
-                              "plan": plan_dict(found.plan),
+                              "plan": found.plan.to_dict(),
                               "outline": outline_dict(found.outline)})
 
     async def devices(request: Request) -> Response:
