@@ -56,6 +56,13 @@ class _Mismatch(Exception):
     """A block's outputs are not what PyTorch would make (dtype, rank, fixed size)."""
 
 
+def _stamp(tensor: torch.Tensor) -> tuple[int, int]:
+    """What changes when a weight does: its version (an in-place write; an inference
+    tensor keeps none) and its storage (`p.data = new`). A write through `p.data` in
+    place changes neither: such a weight is seen as unchanged."""
+    return (-1 if tensor.is_inference() else tensor._version, tensor.data_ptr())
+
+
 @dataclass
 class Context:
     """What every block of one graph shares."""
@@ -110,7 +117,8 @@ class Variant:
     network: str | None             # None in a dry run
     exported: ExportedBlock
     dtypes: tuple[torch.dtype, ...]  # of the fed tensors
-    weights: tuple[tuple[int, torch.Tensor, int], ...]  # (position, tensor, version) baked
+    weights: tuple[tuple[int, torch.Tensor, tuple[int, int]], ...]  # (position, tensor,
+    # `_stamp`) of each weight baked in
     expected: tuple[Expected, ...]
 
     def accepts(self, args: Sequence[Any]) -> bool:
@@ -126,8 +134,8 @@ class Variant:
 
     def current(self, args: Sequence[Any]) -> bool:
         """Are the weights the ones exported, unchanged?"""
-        return all(args[pos] is tensor and tensor._version == version
-                   for pos, tensor, version in self.weights)
+        return all(args[pos] is tensor and _stamp(tensor) == stamp
+                   for pos, tensor, stamp in self.weights)
 
     def run(self, host: HostManager, network: str, args: Sequence[Any]
             ) -> tuple[torch.Tensor, ...]:
@@ -252,7 +260,7 @@ class OffloadedBlock(torch.nn.Module):
             return None
         variant = Variant(None if self.ctx.host is None else name, exported,
                           tuple(args[pos].dtype for _, pos in exported.inputs),
-                          tuple((i, args[i], args[i]._version) for i in sorted(baked)),
+                          tuple((i, args[i], _stamp(args[i])) for i in sorted(baked)),
                           expected)
         self.variants.append(variant)
         self.record.variants.append(VariantRecord(

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runtime.devices.spec import parse_devices
 from runtime.errors import PrismError
 from runtime.types import BatchingConfig
 
@@ -63,6 +64,11 @@ class OffloadOptions:
         devices = options.get("devices")
         if devices is not None and not isinstance(devices, str):
             devices = str(devices)  # a pathlib.Path of a TOML file
+        if devices is not None:  # refused here, not found later while tracing
+            try:
+                parse_devices(devices)
+            except PrismError as exc:
+                raise PrismError(f"prism backend: devices: {exc}") from None
         return cls(devices=devices, host=host, partition=options.get("partition"),
                    replicas=options.get("replicas"),
                    batching=BatchingConfig.of(options.get("batching")),

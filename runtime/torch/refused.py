@@ -74,4 +74,8 @@ REFUSED: dict[str, Refusal] = {
 FIRST_OUTPUT_ONLY: dict[str, str] = {
     "aten._scaled_dot_product_flash_attention_for_cpu":
         "its logsumexp output (kept for gradients) is not PyTorch's",
+    # torchlib makes total_weight 1, so a mean loss's gradient comes out batch-size times
+    "aten.nll_loss_forward": "its total_weight output (kept for gradients) is not PyTorch's",
+    "aten._embedding_bag": "its offset2bag, bag_size and max_indices outputs (kept for "
+                           "gradients) are not PyTorch's",
 }

@@ -126,6 +126,7 @@ def test_a_host_that_stops_answering_hands_the_block_back_to_pytorch():
     ({"host": object()}, "host must be a HostManager"),
     ({"min_block_size": 0}, "min_block_size must be a whole number"),
     ({"batching": {"max_batch": 4}}, "batching: unknown setting"),
+    ({"devices": "gpu:9"}, "devices:"),
 ])
 def test_bad_options_are_refused_in_one_line_before_tracing(options, words):
     with pytest.raises(PrismError) as caught:

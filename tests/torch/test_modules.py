@@ -11,8 +11,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import runtime.torch  # noqa: F401 (registers the backend; installed, the entry point does)
 from runtime.host import HostManager
@@ -116,6 +119,32 @@ def test_the_operator_onnx_cannot_express_stays_in_pytorch(host: HostManager,
         assert len(report.offloaded) == len(report.nodes) - 1
         assert len(report.blocks) == 2 and all(b.variants for b in report.blocks.values())
         assert all(mystery.runs.get(n) for n in report.networks), mystery.runs
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "embedding_bag_mean"])
+def test_gradients_of_ops_whose_saved_outputs_onnx_gets_wrong_are_eagers(host, loss):
+    """A mean cross-entropy's total_weight and an EmbeddingBag's bag sizes are outputs
+    kept for the backward pass that torch.onnx's translations get wrong (gradients came
+    out batch-size and bag-size times too large): those ops stay in PyTorch."""
+    torch.manual_seed(int(np.random.default_rng().integers(1 << 31)))
+    if loss == "cross_entropy":
+        module = nn.Linear(6, 3)
+        batch = (fresh(4, 6), torch.randint(0, 3, (4,)))
+
+        def run(m, x, t):
+            return F.cross_entropy(m(x), t)
+    else:
+        module = nn.EmbeddingBag(10, 4, mode="mean")
+        batch = (torch.randint(0, 10, (3, 5)),)
+
+        def run(m, ids):
+            return m(ids).square().sum()
+    reference = copy.deepcopy(module)
+    fast = torch.compile(lambda *a: run(module, *a), backend="prism", options={"host": host})
+    fast(*batch).backward()
+    run(reference, *batch).backward()
+    for (name, p), q in zip(module.named_parameters(), reference.parameters(), strict=True):
+        assert relative_error(p.grad, q.grad) < 1e-4, name
 
 
 def test_gradients_flow_through_an_offloaded_forward(host: HostManager):

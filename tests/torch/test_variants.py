@@ -58,6 +58,26 @@ def test_weights_changed_in_place_are_seen(host):
     assert block.state.startswith("weights changed") and len(block.variants) == 1
 
 
+def test_weights_replaced_or_made_under_inference_mode_are_served(host):
+    """`p.data = new` keeps the parameter and changes its storage: seen, as a version
+    bump is. A module made under inference_mode has weights with no version counter: it
+    runs (it crashed reading one)."""
+    fresh_weights()
+    model = nn.Sequential(nn.Linear(5, 5), nn.Tanh()).eval()
+    fast = torch.compile(model, backend="prism", options={"host": host})
+    x = fresh(3, 5)
+    with torch.no_grad():
+        before = fast(x)
+        model[0].weight.data = fresh(5, 5)
+        after = fast(x)
+        assert relative_error(after, model(x)) < 1e-4 and not torch.allclose(before, after)
+    with torch.inference_mode():
+        made = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+        fast = torch.compile(made, backend="prism", options={"host": host})
+        y = fresh(2, 4)
+        assert relative_error(fast(y), made(y)) < 1e-4
+
+
 def test_tensors_cross_without_copies():
     tensor = fresh(3, 4)
     array = to_numpy(tensor)
