@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -416,6 +417,26 @@ def test_body_limit_by_length_and_by_chunks():
         conn.close()
         body, headers = binary_request({"x": np.ones((1, 256), np.float32)})
         assert call(f"{url}/v2/models/mlp/infer", "POST", body, headers)[0] == 200
+        bomb = zlib.compress(b"{" * 4096)  # small sent, over the limit decompressed
+        status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", bomb,
+                                        {"Content-Encoding": "deflate"}))
+        assert status == 413 and "2048" in message and "decompressed" in message
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_requests_as_tritonclient_sends_them(client, server, encoding):
+    url, state = server
+    feeds = _feeds(state, "mlp", rows=2)
+    tensor = triton.InferInput("x", list(feeds["x"].shape), "FP32")
+    tensor.set_data_from_numpy(feeds["x"])
+    answer = client.infer("mlp", [tensor], request_compression_algorithm=encoding,
+                          response_compression_algorithm=encoding)
+    np.testing.assert_allclose(answer.as_numpy("logits"),
+                               _in_process(state, "mlp", feeds)["logits"], rtol=1e-5, atol=1e-6)
+    for headers, body, part in (({"Content-Encoding": "br"}, b"{}", "'br'"),
+                                ({"Content-Encoding": encoding}, b"not compressed", encoding)):
+        status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", body, headers))
+        assert status == 400 and part in message, message
 
 
 def test_only_loopback_without_a_token():

@@ -10,6 +10,7 @@ large ones on a worker thread, so they never stall the others.
 from __future__ import annotations
 
 import asyncio
+import zlib
 
 import numpy as np
 from starlette.exceptions import HTTPException
@@ -34,20 +35,25 @@ from runtime.errors import InvalidInputError, NetworkNotFoundError, QueueFullErr
 HEADER_LENGTH = b"inference-header-content-length"
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", b"application/octet-stream")]
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # zlib's wbits for each
 RELOADS_FOLLOWED = 3  # a request follows its model through this many reloads at once
 
 
 class Infer:
     def __init__(self, state: ServerState):
         self.catalog, self.runs, self.metrics = state.catalog, state.runs, state.metrics
+        self.max_body = state.settings.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope["path_params"]
         version = params.get("version")
         served = self.catalog.get(params["model"], version)
-        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER_LENGTH),
-                      None)
+        given = dict(scope["headers"])
+        header = given[HEADER_LENGTH].decode("latin-1") if HEADER_LENGTH in given else None
         body = await _body(receive)
+        if (encoding := given.get(b"content-encoding")) is not None:
+            body = await maybe_offload(len(body), _decoded, body, encoding.decode("latin-1"),
+                                       self.max_body)
         size = decode_size(body, header is not None)
         large = size > OFFLOAD_BYTES
         try:
@@ -101,6 +107,25 @@ async def _body(receive: Receive) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _decoded(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as it was before `Content-Encoding` compressed it (tritonclient's
+    request_compression_algorithm), refused past `limit` bytes decompressed."""
+    encoding = encoding.strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ENCODINGS:
+        raise HTTPException(400, f"Content-Encoding {encoding!r} is not supported; use "
+                                 f"{' or '.join(ENCODINGS)}")
+    inflater = zlib.decompressobj(ENCODINGS[encoding])
+    try:
+        plain = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise HTTPException(400, f"the {encoding} body does not decompress: {exc}") from None
+    if len(plain) > limit:
+        raise HTTPException(413, f"request body is over the {limit}-byte limit decompressed")
+    return plain
 
 
 def infer_params(path: str) -> dict[str, str] | None:
