@@ -30,6 +30,7 @@ from runtime.torch.block import OffloadWarning
 from runtime.torch.compiled import CompiledGraph
 from runtime.torch.fastpath import FAST_PATH
 from runtime.torch.options import OffloadOptions
+from runtime.torch.refused import wrongly_decomposed
 from runtime.torch.support import decompositions
 
 NAME = "prism"
@@ -41,6 +42,11 @@ def prism(gm: GraphModule, example_inputs: list[torch.Tensor],
     """The backend: dynamo calls it once per captured graph. `mode` (torch.compile's)
     changes nothing here."""
     settings = OffloadOptions.of(options)
+    if (why := wrongly_decomposed(n.target for n in gm.graph.nodes
+                                  if n.op == "call_function")) is not None:
+        warnings.warn(f"prism: a captured graph runs in PyTorch: {why}", OffloadWarning,
+                      stacklevel=2)
+        return gm.forward
 
     def forward(fx: GraphModule, inputs: list) -> Callable:
         return make_boxed_func(CompiledGraph(fx, settings))

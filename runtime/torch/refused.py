@@ -79,3 +79,20 @@ FIRST_OUTPUT_ONLY: dict[str, str] = {
     "aten._embedding_bag": "its offset2bag, bag_size and max_indices outputs (kept for "
                            "gradients) are not PyTorch's",
 }
+
+# Functions PyTorch decomposes while AOT autograd lowers a graph (a Python kernel at the
+# Autograd key, whatever decomposition table the backend passes) into something that is
+# not what their kernel computes: a captured graph calling one runs in PyTorch whole.
+WRONGLY_DECOMPOSED: dict[str, str] = {
+    "multilabel_margin_loss": "PyTorch's decomposition of multilabel_margin_loss differs "
+                              "from its kernel where a target holds -1 padding",
+}
+
+
+def wrongly_decomposed(targets: Iterable[object]) -> str | None:
+    """Why a graph calling these functions or operators must run in PyTorch, or None."""
+    for target in targets:  # a function, or an operator (its packet: aten.X_forward)
+        name = getattr(getattr(target, "overloadpacket", target), "__name__", "")
+        if (why := WRONGLY_DECOMPOSED.get(name.removesuffix("_forward"))) is not None:
+            return why
+    return None

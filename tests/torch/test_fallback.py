@@ -143,3 +143,19 @@ def test_op_names_read_every_spelling():
         "aten.sub.Tensor"}
     assert OffloadOptions.of({"torch_executed_ops": ["relu", torch.ops.aten.relu]}
                              ).torch_executed_ops == {"aten.relu"}
+
+
+def test_a_graph_pytorch_decomposes_wrongly_runs_in_pytorch(host):
+    """multilabel_margin_loss is decomposed while AOT autograd lowers the graph, whatever
+    table the backend gives, into something that differs from its kernel where a target
+    holds -1 padding (its documented use): the graph runs in PyTorch, with a warning."""
+    loss = torch.nn.functional.multilabel_margin_loss
+    fast = torch.compile(lambda x, t: loss(x, t, reduction="none"), backend="prism",
+                         options={"host": host})
+    x = fresh(4, 3)
+    target = torch.tensor([[0, 2, -1], [1, -1, -1], [2, 1, 0], [-1, 0, 0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert relative_error(fast(x, target), loss(x, target, reduction="none")) < 1e-6
+    (line,) = offload_warnings(caught)
+    assert "multilabel_margin_loss" in line and "runs in PyTorch" in line
