@@ -151,6 +151,11 @@ def _checked(found: dict[str, Any]) -> LoadOptions:
         sizes = sizes if isinstance(sizes, list) else [sizes]
         options["preferred_batch_sizes"] = tuple(_whole(s, "preferred_batch_sizes", 1)
                                                  for s in sizes if s != "")
+    over = [size for size in options.get("preferred_batch_sizes", ())
+            if size > options.get("max_batch_size", 0)]
+    if over and options.get("dynamic_batching"):  # as Triton refuses such a configuration
+        raise LoadOptionError(f"preferred batch size {over[0]} is over max_batch_size "
+                              f"{options['max_batch_size']}")
     if "costs" in found:
         if found["costs"] not in COSTS:
             raise LoadOptionError(f"costs {found['costs']!r}: use one of {', '.join(COSTS)}")

@@ -28,6 +28,7 @@ from runtime.cost import sends_over_link
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.partition.greedy import Split, fill
+from runtime.partition.liveness import weight_bytes
 from runtime.partition.order import cut_bytes
 from runtime.partition.record import Recorder, Steps, finish
 from runtime.partition.segments import Segments
@@ -121,8 +122,11 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig], every: bool = 
         best[1:, b] = np.minimum(acc, before)
         choice[1:, b] = np.where(col <= before, arg, -1)
     if not np.isfinite(best[k, n]):
+        weights = weight_bytes(seg.graph, seg.nodes)
+        held = sum(d.memory_bytes for d in devices)
         raise PartitionError(f"too few devices for {seg.graph.name}: no split of its {n} nodes "
-                             f"over {k} devices fits their memory")
+                             f"over {k} devices in this order fits their memory (weights "
+                             f"{human_bytes(weights)}, the devices {human_bytes(held)} in all)")
     split: Split = []
     b, j = n, k
     while j > 0:

@@ -14,6 +14,7 @@ from runtime.devices import DeviceConfig, parse_devices, parse_size
 from runtime.errors import DeviceSpecError, PartitionError, PrismError
 from runtime.graph import Graph, load_graph
 from runtime.partition import partition
+from runtime.units import human_bytes
 from tests.support.dags import Reference, biggest_node, sample_graph
 
 NEEDS = re.compile(r"node (\S+) needs ([0-9.]+) MB; the largest device has ([0-9.]+) MB")
@@ -95,6 +96,8 @@ def test_too_few_devices(mode, name):
         partition(graph, devices, mode)
     assert "too few devices" in str(info.value)
     assert "\n" not in str(info.value)
+    if mode == "balanced":  # what was needed and what there was, in bytes
+        assert human_bytes(2 * cap) in str(info.value), str(info.value)
 
 
 def test_enough_devices_of_the_same_size_do_fit():

@@ -108,7 +108,8 @@ def test_a_broken_config_is_one_error(text):
 @pytest.mark.parametrize("params", [{"max_batch_size": -1}, {"max_queue_delay_ms": "soon"},
                                     {"preferred_batch_sizes": "4,x"}, {"devices": ""},
                                     {"config": "{"}, {"file:1/model.onnx": ""},
-                                    {"costs": "roofline"}])
+                                    {"costs": "roofline"},
+                                    {"max_batch_size": 4, "preferred_batch_sizes": "2,8"}])
 def test_bad_load_parameters_are_refused(params):
     with pytest.raises(LoadOptionError):
         load_options({}, params)
