@@ -2,8 +2,9 @@
 labels it reads, checked and cast.
 
 Both losses are PyTorch's defaults: `cross_entropy` is `F.cross_entropy` (logits with the
-classes on axis 1, integer class labels, the mean over every labelled position), written
-as one SoftmaxCrossEntropyLoss node; `mse` is `F.mse_loss` (the mean over every element),
+classes on axis 1, integer class labels, the mean over every labelled position; a position
+labelled IGNORED, its ignore_index, counts for nothing), written as one
+SoftmaxCrossEntropyLoss node; `mse` is `F.mse_loss` (the mean over every element),
 written as Sub, Mul and ReduceMean.
 """
 
@@ -20,6 +21,7 @@ from runtime.train.emit import Emitter, Shape
 
 LABELS = "train/labels"  # the training graph's input holding the labels
 LOSS_ORIGIN = "loss"  # what the loss nodes serve (the stage of the prediction runs them)
+IGNORED = -100  # F.cross_entropy's default ignore_index (padding in a sequence's labels)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,13 @@ class Loss:
                                 f"{list(prediction)}, got {list(array.shape)}")
         return array.astype(dtype, copy=False)
 
+    def counted(self, labels: np.ndarray) -> int:
+        """How many terms the loss's mean over these labels has (positions not IGNORED,
+        or elements): micro-batches' losses weigh by it to make the batch's mean."""
+        if self.kind == "cross_entropy":
+            return int(np.count_nonzero(labels != IGNORED))
+        return int(labels.size)
+
     def _classes(self, array: np.ndarray, prediction: Shape, what: str) -> np.ndarray:
         if len(prediction) < 2:
             raise TrainingError(f"{what}: cross_entropy needs logits of rank 2 or more "
@@ -55,9 +64,9 @@ class Loss:
         if tuple(array.shape) != want:
             raise TrainingError(f"{what}: labels must have shape {list(want)} for logits "
                                 f"{list(prediction)}, got {list(array.shape)}")
-        classes = prediction[1]
-        if array.size and (array.min() < 0 or array.max() >= classes):
-            bad = array.min() if array.min() < 0 else array.max()
+        classes, counted = prediction[1], array[array != IGNORED]
+        if counted.size and (counted.min() < 0 or counted.max() >= classes):
+            bad = counted.min() if counted.min() < 0 else counted.max()
             raise TrainingError(f"{what}: label {int(bad)} is outside the {classes} classes "
                                 f"of the logits")
         return array.astype(np.int64, copy=False)
@@ -67,7 +76,7 @@ class Loss:
         with e.serving(LOSS_ORIGIN):
             if self.kind == "cross_entropy":
                 e.ops("SoftmaxCrossEntropyLoss", [prediction, LABELS], [out],
-                      reduction="mean")
+                      reduction="mean", ignore_index=IGNORED)
                 return
             diff = e.op("Sub", [prediction, LABELS])
             square = e.op("Mul", [diff, diff])

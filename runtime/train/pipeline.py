@@ -29,6 +29,7 @@ from runtime.errors import ExecutionError, TrainingError
 from runtime.partition.plan import Plan
 from runtime.train.backward import SEED
 from runtime.train.forward import LOSS
+from runtime.train.loss import IGNORED, LABELS
 from runtime.train.optimizers import LR, Optimizer
 from runtime.train.program import TrainingGraph
 from runtime.train.schedule import Links, Op, orders, simulate
@@ -96,10 +97,13 @@ class Pipeline:
         if len(batches) != self.micro_batches:
             raise TrainingError(f"a step takes {self.micro_batches} micro-batches, "
                                 f"got {len(batches)}")
-        rows = [len(next(iter(b.values()))) for b in batches]
+        counted = [self.tg.forward.loss.counted(b[LABELS]) for b in batches]
+        if not sum(counted):
+            raise TrainingError(f"every label of step {step}'s batch is {IGNORED} "
+                                f"(ignored): it has no loss to learn from")
         dtype = self.tg.forward.facts.dtype(LOSS)
-        values = [{**b, SEED: np.asarray(r / sum(rows), dtype)} for b, r in zip(
-            batches, rows, strict=True)]
+        values = [{**b, SEED: np.asarray(c / sum(counted), dtype)} for b, c in zip(
+            batches, counted, strict=True)]
         run = _Step(self, values, np.asarray(lr, self.lr_dtype), step, epoch)
         return run.go(timeout)
 

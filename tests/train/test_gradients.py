@@ -78,11 +78,14 @@ def test_every_backend_runs_the_backward_graph(backend: str) -> None:
         np.testing.assert_allclose(got[w], want[w], rtol=1e-4, atol=1e-6, err_msg=w)
 
 
-def test_matches_pytorch_autograd() -> None:
+@pytest.mark.parametrize("ignored", [0, 2], ids=["all labelled", "two ignored"])
+def test_matches_pytorch_autograd(ignored: int) -> None:
+    """Labels of -100, F.cross_entropy's ignore_index, count for nothing there too."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng()
     model = as_float64(mlp(rng, sizes=(5, 7, 4)))
     feeds, labels = batch_for(model, rng, 6), rng.integers(0, 4, 6)
+    labels[rng.choice(6, ignored, replace=False)] = -100
     ours = gradients(model, feeds, labels)
     w = {t.name: torch.tensor(numpy_helper.to_array(t), requires_grad=True)
          for t in model.graph.initializer}
