@@ -260,7 +260,8 @@ class _Step:
         backward of it, what that backward will read of the forward's tensors."""
         values = self.values[op.micro]
         if op.phase == "forward":
-            if LOSS in values and LOSS in stage.forward.outputs:
+            if LOSS in values and LOSS in stage.forward.outputs and float(values[SEED]):
+                # (a micro-batch whose every label is ignored has a NaN mean and no share)
                 self.loss += float(values[LOSS]) * float(values[SEED])
             held = sum(values[t].nbytes for t in stage.keeps if t in values)
             self.holding[stage.index, op.micro] = held

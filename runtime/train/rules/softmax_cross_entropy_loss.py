@@ -41,7 +41,7 @@ def softmax_cross_entropy_loss(g: Grad) -> dict[int, str]:
         if reduction == "mean":
             every = list(range(len(g.shape(labels))))
             denom = g.const(math.prod(g.shape(labels)), scores) if per is None else \
-                e.reduce("ReduceSum", per, every, keepdims=False)
+                _total(g, per, every)
             coef = e.op("Div", [coef, denom])
         if per is not None or reduction == "none":  # one per position: onto the class axis
             coef = e.unsqueeze(coef, [1])
@@ -56,6 +56,13 @@ def softmax_cross_entropy_loss(g: Grad) -> dict[int, str]:
     if g.has(2) and g.needs(2) and dloss is not None:
         grads[2] = _weights_gradient(g, onehot, labels64, reduction, dloss, per)
     return grads
+
+
+def _total(g: Grad, per: str, axes: list[int]) -> str:
+    """The positions' weights summed, at least the least normal float: where every label
+    is ignored (a micro-batch of padding), each position's share is 0, not 0 / 0."""
+    total = g.e.reduce("ReduceSum", per, axes, keepdims=False)
+    return g.e.op("Max", [total, g.const(np.finfo(g.facts.dtype(g.x(0))).tiny, g.x(0))])
 
 
 def _kept(g: Grad, labels64: str) -> str | None:
@@ -90,8 +97,7 @@ def _weights_gradient(g: Grad, onehot: str, labels64: str, reduction: str, dloss
     kept = _kept(g, labels64)
     if reduction == "mean":
         assert per is not None
-        spread = e.op("Div", [e.op("Sub", [nll, g.y(0)]),
-                              e.reduce("ReduceSum", per, list(range(rank)), keepdims=False)])
+        spread = e.op("Div", [e.op("Sub", [nll, g.y(0)]), _total(g, per, list(range(rank)))])
     else:
         spread = nll
     if kept is not None:
