@@ -9,11 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from app.arguments import network_options
 from app.console import plain_console
+from app.measuring import measuring
 from runtime.bundle.contents import export_onnx
 from runtime.bundle.writer import Compiled, compile_bundle
 from runtime.devices import parse_devices
@@ -55,13 +55,7 @@ def summary_lines(compiled: Compiled) -> list[str]:
 def compile_command(args: argparse.Namespace) -> int:
     options = network_options(args)
     devices = parse_devices(args.devices)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=plain_console(stderr=True), transient=True) as bar:
-        task = bar.add_task("loading", total=None)
-
-        def report(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total or None)
-
+    with measuring(plain_console(stderr=True)) as report:
         compiled = compile_bundle(args.model, devices, args.output,
                                   name=Path(args.model).stem, on_progress=report, **options)
     if args.json:

@@ -371,6 +371,6 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
                   "-o", str(tmp_path / "z.prism")]):
         code = main(argv)
         out, err = capsys.readouterr()
-        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert code == 1 and len(err.rstrip("\n").splitlines()) == 1, err  # none before
         assert "Traceback" not in err + out
     assert not (tmp_path / "y.prism").exists() and not (tmp_path / "z.prism").exists()
