@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,18 +179,29 @@ def _check_size(path: Path, size: int, max_bytes: int | None) -> None:
                                 f"free on the devices it may load onto; not read")
 
 
+def external_data(model: onnx.ModelProto) -> Iterator[external_data_helper.ExternalDataInfo]:
+    """Where each of a model's tensors kept in an external file is: its file (`location`,
+    relative to the model's folder), `offset` and `length`."""
+    for tensor in external_data_helper._get_all_tensors(model):
+        if external_data_helper.uses_external_data(tensor):
+            yield external_data_helper.ExternalDataInfo(tensor)
+
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's ai.onnx opset, None if it imports none."""
+    return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+
+
 def _external_bytes(model: onnx.ModelProto, folder: Path) -> int:
     """The bytes a model's tensors keep in external files, from their lengths (or the
     files' sizes), nothing read."""
     total = 0
-    for tensor in external_data_helper._get_all_tensors(model):
-        if external_data_helper.uses_external_data(tensor):
-            info = external_data_helper.ExternalDataInfo(tensor)
-            if info.length:
-                total += info.length
-            else:
-                with contextlib.suppress(OSError):  # a missing file: the load says so
-                    total += max(0, (folder / info.location).stat().st_size - (info.offset or 0))
+    for info in external_data(model):
+        if info.length:
+            total += info.length
+        else:
+            with contextlib.suppress(OSError):  # a missing file: the load says so
+                total += max(0, (folder / info.location).stat().st_size - (info.offset or 0))
     return total
 
 

@@ -31,10 +31,9 @@ from pathlib import Path
 
 import onnx
 import onnx.version_converter
-from onnx import external_data_helper
 
 from runtime.errors import ModelLoadError
-from runtime.graph import Graph, load_graph
+from runtime.graph import Graph, default_opset, external_data, load_graph
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
 from runtime.quantize.narrow import slow_in_int8
@@ -110,10 +109,6 @@ SYMBOLIC_INFERENCE = "onnxruntime.tools.symbolic_shape_infer"
 SYMBOLIC_LEFTOVER = Path("sym_shape_infer_temp.onnx")
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
-
-
 def _raised_in_symbolic_inference(exc: BaseException) -> bool:
     return any(frame.f_globals.get("__name__") == SYMBOLIC_INFERENCE
                for frame, _ in traceback.walk_tb(exc.__traceback__))
@@ -142,10 +137,8 @@ def _remove_leftover() -> None:
     """SYMBOLIC_LEFTOVER and the weights file it names, if there."""
     with contextlib.suppress(OSError, ValueError):  # none there, or not a model: not ours
         model = onnx.load(str(SYMBOLIC_LEFTOVER), load_external_data=False)
-        for tensor in external_data_helper._get_all_tensors(model):
-            if external_data_helper.uses_external_data(tensor):
-                info = external_data_helper.ExternalDataInfo(tensor)
-                (SYMBOLIC_LEFTOVER.parent / info.location).unlink(missing_ok=True)
+        for info in external_data(model):
+            (SYMBOLIC_LEFTOVER.parent / info.location).unlink(missing_ok=True)
     SYMBOLIC_LEFTOVER.unlink(missing_ok=True)
 
 
@@ -158,7 +151,7 @@ def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     conversion, not an error. Where the converter fails, the model keeps its opset: per
     tensor and QOperator still quantize it, and `quantize` says so where per-channel QDQ
     then makes an invalid model."""
-    version = _default_opset(model)
+    version = default_opset(model)
     if version is None or version >= PER_CHANNEL_OPSET:
         return model
     try:
@@ -286,7 +279,7 @@ def _invalid_output(exc: ModelLoadError, prepared: Graph, options: QuantizeOptio
     (load_graph calls a model given in memory "model"), and what still quantizes where
     the prepared model stayed below the opset per-channel QDQ needs."""
     message = f"the int8 model onnxruntime made of {prepared.name}{str(exc).removeprefix('model')}"
-    version = _default_opset(prepared.model)
+    version = default_opset(prepared.model)
     if (options.format == "qdq" and options.per_channel and version is not None
             and version < PER_CHANNEL_OPSET):
         message += (f" (per-channel QDQ needs opset {PER_CHANNEL_OPSET}; {prepared.name} stayed "

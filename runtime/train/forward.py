@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from runtime.errors import TrainingError
-from runtime.graph import DEFAULT_DOMAINS, Graph
+from runtime.graph import DEFAULT_DOMAINS, Graph, default_opset
 from runtime.inputs import check_feeds, input_specs
 from runtime.train.emit import Emitter
 from runtime.train.facts import Facts, probe
@@ -130,7 +130,7 @@ def _forward_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
 
 
 def model_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+    return default_opset(model) or 1
 
 
 def training_opset(graph: Graph) -> onnx.ModelProto:
