@@ -21,6 +21,7 @@ from runtime.partition.bound import lower_bound
 from runtime.partition.build import build_plan
 from runtime.partition.canonical import canonical_devices
 from runtime.partition.greedy import Split, memory_mode
+from runtime.partition.liveness import weight_bytes
 from runtime.partition.order import choose_order, model_order
 from runtime.partition.pairs import keep_pairs
 from runtime.partition.placement import Annotations, Placement, place, read_annotations
@@ -54,6 +55,23 @@ def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> Non
         need = human_bytes(seg.memory(i, i + 1))
         raise PartitionError(f"node {node.name} needs {need}; the largest device has "
                              f"{human_bytes(largest.memory_bytes)}")
+
+
+def _check_placed_weights(graph: Graph, placement: Placement,
+                          devices: Sequence[DeviceConfig]) -> None:
+    """Nodes placement keeps on some of the devices need those devices to hold their
+    weights: say so in bytes before any split is tried."""
+    memory = {d.name: d.memory_bytes for d in devices}
+    for group in sorted({a for a in placement.allowed.values() if len(a) < len(devices)},
+                        key=sorted):
+        nodes = [n for n in graph.nodes if placement.allowed[n.name] <= group]
+        need, held = weight_bytes(graph, nodes), sum(memory[d] for d in group)
+        if need > held:
+            ops = ", ".join(sorted({n.op_type for n in nodes}))
+            raise PartitionError(
+                f"too few devices for {graph.name}: {len(nodes)} nodes ({ops}) may run only on "
+                f"{', '.join(sorted(group))}, and their weights need {human_bytes(need)}; "
+                f"those devices have {human_bytes(held)}")
 
 
 Attempt = tuple[list[Step], Split] | PartitionError
@@ -104,6 +122,7 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         yield rec.step("order", why, nodes=tuple(order))
         seg = Segments(graph, costs, order, placement.allowed)
         _check_each_node_fits(seg, ordered)
+        _check_placed_weights(graph, placement, devices)
         run_mode = memory_mode if mode == "memory" else balanced_mode
         options.append((order, why, seg, _attempt(lambda r: run_mode(seg, ordered, r))))
         if not placement.unconstrained:

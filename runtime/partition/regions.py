@@ -18,6 +18,9 @@ regions of equal allowed devices; regions go to devices allowed there:
   least busy. Where memory binds, a long run can leave a device too little room for a
   later stretch only it may run, and staying sometimes does better; callers try both.
 
+A region no device has room for is cut where the device with the most room left stops,
+and the rest is handed out as a region of its own.
+
 Consecutive regions on one device form one partition; a device may hold several.
 """
 
@@ -172,6 +175,27 @@ def _longest_run(state: _Devices, regions: list[Region], i: int,
     return min(options, key=lambda o: o[0])[1:] if options else None
 
 
+def _farthest_cut(state: _Devices, region: Region, devices: Sequence[DeviceConfig],
+                  last: DeviceConfig | None) -> int | None:
+    """The furthest c inside the region such that some device allowed there has room for
+    [a, c) (None: not even for its first node)."""
+    a, b, allowed = region
+    best = None
+    for dev in devices:
+        if dev.name not in allowed:
+            continue
+        lo, hi = a, b - 1  # room only shrinks as the piece grows: search the furthest end
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if state.fits(dev, a, mid, dev is last):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo > a and (best is None or lo > best):
+            best = lo
+    return best
+
+
 Chooser = Callable[[_Devices, list[Region], int, Sequence[DeviceConfig], DeviceConfig | None],
                    tuple[DeviceConfig, int] | None]
 STYLES: dict[str, Chooser] = {"balanced": partial(_one_region, stay=False),
@@ -189,11 +213,17 @@ def region_split(seg: Segments, devices: Sequence[DeviceConfig], style: str, rec
     while i < len(regions):
         last = split[-1][2] if split else None
         chosen = choose(state, regions, i, devices, last)
-        if chosen is None:
+        if chosen is None:  # no device has room for the whole region: take its front
             a, b, allowed = regions[i]
-            raise PartitionError(
-                f"too few devices for {seg.graph.name}: nodes {seg.order[a]}..{seg.order[b - 1]} "
-                f"may run only on {', '.join(sorted(allowed))}, and none has room left")
+            cut = _farthest_cut(state, regions[i], devices, last)
+            if cut is None:
+                raise PartitionError(
+                    f"too few devices for {seg.graph.name}: nodes {seg.order[a]}.."
+                    f"{seg.order[b - 1]} may run only on {', '.join(sorted(allowed))}, and "
+                    f"none has room left")
+            regions[i:i + 1] = [(a, cut, allowed), (cut, b, allowed)]
+            chosen = choose(state, regions, i, devices, last)
+            assert chosen is not None, "a device has room for the region's front"
         dev, end = chosen
         if dev is not last:  # open a partition, empty until its first region is taken
             split.append((regions[i][0], regions[i][0], dev))

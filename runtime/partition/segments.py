@@ -108,13 +108,16 @@ class Segments:
 
     def lowest_start(self, device: DeviceConfig) -> np.ndarray:
         """lo[b] = the smallest a such that [a, b) fits and runs on the device (b if none)."""
-        lo = np.zeros(self.n + 1, dtype=np.int64)
-        a = 0
-        for b in range(1, self.n + 1):
-            while a < b and not self.fits(a, b, device):
-                a += 1
-            lo[b] = a
-        return lo
+        memo = self.__dict__.setdefault("_lowest_start", {})
+        if device not in memo:
+            lo = np.zeros(self.n + 1, dtype=np.int64)
+            a = 0
+            for b in range(1, self.n + 1):
+                while a < b and not self.fits(a, b, device):
+                    a += 1
+                lo[b] = a
+            memo[device] = lo
+        return memo[device]
 
     def bottleneck(self, bounds: Sequence[int], devices: Sequence[DeviceConfig]) -> float:
         """The slowest segment of a split given as boundaries [0, b1, ..., n]."""

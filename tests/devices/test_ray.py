@@ -297,7 +297,8 @@ def test_dashboards_show_ray_devices_with_their_node(cluster):
     from ui_tui.widgets.devices import device_lines
     from ui_web.frames import devices_frame
 
-    live = LiveRuntime(devices="ray:1,cpu:1", start_load=False, seed=2)
+    # cpu0 too small for the model: the plan needs ray0, so its actor runs
+    live = LiveRuntime(devices="ray:1,cpu:1:mem=64KB", start_load=False, seed=2)
     try:
         rows = {r.name: r for r in DashboardModel(live).poll().devices}
         node = live.host.devices["ray0"].info["node"]

@@ -32,6 +32,7 @@ from runtime.inputs import input_specs, random_feeds
 from runtime.partition import Plan, partition, partition_steps
 from runtime.partition.placement import can_run, place, read_annotations
 from runtime.partition.regions import placement_order
+from runtime.units import human_bytes
 from tests.support.dags import (
     SAMPLE_NAMES,
     SAMPLES_DIR,
@@ -39,6 +40,7 @@ from tests.support.dags import (
     biggest_node,
     consumer_names,
     dag_models,
+    matmul_chain,
     producers,
     random_dag_model,
     random_devices,
@@ -696,6 +698,52 @@ def test_random_dags_on_an_npu_and_a_cpu_match_onnxruntime():
             got = host.run("dag", feeds).result(timeout=60)
         for out, expected in zip(names, reference.run(names, feeds), strict=True):
             np.testing.assert_allclose(got[out], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_region_too_big_for_any_one_device_is_spread_over_several(mode):
+    """The accelerators must take a lone MatMul and then, after a node only the reference
+    device runs, a body bigger than any one of them: the body is cut into pieces, one
+    accelerator holds two stretches, and the answers are onnxruntime's."""
+    width, blocks = 128, 7
+    model = matmul_chain(width, blocks, seed=int(np.random.default_rng().integers(1 << 30)),
+                         lead=True)
+    block = width * width * 4
+    devices = [cpu("cpu0"), DeviceConfig(name="ref0", backend="reference"),
+               *(npu(f"npu{i}", memory_bytes=int(2.5 * block)) for i in range(4))]
+    notes = {"ops": {"MatMul": "sim", "Relu": "sim", "Sigmoid": "reference"}}
+    reference = cpu_session(loadable(model))
+    rng = np.random.default_rng()
+    with HostManager(devices) as host:
+        plan = host.add_network("chain", model, partition=mode, annotations=notes,
+                                fallback="cpu0")
+        on = [p.device for p in plan.partitions]
+        assert device_of(plan, "stem") == "ref0" and device_of(plan, "head") == "cpu0"
+        assert {d for d in on if d.startswith("npu")} == {f"npu{i}" for i in range(4)}, on
+        held = plan.device_memory()
+        assert all(held[f"npu{i}"] <= int(2.5 * block) for i in range(4)), held
+        for _ in range(2):
+            feeds = {"x": rng.standard_normal((8, width)).astype(np.float32)}
+            got = host.run("chain", feeds).result(timeout=60)
+            np.testing.assert_allclose(got["y"], reference.run(["y"], feeds)[0], rtol=1e-4,
+                                       atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_annotated_weights_beyond_the_annotated_devices_are_named_in_bytes(mode):
+    """Each MatMul fits an accelerator alone, all of them together do not: the error says
+    how many nodes of which ops, on which devices, and the bytes needed and held."""
+    width, blocks = 64, 6
+    graph = load_graph(matmul_chain(width, blocks, seed=0))
+    block = width * width * 4
+    devices = [cpu("cpu0"), *(npu(f"npu{i}", memory_bytes=2 * block) for i in range(2))]
+    with pytest.raises(PartitionError) as err:
+        partition(graph, devices, mode, annotations={"ops": {"MatMul": "sim"}},
+                  fallback="cpu0")
+    message = str(err.value)
+    assert f"{blocks} nodes (MatMul) may run only on npu0, npu1" in message, message
+    assert f"need {human_bytes(blocks * block)}" in message, message
+    assert f"have {human_bytes(4 * block)}" in message, message
 
 
 # --------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -500,6 +501,17 @@ class Reference:
                     best = worst
         return best
 
+    def any_sequence(self, order: Sequence[str], devices: Sequence[DeviceConfig], *,
+                     brute: bool = True) -> float | None:
+        """The least bottleneck over every sequence of the devices: `brute_force` (or
+        `exact_dp`) on each of their distinct orderings, twins counted once."""
+        kinds = {}
+        for perm in itertools.permutations(devices):
+            kinds.setdefault(tuple(replace(d, name="twin") for d in perm), perm)
+        found = [t for t in ((self.brute_force if brute else self.exact_dp)(order, perm)
+                             for perm in kinds.values()) if t is not None]
+        return min(found, default=None)
+
     def exact_dp(self, order: Sequence[str], devices: Sequence[DeviceConfig]) -> float | None:
         """The same minimum as `brute_force`, by the plain O(k n^2) recurrence."""
         n = len(order)
@@ -513,6 +525,29 @@ class Reference:
                     new[b] = min(new[b], max(best[a], t))
             best = new
         return None if best[n] == inf else best[n]
+
+
+def matmul_chain(width: int, blocks: int, seed: int, *, lead: bool = False) -> onnx.ModelProto:
+    """x -> [MatMul] -> Sigmoid -> (MatMul -> Relu) x blocks -> Softmax, random weights of
+    width x width: nodes of three kinds, for placements that must interleave devices."""
+    rng = np.random.default_rng(seed)
+    nodes, weights, x = [], [], "x"
+
+    def matmul(name: str, x: str, out: str) -> None:
+        weights.append(numpy_helper.from_array(
+            rng.standard_normal((width, width)).astype(np.float32), f"{name}.w"))
+        nodes.append(helper.make_node("MatMul", [x, f"{name}.w"], [out], name=name))
+
+    if lead:
+        matmul("lead", "x", "led")
+        x = "led"
+    nodes.append(helper.make_node("Sigmoid", [x], ["h0"], name="stem"))
+    for i in range(blocks):
+        matmul(f"mm{i}", f"h{i}", f"m{i}")
+        nodes.append(helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"], name=f"relu{i}"))
+    nodes.append(helper.make_node("Softmax", [f"h{blocks}"], ["y"], name="head"))
+    io = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [8, width]) for t in ("x", "y")]
+    return helper.make_model(helper.make_graph(nodes, "chain", io[:1], io[1:], weights))
 
 
 def biggest_node(graph: Graph) -> int:
