@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from app.server.errors import in_public
-from app.server.load_options import LoadOptions, load_options
+from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
 from app.server.tensors import TensorError, datatype
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
+from runtime.graph import Graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs
 from runtime.types import check_batchable
@@ -109,22 +110,42 @@ class Served:
         return config
 
 
-def _batch_first(host: HostManager, network: str) -> None:
-    """A model with max_batch_size takes its first dimension as the batch, dynamic batcher
-    or not (Triton's rule): every input and output must have a symbolic one, or the load
-    fails and the network goes."""
-    graph = host.graph(network)
-    try:
-        check_batchable(network, graph.declared_dims(graph.inputs),
+def _check_loaded(name: str, graph: Graph, options: LoadOptions) -> None:
+    """What the configuration says of a model it must hold, as Triton checks it:
+    - with max_batch_size the first dimension is the batch, dynamic batcher or not: every
+      input and output must have a symbolic one (the host checks it for its batcher);
+    - each `input` and `output` it lists is one the model has, of its data type and
+      dims (a batching model's without the batch; -1 on either side matches any)."""
+    if options.max_batch_size and not options.dynamic_batching:
+        check_batchable(name, graph.declared_dims(graph.inputs),
                         graph.declared_dims(graph.outputs))
-    except PrismError:
-        host.remove_network(network)
-        raise
+    model = {"input": {t.name: t for t in _infos(graph, graph.inputs)},
+             "output": {t.name: t for t in _infos(graph, graph.outputs)}}
+    for said in options.tensors:
+        have = model[said.kind].get(said.name)
+        if have is None:
+            raise LoadOptionError(f"config {said.kind} {said.name!r}: {name} has no such "
+                                  f"{said.kind} (its {said.kind}s: "
+                                  f"{', '.join(model[said.kind])})")
+        entry = have.config(bool(options.max_batch_size))
+        if said.data_type is not None and said.data_type != entry["data_type"]:
+            raise LoadOptionError(f"config {said.kind} {said.name!r}: data_type "
+                                  f"{said.data_type}, but the model's is {entry['data_type']}")
+        dims = entry["dims"]
+        if said.dims is not None and (len(said.dims) != len(dims) or any(
+                a != b and -1 not in (a, b) for a, b in zip(said.dims, dims, strict=True))):
+            raise LoadOptionError(f"config {said.kind} {said.name!r}: dims {list(said.dims)}, "
+                                  f"but the model's are {dims}")
 
 
 def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> TensorInfo:
     shape = [d if isinstance(d, int) else -1 for d in dims or ()]
     return TensorInfo(name, datatype(np.dtype(dtype) if dtype else None), shape)
+
+
+def _infos(graph: Graph, names: list[str]) -> list[TensorInfo]:
+    return [_info(n, graph.tensors[n].dtype if n in graph.tensors else None,
+                  graph.tensors[n].dims if n in graph.tensors else None) for n in names]
 
 
 class Catalog:
@@ -179,8 +200,11 @@ class Catalog:
             self._loading.add(name)
             try:
                 plan = self.host.add_network(network, str(path), **options.add_network())
-                if options.max_batch_size and not options.dynamic_batching:
-                    _batch_first(self.host, network)
+                try:
+                    _check_loaded(name, self.host.graph(network), options)
+                except PrismError:
+                    self.host.remove_network(network)
+                    raise
             except Exception as exc:
                 self._failed[name] = first_line(in_public(exc, name))
                 raise
@@ -188,9 +212,7 @@ class Catalog:
                 self._loading.discard(name)
             graph = self.host.graph(network)
             served = Served(name, version, network, path, options, input_specs(graph),
-                            [_info(o, graph.tensors[o].dtype if o in graph.tensors else None,
-                                   graph.tensors[o].dims if o in graph.tensors else None)
-                             for o in graph.outputs],
+                            _infos(graph, graph.outputs),
                             tuple((t.src, t.dst, t.bytes) for t in plan.transfers),
                             self.host.replicas(network), plan.mode,
                             tuple(dict.fromkeys((p.device, plan.device(p.device).backend)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runtime.cost import COSTS
@@ -33,6 +33,16 @@ class LoadOptionError(PrismError):
 
 
 @dataclass(frozen=True)
+class ConfigTensor:
+    """A configuration's `input` or `output` entry: what it says the model has (None: not
+    said), checked against the model once loaded (`catalog`)."""
+    kind: str  # "input" or "output"
+    name: str
+    data_type: str | None
+    dims: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
 class LoadOptions:
     version: str | None = None
     partition: str = "balanced"
@@ -43,6 +53,7 @@ class LoadOptions:
     max_queue_delay_ms: float = 1.0
     preferred_batch_sizes: tuple[int, ...] = ()
     costs: str | None = None  # None: the host's default (measured)
+    tensors: tuple[ConfigTensor, ...] = ()
 
     def add_network(self) -> dict[str, Any]:
         """Keywords for `HostManager.add_network`."""
@@ -85,7 +96,25 @@ def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) ->
     found.update(params)
     if "max_batch_size" in params:
         found["dynamic_batching"] = True
-    return _checked(found)
+    return replace(_checked(found), tensors=_config_tensors(config))
+
+
+def _config_tensors(config: Mapping[str, Any]) -> tuple[ConfigTensor, ...]:
+    out = []
+    for kind in ("input", "output"):
+        entries = config.get(kind) or []
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+                raise LoadOptionError(f"config: each {kind} must be a message with a name")
+            dims = entry.get("dims")
+            if dims is not None:
+                dims = dims if isinstance(dims, list) else [dims]
+                dims = tuple(_whole(d, f"config {kind} {entry['name']!r} dims", -1)
+                             for d in dims)
+            data_type = entry.get("data_type")
+            out.append(ConfigTensor(kind, entry["name"], None if data_type is None
+                                    else str(data_type), dims))
+    return tuple(out)
 
 
 def _json_config(text: Any) -> dict[str, Any]:

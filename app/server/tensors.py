@@ -11,6 +11,7 @@ for: binary inputs are views of the body.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
@@ -79,10 +80,21 @@ def json_object(text: bytes | memoryview, what: str = "request") -> dict:
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise TensorError(f"{what} body is not valid JSON: {exc}") from None
+        value = _non_finite(bytes(text), exc, what)
     if not isinstance(value, dict):
         raise TensorError(f"{what} body must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def _non_finite(text: bytes, error: orjson.JSONDecodeError, what: str) -> Any:
+    """JSON with NaN, Infinity or -Infinity for numbers, as Triton and tritonclient (Python's
+    json) write them; orjson refuses those words, Python's json reads them."""
+    if b"NaN" in text or b"Infinity" in text:
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    raise TensorError(f"{what} body is not valid JSON: {error}") from None
 
 
 def _request(header: dict, binary: memoryview) -> InferRequest:
@@ -329,6 +341,9 @@ def _json_data(array: np.ndarray) -> Any:
     if array.dtype.kind in "OUS":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
                 for v in array.ravel().tolist()]
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        # orjson writes NaN and infinities as null; Triton writes NaN, Infinity, -Infinity
+        return orjson.Fragment(json.dumps(array.ravel().tolist()))
     return array.ravel()  # orjson writes numpy arrays itself
 
 

@@ -309,6 +309,78 @@ def test_max_batch_size_alone_bounds_the_batch_as_tritons_default_scheduler(clie
     client.load_model("cnn")  # as its repository configures it, for the tests after
 
 
+def test_nan_and_infinities_cross_json_both_ways(client, server):
+    """tritonclient writes NaN and infinities in JSON as Python's json does (NaN, Infinity,
+    -Infinity); the server reads them and writes them back so, as Triton does, not as null
+    (which a client reads back as NaN, losing the infinity)."""
+    _, state = server
+    folder = state.catalog.repository.root / "divide" / "1"
+    folder.mkdir(parents=True)
+    io = [helper.make_tensor_value_info(t, TensorProto.FLOAT, ["n"]) for t in "aby"]
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("Div", ["a", "b"], ["y"])], "divide", io[:2], io[2:]),
+        opset_imports=[helper.make_opsetid("", 17)]), folder / "model.onnx")
+    rng = np.random.default_rng()
+    a = rng.standard_normal(6).astype(np.float32)
+    a[:3] = [np.nan, np.inf, -np.inf]
+    b = np.where(rng.random(6) < 0.5, 0.0, rng.standard_normal(6) + 3).astype(np.float32)
+    try:
+        client.load_model("divide")
+        inputs = [triton.InferInput(name, [6], "FP32") for name in "ab"]
+        for tensor, value in zip(inputs, (a, b), strict=True):
+            tensor.set_data_from_numpy(value, binary_data=False)
+        result = client.infer("divide", inputs,
+                              outputs=[triton.InferRequestedOutput("y", binary_data=False)])
+        want = _in_process(state, "divide", {"a": a, "b": b})["y"]
+        assert not np.isfinite(want).all()
+        got = result.as_numpy("y")
+        np.testing.assert_array_equal(got, want)  # NaN where NaN, each infinity signed
+        assert "null" not in json.dumps(result.get_response())
+    finally:
+        client.unload_model("divide")
+        shutil.rmtree(folder.parent)
+
+
+@pytest.mark.parametrize(("said", "words"), [
+    ({"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, 256]}]},
+     "config input 'INPUT0': mlp has no such input (its inputs: x)"),
+    ({"output": {"name": "y"}}, "config output 'y': mlp has no such output (its outputs: logits)"),
+    ({"input": [{"name": "x", "data_type": "TYPE_INT64"}]},
+     "config input 'x': data_type TYPE_INT64, but the model's is TYPE_FP32"),
+    ({"input": [{"name": "x", "dims": [-1, 255]}]},
+     "config input 'x': dims [-1, 255], but the model's are [-1, 256]"),
+    ({"max_batch_size": 4, "input": [{"name": "x", "dims": [-1, 256]}]},
+     "config input 'x': dims [-1, 256], but the model's are [256]"),
+    ({"input": [{"data_type": "TYPE_FP32"}]}, "each input must be a message with a name"),
+])
+def test_config_tensors_the_model_lacks_are_refused(server, said, words):
+    """As Triton checks a configuration's inputs and outputs against the model: a name it
+    lacks, another data type or other dims refuse the load, and the model keeps serving."""
+    url, state = server
+    before = state.catalog.get("mlp")
+    status, message = error_of(call(f"{url}/v2/repository/models/mlp/load", "POST",
+                                    {"parameters": {"config": json.dumps(said)}}))
+    assert status == 400 and words in message, message
+    assert state.catalog.get("mlp") is before
+    assert before.network in state.host.networks()
+
+
+def test_config_tensors_that_match_load(server):
+    """The repository's mlp lists its tensors (-1 matching any size); a batching config
+    lists them without the batch dimension."""
+    url, state = server
+    said = {"max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32",
+                                            "dims": [256]}],
+            "output": [{"name": "logits", "dims": [-1]}]}
+    status, _, _ = call(f"{url}/v2/repository/models/mlp/load", "POST",
+                        {"parameters": {"config": json.dumps(said)}})
+    assert status == 200 and state.catalog.get("mlp").options.max_batch_size == 4
+    feeds = _feeds(state, "mlp", rows=3)
+    _assert_same(_infer(url, "mlp", feeds), _in_process(state, "mlp", feeds))
+    status, _, _ = call(f"{url}/v2/repository/models/mlp/load", "POST", {})
+    assert status == 200 and state.catalog.get("mlp").options.max_batch_size == 0
+
+
 def test_load_parameters_reload_beside_the_old_network(server):
     url, state = server
     before = state.catalog.get("transformer")

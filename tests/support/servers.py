@@ -34,7 +34,9 @@ def make_repository(root: Path) -> Path:
     shutil.copy(SAMPLES_DIR / "mlp.onnx", root / "mlp" / "1" / "model.onnx")
     (root / "mlp" / "config.pbtxt").write_text(
         'name: "mlp"  # Prism reads a few fields\nplatform: "onnxruntime_onnx"\n'
-        'parameters { key: "partition" value: { string_value: "memory" } }\n')
+        'parameters { key: "partition" value: { string_value: "memory" } }\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 256 ] } ]\n'
+        'output { name: "logits" data_type: TYPE_FP32 dims: [ -1, -1 ] }\n')
     for version in ("1", "3"):
         (root / "branchy" / version).mkdir(parents=True)
         shutil.copy(SAMPLES_DIR / "branchy.onnx", root / "branchy" / version / "model.onnx")
