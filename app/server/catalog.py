@@ -1,6 +1,7 @@
-"""The models a server serves: each public name -> the host network behind it, its version,
-file, load options and tensor metadata. Loads and unloads are blocking (run them off the
-event loop) and one at a time; lookups take no lock.
+"""The models a server serves: each public name and version -> the host network behind it,
+its file, load options and tensor metadata (the versions its version policy names). Loads
+and unloads are blocking (run them off the event loop) and one at a time; lookups take no
+lock.
 
 A reload loads the new network beside the old one (`mlp#2`), switches the name over, then
 removes the old network once its requests have ended (in the background if they take
@@ -15,7 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,8 +71,9 @@ class Served:
     def platform(self) -> str:
         return "prism_bundle" if self.source.suffix == ".prism" else "onnxruntime_onnx"
 
-    def metadata(self) -> dict:
-        return {"name": self.name, "versions": [self.version], "platform": self.platform,
+    def metadata(self, versions: list[str]) -> dict:
+        """Triton's model metadata; `versions`: every version of the model loaded."""
+        return {"name": self.name, "versions": versions, "platform": self.platform,
                 "inputs": [o.to_dict() for o in self.input_infos()],
                 "outputs": [o.to_dict() for o in self.outputs]}
 
@@ -95,7 +97,7 @@ class Served:
         config: dict = {
             "name": self.name, "platform": self.platform,
             "backend": "prism" if self.source.suffix == ".prism" else "onnxruntime",
-            "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": batch,
+            "version_policy": self.options.versions.to_config(), "max_batch_size": batch,
             "input": [t.config(bool(batch)) for t in self.input_infos()],
             "output": [t.config(bool(batch)) for t in self.outputs],
             "instance_group": [{"name": self.name, "count": self.replicas,
@@ -108,6 +110,11 @@ class Served:
                 "preferred_batch_size": list(self.options.preferred_batch_sizes),
                 "max_queue_delay_microseconds": round(self.options.max_queue_delay_ms * 1000)}
         return config
+
+
+def _versions_said(versions: Mapping[str, object]) -> str:
+    ordered = sorted(versions, key=int)
+    return f"version{'s' if len(ordered) > 1 else ''} {', '.join(ordered)}"
 
 
 def _check_loaded(name: str, graph: Graph, options: LoadOptions) -> None:
@@ -152,25 +159,35 @@ class Catalog:
     def __init__(self, host: HostManager, repository: ModelRepository | None = None):
         self.host = host
         self.repository = repository
-        self._served: dict[str, Served] = {}  # replaced whole, never changed in place
+        # name -> version -> what serves it; replaced whole, never changed in place
+        self._served: dict[str, dict[str, Served]] = {}
         self._by_network: dict[str, Served] = {}  # every network ever served: for metrics
         self._failed: dict[str, str] = {}  # name -> why its last load failed
         self._loading: set[str] = set()
         self._lock = threading.Lock()
         self._suffix = itertools.count(2)
+        # called with (model, version) once a version stops being served (unloaded, or
+        # dropped by its version policy): the server's metrics forget it, as Triton's do
+        self.on_gone: Callable[[str, str], None] = lambda model, version: None
 
     def get(self, name: str, version: str | None = None) -> Served:
-        served = self._served.get(name)
-        if served is None:
+        """The model's `version`, or its newest loaded one (Triton's default)."""
+        versions = self._served.get(name)
+        if versions is None:
             loaded = ", ".join(sorted(self._served)) or "none"
             raise NetworkNotFoundError(f"unknown model {name!r} (loaded: {loaded})")
-        if version is not None and version != served.version:
+        served = versions.get(max(versions, key=int) if version is None else version)
+        if served is None:
             raise NetworkNotFoundError(f"model {name!r} has no version {version!r} loaded "
-                                       f"(it serves version {served.version})")
+                                       f"(it serves {_versions_said(versions)})")
         return served
 
+    def versions(self, name: str) -> list[str]:
+        """The model's loaded versions, newest first."""
+        return sorted(self._served.get(name, {}), key=int, reverse=True)
+
     def served(self) -> list[Served]:
-        return list(self._served.values())
+        return [s for versions in self._served.values() for s in versions.values()]
 
     def of_network(self, network: str) -> Served | None:
         """The model a host network serves or served (events name networks)."""
@@ -184,15 +201,23 @@ class Catalog:
                                        f"repository (start it with --model-repository DIR)")
         entry = self.repository.get(name)
         options = load_options(entry.config, params)
-        version, path = entry.file(options.version)
-        return self.add(name, path, options, version)
+        wanted = options.versions.pick(name, entry.versions)
+        for version in wanted:
+            self.add(name, entry.versions[version], options, version)
+        with self._lock:  # versions the policy no longer names stop serving
+            versions = self._served.get(name, {})
+            dropped = [s for v, s in versions.items() if v not in wanted]
+            self._served = {**self._served, name: {v: s for v, s in versions.items()
+                                                   if v in wanted}}
+            for served in dropped:
+                self._retire(served.network, gone=served)
+        return self.get(name)
 
     def add(self, name: str, path: Path, options: LoadOptions, version: str = "1") -> Served:
         """Serve the model file at `path` under `name` (a reload if the name is served)."""
         with self._lock:
-            old = self._served.get(name)
-            if old is not None and (old.source, old.options, old.version) == (path, options,
-                                                                              version):
+            old = self._served.get(name, {}).get(version)
+            if old is not None and (old.source, old.options) == (path, options):
                 return old
             network = name  # never a name served before: a request that holds one
             while network in self._by_network or network in self.host.networks():
@@ -218,25 +243,34 @@ class Catalog:
                             tuple(dict.fromkeys((p.device, plan.device(p.device).backend)
                                                 for p in plan.partitions)))
             self._by_network[network] = served
-            self._served = {**self._served, name: served}
+            self._served = {**self._served, name: {**self._served.get(name, {}),
+                                                   version: served}}
             self._failed.pop(name, None)
             if old is not None:
                 self._retire(old.network)
             return served
 
-    def _retire(self, network: str) -> None:
+    def _retire(self, network: str, gone: Served | None = None) -> None:
         """Remove a network a reload replaced, once its requests have ended: here if they
-        end within UNLOAD_WAIT, else on a thread of its own (the reload is done)."""
+        end within UNLOAD_WAIT, else on a thread of its own (the reload is done). `gone`:
+        the version it served, no longer served at all."""
         try:
             self.host.remove_network(network, wait=True, timeout=UNLOAD_WAIT)
         except NetworkBusyError:
-            threading.Thread(target=self._drain, args=(network,), daemon=True,
+            threading.Thread(target=self._drain, args=(network, gone), daemon=True,
                              name=f"prism-drain-{network}").start()
+            return
+        self._forget(gone)
 
-    def _drain(self, network: str) -> None:
+    def _forget(self, gone: Served | None) -> None:
+        if gone is not None:
+            self.on_gone(gone.name, gone.version)
+
+    def _drain(self, network: str, gone: Served | None) -> None:
         while True:
             try:
                 self.host.remove_network(network, wait=True, timeout=UNLOAD_WAIT)
+                self._forget(gone)
                 return
             except NetworkBusyError:
                 log.warning("%s: requests to the replaced network still running", network)
@@ -247,27 +281,29 @@ class Catalog:
         """Stop serving `name` once its requests have ended (a name in the repository but
         not loaded is already unloaded)."""
         with self._lock:
-            served = self._served.get(name)
-            if served is None:
+            versions = self._served.get(name)
+            if versions is None:
                 if self.repository is None or name not in self.repository.names():
                     self.get(name)  # raises: unknown model
                 return
             self._served = {n: s for n, s in self._served.items() if n != name}
-            try:
-                self.host.remove_network(served.network, wait=True, timeout=UNLOAD_WAIT)
-            except NetworkBusyError as exc:
-                self._served = {**self._served, name: served}
-                raise in_public(exc, name) from None
+            for version, served in list(versions.items()):
+                try:
+                    self.host.remove_network(served.network, wait=True, timeout=UNLOAD_WAIT)
+                except NetworkBusyError as exc:
+                    self._served = {**self._served, name: versions}
+                    raise in_public(exc, name) from None
+                versions = {v: s for v, s in versions.items() if v != version}
+                self._forget(served)
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model in the repository or served, its state."""
         names = set(self._served) | set(self.repository.names() if self.repository else ())
         rows = []
         for name in sorted(names):
-            served = self._served.get(name)
-            if served is not None:
-                rows.append({"name": name, "version": served.version, "state": "READY",
-                             "reason": ""})
+            if name in self._served:
+                rows += [{"name": name, "version": version, "state": "READY", "reason": ""}
+                         for version in self.versions(name)]
             elif not ready_only:
                 state = "LOADING" if name in self._loading else "UNAVAILABLE"
                 rows.append({"name": name, "state": state,

@@ -2,7 +2,9 @@
 or a load request's "config" JSON, which replaces it) and the load request's own
 parameters, which win -> `HostManager.add_network` keywords.
 
-From the configuration: `max_batch_size` bounds every request's first dimension, and with
+From the configuration: `version_policy` picks the versions that load (the newest one by
+default; the load parameter `version` picks one), `max_batch_size` bounds every request's
+first dimension, and with
 `dynamic_batching` (`max_queue_delay_microseconds`, `preferred_batch_size`) turns on
 Prism's batching (the load parameter `max_batch_size` turns it on by itself), the
 `instance_group` counts are replicas, and `parameters` (`partition`, `devices`,
@@ -15,12 +17,12 @@ Triton's clients send them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from runtime.cost import COSTS
-from runtime.errors import PrismError
+from runtime.errors import NetworkNotFoundError, PrismError
 from runtime.partition.replicas import FILL
 
 PARAMETERS = ("partition", "devices", "replicas", "max_batch_size", "max_queue_delay_ms",
@@ -30,6 +32,58 @@ MODES = ("balanced", "memory")  # a user map would name a file: not over the net
 
 class LoadOptionError(PrismError):
     """A load parameter or configuration field Prism cannot use."""
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which of a model's versions load, Triton's `version_policy`: the `latest` `count`,
+    `all`, or the `specific` ones."""
+    kind: str = "latest"
+    count: int = 1
+    versions: tuple[str, ...] = ()
+
+    def pick(self, model: str, available: Collection[str]) -> list[str]:
+        """The versions to load, newest first."""
+        newest = sorted(available, key=int, reverse=True)
+        if self.kind == "all":
+            return newest
+        if self.kind == "latest":
+            return newest[:self.count]
+        missing = [v for v in self.versions if v not in available]
+        if missing:
+            raise NetworkNotFoundError(f"model {model!r} has no version {missing[0]!r} in the "
+                                       f"repository (it has {', '.join(newest)})")
+        return sorted(self.versions, key=int, reverse=True)
+
+    def to_config(self) -> dict[str, Any]:
+        if self.kind == "latest":
+            return {"latest": {"num_versions": self.count}}
+        if self.kind == "all":
+            return {"all": {}}
+        return {"specific": {"versions": [int(v) for v in self.versions]}}
+
+
+def _version_policy(value: Any) -> VersionPolicy:
+    """From a configuration's `version_policy` (JSON or pbtxt: one of latest, all,
+    specific)."""
+    if not isinstance(value, Mapping) or len(value) != 1 or \
+            next(iter(value)) not in ("latest", "all", "specific"):
+        raise LoadOptionError(f"config: version_policy {value!r} must be one of "
+                              f"{{latest: {{num_versions: N}}}}, {{all: {{}}}}, "
+                              f"{{specific: {{versions: [...]}}}}")
+    kind, body = next(iter(value.items()))
+    body = body if isinstance(body, Mapping) else {}
+    if kind == "latest":
+        return VersionPolicy(count=_whole(body.get("num_versions", 1),
+                                          "version_policy latest num_versions", 1))
+    if kind == "all":
+        return VersionPolicy("all")
+    versions = body.get("versions", [])
+    versions = versions if isinstance(versions, list) else [versions]
+    if not versions:
+        raise LoadOptionError("config: version_policy specific lists no versions")
+    return VersionPolicy("specific", versions=tuple(
+        str(_whole(v, "version_policy specific version", 1)) for v in versions))
 
 
 @dataclass(frozen=True)
@@ -44,7 +98,7 @@ class ConfigTensor:
 
 @dataclass(frozen=True)
 class LoadOptions:
-    version: str | None = None
+    versions: VersionPolicy = VersionPolicy()  # the load parameter `version`: that one
     partition: str = "balanced"
     devices: tuple[str, ...] | None = None
     replicas: int | str = 1
@@ -92,6 +146,8 @@ def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) ->
         groups = groups if isinstance(groups, list) else [groups]
         found["replicas"] = sum(_whole(g.get("count", 1), "instance_group count", 1)
                                 for g in groups if isinstance(g, Mapping))
+    if config.get("version_policy") is not None:
+        found["version_policy"] = _version_policy(config["version_policy"])
     found.update(_config_parameters(config.get("parameters")))
     found.update(params)
     if "max_batch_size" in params:
@@ -189,8 +245,11 @@ def _checked(found: dict[str, Any]) -> LoadOptions:
         if found["costs"] not in COSTS:
             raise LoadOptionError(f"costs {found['costs']!r}: use one of {', '.join(COSTS)}")
         options["costs"] = found["costs"]
+    if "version_policy" in found:
+        options["versions"] = found["version_policy"]
     if "version" in found:
-        options["version"] = str(_whole(found["version"], "version", 1))
+        options["versions"] = VersionPolicy("specific", versions=(
+            str(_whole(found["version"], "version", 1)),))
     return LoadOptions(**options)
 
 

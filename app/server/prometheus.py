@@ -23,6 +23,7 @@ import re
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -187,6 +188,18 @@ class ServerMetrics:
         elif kind == "bus.lost":
             self.lost.inc(ev["lost"])
             self._triton.pending.clear()  # some starts went missing: count afresh
+
+    def forget(self, model: str, version: str) -> None:
+        """Drop a version no longer served from Triton's families, as Triton does on
+        unload (the events it left are folded first)."""
+        self.catch_up()
+        with self._lock:
+            t = self._triton
+            counts: list[dict[tuple, Any]] = [*t.sums.values(), t.pending, t.failures,
+                                               t.rejected]
+            for count in counts:
+                for key in [k for k in count if k[:2] == (model, version)]:
+                    del count[key]
 
     def rejected(self, model: str, version: str, reason: str) -> None:
         """A request refused before it reached the host (queue full, bad input). Called

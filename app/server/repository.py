@@ -35,15 +35,6 @@ class Entry:
     versions: dict[str, Path]
     config: dict[str, Any] = field(default_factory=dict)
 
-    def file(self, version: str | None = None) -> tuple[str, Path]:
-        """The newest version (Triton's default policy), or the one asked for."""
-        if version is None:
-            version = max(self.versions, key=int)
-        if version not in self.versions:
-            raise NetworkNotFoundError(f"model {self.name!r} has no version {version!r} in "
-                                       f"the repository (it has {', '.join(self.versions)})")
-        return version, self.versions[version]
-
 
 class ModelRepository:
     def __init__(self, root: str | Path):

@@ -50,8 +50,10 @@ class ServerState:
             served = catalog.of_network(network)
             return None if served is None else (served.name, served.version, served.transfers)
 
-        return cls(host, catalog, ServerMetrics(host.bus, label), settings or ServerSettings(),
-                   EventLog(host.bus), RunThread(host))
+        metrics = ServerMetrics(host.bus, label)
+        catalog.on_gone = metrics.forget
+        return cls(host, catalog, metrics, settings or ServerSettings(), EventLog(host.bus),
+                   RunThread(host))
 
     def close(self) -> None:
         self.ready, self.closing = False, True

@@ -258,8 +258,12 @@ def test_index_load_and_unload(client, server):
     # mlp's config.pbtxt asked for memory mode
     assert state.host.plan(state.catalog.get("mlp").network).mode == "memory"
 
+    feeds = _feeds(state, "cnn")
+    _assert_same(_infer(url, "cnn", feeds), _in_process(state, "cnn", feeds))
+    assert metric(url, "nv_inference_request_success", model="cnn") >= 1
     client.unload_model("cnn")
     assert not client.is_model_ready("cnn")
+    assert metric(url, "nv_inference_count", model="cnn") == 0  # as Triton forgets it
     row = {r["name"]: r for r in client.get_model_repository_index()}["cnn"]
     assert row["state"] == "UNAVAILABLE"
     ready = json.loads(call(f"{url}/v2/repository/index", "POST", {"ready": True})[2])
@@ -379,6 +383,49 @@ def test_config_tensors_that_match_load(server):
     _assert_same(_infer(url, "mlp", feeds), _in_process(state, "mlp", feeds))
     status, _, _ = call(f"{url}/v2/repository/models/mlp/load", "POST", {})
     assert status == 200 and state.catalog.get("mlp").options.max_batch_size == 0
+
+
+def test_a_version_policy_serves_several_versions_side_by_side(client, server):
+    """branchy has versions 1 and 3. `all` serves both: each answers at its own URL,
+    metadata and the index list both, and a request without a version goes to the newest.
+    A narrower policy then stops the version it drops; a version the repository lacks
+    refuses the load."""
+    url, state = server
+
+    def load(policy: dict) -> tuple:
+        return call(f"{url}/v2/repository/models/branchy/load", "POST",
+                    {"parameters": {"config": json.dumps({"version_policy": policy})}})
+
+    assert load({"all": {}})[0] == 200
+    assert client.get_model_metadata("branchy")["versions"] == ["3", "1"]
+    assert client.get_model_config("branchy")["version_policy"] == {"all": {}}
+    rows = [(r["name"], r.get("version")) for r in client.get_model_repository_index()]
+    assert ("branchy", "1") in rows and ("branchy", "3") in rows
+    one, three = state.catalog.get("branchy", "1"), state.catalog.get("branchy", "3")
+    assert one.network != three.network and state.catalog.get("branchy") is three
+    feeds = _feeds(state, "branchy", rows=2)
+    for version, served in (("1", one), ("3", three)):
+        assert client.is_model_ready("branchy", version)
+        _assert_same(_infer(url, f"branchy/versions/{version}", feeds),
+                     state.host.run(served.network, feeds).result(WAIT))
+
+    def answered(version: str) -> float:
+        return metric(url, "nv_inference_request_success", model="branchy", version=version)
+
+    assert answered("1") >= 1 and answered("3") >= 1
+    assert load({"specific": {"versions": [1]}})[0] == 200  # a new config: a reload
+    assert client.get_model_metadata("branchy")["versions"] == ["1"]
+    now = state.catalog.get("branchy")
+    assert now.version == "1" and not client.is_model_ready("branchy", "3")
+    assert {one.network, three.network}.isdisjoint(state.host.networks())
+    assert answered("3") == 0 and answered("1") >= 1  # metrics forget a version dropped
+    _assert_same(_infer(url, "branchy", feeds), state.host.run(now.network, feeds).result(WAIT))
+    status, message = error_of(load({"specific": {"versions": [2]}}))
+    assert status == 404 and "no version '2'" in message, message
+    assert state.catalog.get("branchy") is now
+    assert call(f"{url}/v2/repository/models/branchy/load", "POST", {})[0] == 200
+    assert client.get_model_metadata("branchy")["versions"] == ["3"]
+    assert now.network not in state.host.networks() and answered("1") == 0
 
 
 def test_load_parameters_reload_beside_the_old_network(server):

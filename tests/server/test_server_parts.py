@@ -99,6 +99,28 @@ def test_a_triton_config_becomes_load_options():
     assert load_options(config, {"costs": "model"}).add_network()["costs"] == "model"
 
 
+@pytest.mark.parametrize(("text", "kind", "picked"), [
+    ("", "latest", ["7", "3"][:1]),
+    ("version_policy: { latest: { num_versions: 2 } }", "latest", ["7", "3"]),
+    ("version_policy { all { } }", "all", ["7", "3", "1"]),
+    ("version_policy: { specific: { versions: [1, 7] } }", "specific", ["7", "1"]),
+    ("version_policy: { specific { versions: 3 } }", "specific", ["3"])])
+def test_a_version_policy_picks_the_versions_that_load(text, kind, picked):
+    policy = load_options(parse(text), None).versions
+    assert policy.kind == kind and policy.pick("m", {"1", "3", "7"}) == picked
+    assert load_options({"version_policy": policy.to_config()}, None).versions == policy
+    # the load parameter `version` picks one, whatever the configuration says
+    assert load_options(parse(text), {"version": "3"}).versions.pick("m", {"1", "3"}) == ["3"]
+
+
+@pytest.mark.parametrize("policy", [{"newest": {}}, {"latest": {"num_versions": 0}},
+                                    {"specific": {"versions": []}}, "all",
+                                    {"all": {}, "latest": {}}])
+def test_a_bad_version_policy_is_refused(policy):
+    with pytest.raises(LoadOptionError, match="version_policy"):
+        load_options({"version_policy": policy}, None)
+
+
 @pytest.mark.parametrize("text", ['name: "x', "a { b: 1", "a: [1, 2", "{", "a:"])
 def test_a_broken_config_is_one_error(text):
     with pytest.raises(ConfigError, match=r"config\.pbtxt"):

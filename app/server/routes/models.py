@@ -23,7 +23,8 @@ def routes(state: ServerState) -> list[BaseRoute]:
         return state.catalog.get(params["model"], params.get("version"))
 
     async def metadata(request: Request) -> Response:
-        return json_response(served(request).metadata())
+        model = served(request)
+        return json_response(model.metadata(state.catalog.versions(model.name)))
 
     async def config(request: Request) -> Response:
         return json_response(served(request).config())
