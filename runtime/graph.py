@@ -24,6 +24,7 @@ from onnx import external_data_helper, helper, shape_inference
 from runtime.contrib_types import contrib_value_infos
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import FoldReport, fold_constants
+from runtime.run_sizes import run_sizes
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -352,6 +353,19 @@ def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: i
     return bound
 
 
+def _size_unknowns(tensors: dict[str, Tensor], bound: onnx.ModelProto) -> None:
+    """Node outputs shape inference left without a size: sized by a run (`run_sizes`)."""
+    unknown = [t for node in bound.graph.node for t in node.output if t and (
+        t not in tensors or tensors[t].shape is None or tensors[t].dtype is None)]
+    if not unknown:
+        return
+    for t, (dtype, shape) in run_sizes(bound, unknown).items():
+        old = tensors.get(t)
+        tensors[t] = Tensor(t, dtype.name, shape, old.dims if old else None,
+                            old.elem_type if old and old.elem_type else
+                            helper.np_dtype_to_tensor_dtype(dtype))
+
+
 def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                bindings: Mapping[str, int] | None = None, default_dim: int = 1,
                name: str | None = None, max_bytes: int | None = None, fold: bool = True
@@ -377,7 +391,8 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         model, report = fold_constants(model)
     bindings = dict(bindings or {})
     declared = _infer(model)
-    bound = _infer(_bound_model(model, bindings, default_dim))
+    bound_model = _bound_model(model, bindings, default_dim)
+    bound = _infer(bound_model)
     g = model.graph
     initializers = {t.name: t for t in g.initializer}
     tensors: dict[str, Tensor] = {}
@@ -393,6 +408,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         elem = elem or belem
         bound_shape = _bind(bdims if bdims is not None else dims, bindings, default_dim)
         tensors[tname] = Tensor(tname, _np_dtype(elem), bound_shape, dims, elem)
+    _size_unknowns(tensors, bound_model)
     nodes = []
     for i, proto in enumerate(g.node):
         reads = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]

@@ -125,6 +125,9 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         _check_placed_weights(graph, placement, devices)
         run_mode = memory_mode if mode == "memory" else balanced_mode
         options.append((order, why, seg, _attempt(lambda r: run_mode(seg, ordered, r))))
+        if isinstance(options[0][3], PartitionError) and mode == "memory":
+            # fill keeps the canonical sequence; balanced's split, in any, may fit instead
+            options.append((order, why, seg, _attempt(lambda r: balanced_mode(seg, ordered, r))))
         if not placement.unconstrained:
             alike = placement_order(graph, placement.allowed)
             regional = Segments(graph, costs, alike, placement.allowed)

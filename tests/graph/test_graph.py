@@ -355,3 +355,48 @@ def test_random_dag_models_run_in_onnxruntime(seed):
     width = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     outs = session.run(None, {"x": np.ones((3, width), np.float32)})
     assert all(o.shape[0] == 3 for o in outs)
+
+
+# ------------------------------------------------------------------------------------
+# Sizes shape inference cannot give
+# ------------------------------------------------------------------------------------
+def _loop_reading_outer_scope(width: int) -> onnx.ModelProto:
+    """A Loop whose body reads an outer tensor (as PyTorch's scripted loops do): onnx's
+    shape inference gives its output, and what reads it, no shape."""
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "w"], ["hw"]),
+         helper.make_node("Add", ["hw", "x"], ["s"]), helper.make_node("Tanh", ["s"], ["h_out"]),
+         helper.make_node("Identity", ["cond"], ["c"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h", f, ["batch", width])],
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", f, ["batch", width])])
+    weight = np.random.default_rng().standard_normal((width, width)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "go", "x"], ["looped"], body=body, name="loop"),
+         helper.make_node("Relu", ["looped"], ["y"], name="relu")], "outer_scope_loop",
+        [helper.make_tensor_value_info("x", f, ["batch", width]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", f, ["batch", width])],
+        [numpy_helper.from_array(np.array(True), "go"), numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_tensor_inference_leaves_unsized_is_sized_by_a_run():
+    """Unsized, the loop's output would cost nothing to copy between devices or to hold:
+    one onnxruntime run at the bound shapes sizes it, and a cut there pays its bytes."""
+    from runtime.devices import parse_devices
+    from runtime.partition import partition
+
+    rng = np.random.default_rng()
+    batch, width = int(rng.integers(2, 9)), int(rng.integers(4, 33))
+    g = load_graph(_loop_reading_outer_scope(width), bindings={"batch": batch})
+    assert g.tensors["looped"].dims is None, "inference sized it: the test needs it unsized"
+    assert g.tensors["looped"].shape == (batch, width)
+    assert g.tensor_bytes("looped") == batch * width * 4
+    plan = partition(g, parse_devices("cpu:2"), "user",
+                     user_map={"partitions": {"a": "cpu0", "b": "cpu1"},
+                               "nodes": {"loop": "a", "relu": "b"}})
+    assert [(t.tensor, t.bytes) for t in plan.transfers] == [("looped", batch * width * 4)]

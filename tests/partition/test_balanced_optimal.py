@@ -185,3 +185,18 @@ def test_too_many_states_keep_the_canonical_sequence(seed, monkeypatch):
         names = [d.name for d in canon]
         assert [names.index(d) for d in on] == sorted(names.index(d) for d in on)
         assert close(plan.bottleneck_seconds, best)
+
+
+def test_memory_fits_where_filling_the_canonical_sequence_does_not():
+    """The roomier accelerators come first in canonical sequence but cannot run the stem:
+    filling skips them for good and runs out of cpus. A split in another sequence fits,
+    and memory mode takes it rather than fail."""
+    width, blocks = 64, 7
+    graph = load_graph(matmul_chain(width, blocks, seed=1))
+    block = width * width * 4
+    devices = [DeviceConfig(name=f"cpu{i}", memory_bytes=int(2.5 * block)) for i in range(2)] + [
+        DeviceConfig(name=f"npu{i}", backend="sim", memory_bytes=int(3.5 * block),
+                     supported_ops=frozenset({"MatMul", "Relu"})) for i in range(2)]
+    plan = partition(graph, devices, "memory")
+    on = [p.device for p in plan.partitions]
+    assert on[0].startswith("cpu") and on[-1].startswith("cpu") and len(set(on)) == 4, on

@@ -1,0 +1,62 @@
+"""Sizes shape inference cannot give, read from one onnxruntime run of the model.
+
+    sizes = run_sizes(bound_model, ["/Loop_output_0"])   # name -> (dtype, shape)
+
+Outputs of a `Loop` or `Scan`, of ops from other domains, of a `Reshape` to a computed
+shape: shape inference leaves some tensors without a shape, and a tensor of unknown
+size would cost nothing to copy between devices or to hold. The model (its inputs bound
+to the shapes the graph is costed at) runs once on made-up inputs with those tensors as
+extra outputs: floats drawn from a normal distribution, integers and booleans 1 (a valid
+index into any table of two rows, and a loop that runs once), strings empty. A model
+that cannot run so (an input of no fixed shape or type, a kernel that refuses the values)
+gives no sizes, and its unknown tensors stay unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+
+def _feed(value: onnx.ValueInfoProto, rng: np.random.Generator) -> np.ndarray | None:
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape") or any(
+            not d.HasField("dim_value") for d in tensor.shape.dim):
+        return None
+    shape = tuple(d.dim_value for d in tensor.shape.dim)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iub":
+        return np.ones(shape, dtype)
+    return np.full(shape, "", dtype=object) if dtype.kind in "OU" else None
+
+
+def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0
+              ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """(dtype, shape) of each of `names` (top-level node outputs) that holds numbers, in
+    one run of `model`, whose inputs have fixed shapes; {} if it cannot run."""
+    rng = np.random.default_rng(seed)
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {v.name: _feed(v, rng) for v in model.graph.input if v.name not in initializers}
+    if any(f is None for f in feeds.values()):
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    import onnxruntime as ort  # here: loading a graph whose sizes are all known needs none
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the added outputs make onnxruntime talk
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        values = session.run(list(names), feeds)
+    except Exception:
+        return {}
+    return {n: (v.dtype, v.shape) for n, v in zip(names, values, strict=True)
+            if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
