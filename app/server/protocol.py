@@ -10,7 +10,8 @@ class; `protocol(limits)` makes it):
   arrives), as nginx's client_header_timeout and client_body_timeout: a request that
   overstays is answered 408 and its connection closed;
 - a connection cap: a request on a connection over it is answered 503, and the
-  connection closed.
+  connection closed; a health probe (`/v2/health/live`, `/ready`) is answered still, so
+  an orchestrator does not restart a server for being busy.
 
 A request pays two clock reads for the timeouts, no timer: the server's tick looks over
 the connections (`sweep`, from `runner.PrismServer`). `Connection.refuse` also answers
@@ -30,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.server.errors import error_response
+from app.server.guard import HEALTH_PATHS
 
 _IDLE, _HEADERS, _BODY = 0, 1, 2  # what a connection waits for from its client
 
@@ -61,9 +63,11 @@ class Connection(HttpToolsProtocol):
         super().connection_made(transport)
         self.phase, self.since = _HEADERS, time.monotonic()
         if len(self.connections) > self.limits.max_connections:
-            self.app = self._over_cap  # its request is read, then refused
+            self._app, self.app = self.app, self._over_cap  # its request is read, then refused
 
     async def _over_cap(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in HEALTH_PATHS:
+            return await self._app(scope, receive, send)
         await error_response(503, f"the server has {self.limits.max_connections} connections "
                                   f"open, its limit; retry later",
                              {"connection": "close"})(scope, receive, send)

@@ -451,14 +451,18 @@ def test_half_sent_requests_are_answered_408_and_closed():
         assert time.monotonic() - start < 3.0
 
 
-def test_connections_over_the_cap_are_answered_503():
+def test_connections_over_the_cap_are_answered_503_but_health_probes():
     limits = Limits(max_connections=8)
     with serving("cpu:1", files=(("mlp", MLP),), limits=limits) as (url, _):
         port = port_of(url)
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(8)]
-        status, message = json_error(raw(port, b"GET /v2/health/live HTTP/1.1\r\n"
+        status, message = json_error(raw(port, b"GET /v2/models/mlp HTTP/1.1\r\n"
                                                b"Host: x\r\n\r\n"))
         assert status == 503 and "8 connections" in message, message
+        for probe in (b"live", b"ready"):  # an orchestrator must not restart a busy server
+            answer = raw(port, b"GET /v2/health/" + probe + b" HTTP/1.1\r\nHost: x\r\n"
+                         b"Connection: close\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
         for sock in idle:
             sock.close()
         assert poll(lambda: call(f"{url}/v2/health/live")[0] == 200, WAIT, 0.05)
