@@ -21,10 +21,10 @@ whose compute alone exceeds a known feasible bottleneck (from greedy fill or an 
 split) cannot be on an optimal path and are skipped, so each row scans about
 n / devices starts, not n.
 
-The states number the product of (class size + 1). Past MAX_CELLS states times nodes
-(a dozen devices that all differ, on a thousand nodes) the devices keep their canonical
-sequence instead, each one optional: state j is "the first j devices considered",
-reached from any earlier one.
+The states number the product of (class size + 1). Past MAX_CELLS states times nodes,
+or MAX_WORK states times classes times nodes (a dozen devices that all differ, on a
+thousand nodes) the devices keep their canonical sequence instead, each one optional:
+state j is "the first j devices considered", reached from any earlier one.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from runtime.partition.record import Recorder, Steps, finish
 from runtime.partition.segments import Segments
 from runtime.units import human_bytes, human_seconds
 
-MAX_CELLS = 1 << 22  # states x positions the free-sequence programme may hold
+MAX_CELLS = 1 << 22  # states x positions the free-sequence programme may hold...
+MAX_WORK = 1 << 24  # ... and states x classes x positions it may visit
 
 
 def _even_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split | None:
@@ -104,7 +105,8 @@ class _States:
 def _states(classes: list[tuple[int, int]], n: int) -> _States:
     sizes = [i1 - i0 for i0, i1 in classes]
     count = math.prod(s + 1 for s in sizes)
-    if count * (n + 1) <= MAX_CELLS:  # state: devices used per class, in mixed radix
+    if count * (n + 1) <= MAX_CELLS and count * len(sizes) * (n + 1) <= MAX_WORK:
+        # state: devices used per class, in mixed radix
         index = np.arange(count)
         strides = np.cumprod([1, *[s + 1 for s in sizes[:-1]]])
         per_class = [index // stride % (size + 1) for stride, size in zip(strides, sizes,

@@ -166,7 +166,7 @@ def test_balanced_puts_the_body_on_accelerators_between_cpu_ends(seed):
 def test_too_many_states_keep_the_canonical_sequence(seed, monkeypatch):
     """Past its state budget, balanced splits over the devices in canonical sequence,
     each one optional, and is exactly as good as the best such split."""
-    monkeypatch.setattr(balanced, "MAX_CELLS", 0)
+    monkeypatch.setattr(balanced, "MAX_WORK", 0)
     r = Rand(2000 + seed)
     graph = load_graph(random_dag_model(r, r.int(2, 12)))
     devices = random_devices(r, total_bytes(graph), max_devices=4,
