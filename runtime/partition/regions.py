@@ -27,13 +27,15 @@ Consecutive regions on one device form one partition; a device may hold several.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.greedy import Split
-from runtime.partition.liveness import peak_activation_bytes, weight_bytes
+from runtime.partition.liveness import weight_bytes
+from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.record import Recorder, Steps
 from runtime.partition.segments import Segments
 from runtime.units import human_seconds
@@ -67,6 +69,14 @@ def _regions(seg: Segments) -> list[tuple[int, int, frozenset[str]]]:
         else:
             out.append((i, i + 1, allowed))
     return out
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A stretch of the order a device holds, as the memory plan reads a partition."""
+    name: str
+    device: str
+    nodes: tuple[str, ...]
 
 
 class _Devices:
@@ -108,9 +118,12 @@ class _Devices:
         parts.append((a, b))
         if sum(self.seg.touched_bytes(x, y) for x, y in parts) <= device.memory_bytes:
             return True  # even counting every byte touched, it fits
-        graph, nodes = self.seg.graph, self.seg.nodes
-        need = sum(weight_bytes(graph, nodes[x:y]) for x, y in parts) + max(
-            peak_activation_bytes(graph, nodes[x:y]) for x, y in parts)
+        graph, order = self.seg.graph, self.seg.order
+        # as the plan will count it: each part's weights, and the device's arena, where
+        # a tensor kept from one of its parts to a later one counts while it waits
+        held = [_Part(str(i), device.name, tuple(order[x:y])) for i, (x, y) in enumerate(parts)]
+        need = sum(weight_bytes(graph, self.seg.nodes[x:y]) for x, y in parts) + \
+            device_peak_bytes(held, graph, device.name)
         return need <= device.memory_bytes
 
     def take(self, a: int, b: int, device: DeviceConfig, merge: bool) -> float:

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from runtime.cost import CostModel
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PartitionError
 from runtime.graph import Graph, load_graph
@@ -28,6 +29,11 @@ from runtime.partition import (
     partition_steps,
     replay,
 )
+from runtime.partition.build import build_plan
+from runtime.partition.placement import place, read_annotations
+from runtime.partition.record import Recorder, finish
+from runtime.partition.regions import STYLES, placement_order, region_split
+from runtime.partition.segments import Segments
 from runtime.partition.steps import STEP_KINDS
 from tests.partition.test_memory_plan import brute_force
 from tests.support.dags import (
@@ -483,3 +489,30 @@ def test_single_node_graph_on_many_devices(mode):
     devices = parse_devices("cpu:3,sim:5")
     plan = check_mode(graph, devices, mode)
     assert plan is not None and len(plan.partitions) == 1
+
+
+@pytest.mark.parametrize("seed", range(200, 260))
+def test_region_splits_fit_their_devices_as_the_plan_counts_memory(seed):
+    """Region splits check room as the plan will count it: a tensor a device keeps from
+    one of its stretches to a later one holds memory while it waits (counted apart, such
+    a split was rejected whole at validation, or worse, kept no plan at all)."""
+    r = Rand(seed)
+    graph = load_graph(random_dag_model(r, r.int(6, 24)))
+    devices = random_devices(r, total_bytes(graph), max_devices=4,
+                             ops=sorted({n.op_type for n in graph.nodes}),
+                             floor=biggest_node(graph))
+    try:
+        allowed = place(graph, devices, read_annotations(None)).allowed
+    except PartitionError:
+        return
+    costs = CostModel.roofline(graph)
+    seg = Segments(graph, costs, placement_order(graph, allowed), allowed)
+    for style in STYLES:
+        try:
+            split = finish(region_split(seg, canonical_devices(devices), style, Recorder()))
+        except PartitionError:
+            continue
+        groups = [(f"p{i}", d.name, seg.order[a:b]) for i, (a, b, d) in enumerate(split)]
+        held = build_plan(graph, costs, devices, groups, mode="balanced",
+                          order=seg.order).device_memory()
+        assert all(held[d.name] <= d.memory_bytes for d in devices), (style, held)
