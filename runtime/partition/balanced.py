@@ -9,7 +9,8 @@ the first b nodes on the devices counted in s:
 
     F[s, b] = min over classes c used in s, starts a < b of max(F[s - c, a], time_c(a, b))
 
-and the plan is the best F[s, n] over every s (every device used: the full state).
+and the plan is the best F[s, n] over every s (with `every`, the full state: each device
+used).
 time_c(a, b) is the segment's compute on the class's device plus its end of the copies
 in and out (bytes and count, each copy `link_latency + bytes / link_bandwidth`; copies
 out are free for a device working in host memory, `cost.sends_over_link`). For each b
