@@ -27,7 +27,7 @@ from benchmarks.clients import asyncio_rate, threads_rate
 from benchmarks.common import result
 from benchmarks.exports import legacy_bert, legacy_bert_feeds
 from runtime.cost.cache import CACHE_ENV
-from runtime.devices import DeviceConfig
+from runtime.devices import DeviceConfig, parse_devices
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.observe.metrics import Metrics
@@ -151,6 +151,23 @@ def bound_gaps(quick: bool) -> list[dict]:
     return out
 
 
+MIXED = "cpu:2,sim:4:mem=2MB:ops=Conv+Gemm+MatMul+Relu+Add"  # accelerators run a few ops
+
+
+def mixed_gaps(quick: bool) -> list[dict]:
+    """The plan's bottleneck over its lower bound on cpus and op-limited accelerators: the
+    cpus take what the accelerators cannot run, or what does not fit them."""
+    out = []
+    for name in SAMPLES:
+        graph = load_graph(ROOT / "sample_models" / f"{name}.onnx", name=name)
+        plan = plan_network(graph, parse_devices(MIXED))[1]
+        used = sorted({p.device for p in plan.partitions})
+        out.append(result(f"{name} on {MIXED}: plan over its lower bound", 1 + plan.gap, "x",
+                          "reported", True, f"{len(plan.partitions)} partitions on "
+                          f"{', '.join(used)}"))
+    return out
+
+
 def estimates(quick: bool) -> list[dict]:
     """On exports the repository never had, over 2 one-thread cpu devices, balanced with
     default settings: each partition's estimate against its median run time under
@@ -259,8 +276,8 @@ def run(quick: bool = False) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="prism-bench-cache-") as cache:
         os.environ[CACHE_ENV] = cache  # a first load measures, as a new user's would
         try:
-            return [*bound_gaps(quick), *estimates(quick), *by_callers(quick),
-                    *calibration(quick), *replicas_auto(quick)]
+            return [*bound_gaps(quick), *mixed_gaps(quick), *estimates(quick),
+                    *by_callers(quick), *calibration(quick), *replicas_auto(quick)]
         finally:
             if previous is None:
                 os.environ.pop(CACHE_ENV, None)
