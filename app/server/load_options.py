@@ -93,7 +93,7 @@ class ConfigTensor:
     kind: str  # "input" or "output"
     name: str
     data_type: str | None
-    dims: tuple[int, ...] | None
+    dims: tuple[int, ...] | None  # None: not said, or said of a `reshape`d tensor
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,8 @@ def _config_tensors(config: Mapping[str, Any]) -> tuple[ConfigTensor, ...]:
         for entry in entries if isinstance(entries, list) else [entries]:
             if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
                 raise LoadOptionError(f"config: each {kind} must be a message with a name")
-            dims = entry.get("dims")
+            # with `reshape`, Triton reshapes to the model's shape: dims may differ from it
+            dims = None if entry.get("reshape") is not None else entry.get("dims")
             if dims is not None:
                 dims = dims if isinstance(dims, list) else [dims]
                 dims = tuple(_whole(d, f"config {kind} {entry['name']!r} dims", -1)

@@ -371,11 +371,11 @@ def test_config_tensors_the_model_lacks_are_refused(server, said, words):
 
 def test_config_tensors_that_match_load(server):
     """The repository's mlp lists its tensors (-1 matching any size); a batching config
-    lists them without the batch dimension."""
+    lists them without the batch dimension, and dims with a `reshape` are the config's."""
     url, state = server
     said = {"max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32",
                                             "dims": [256]}],
-            "output": [{"name": "logits", "dims": [-1]}]}
+            "output": [{"name": "logits", "dims": [2, 5], "reshape": {"shape": [10]}}]}
     status, _, _ = call(f"{url}/v2/repository/models/mlp/load", "POST",
                         {"parameters": {"config": json.dumps(said)}})
     assert status == 200 and state.catalog.get("mlp").options.max_batch_size == 4
