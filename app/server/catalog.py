@@ -13,17 +13,19 @@ an error (`errors.in_public`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from app.server.errors import in_public
-from app.server.load_options import LoadOptionError, LoadOptions, load_options
+from app.server.load_options import ConfigTensor, LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
 from app.server.tensors import TensorError, datatype
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
@@ -75,7 +77,7 @@ class Served:
         """Triton's model metadata; `versions`: every version of the model loaded."""
         return {"name": self.name, "versions": versions, "platform": self.platform,
                 "inputs": [o.to_dict() for o in self.input_infos()],
-                "outputs": [o.to_dict() for o in self.outputs]}
+                "outputs": [o.to_dict() for o in self.output_infos()]}
 
     def check_rows(self, feeds: Mapping[str, np.ndarray]) -> None:
         """With max_batch_size but no dynamic batcher (which says so itself), a request's
@@ -88,7 +90,52 @@ class Served:
                                   f"max_batch_size {limit}")
 
     def input_infos(self) -> list[TensorInfo]:
-        return [_info(s.name, s.dtype, s.dims) for s in self.inputs]
+        return [self._said(_info(s.name, s.dtype, s.dims)) for s in self.inputs]
+
+    def output_infos(self) -> list[TensorInfo]:
+        return [self._said(t) for t in self.outputs]
+
+    def _said(self, info: TensorInfo) -> TensorInfo:
+        """As the client sees it: a reshaped tensor has the configuration's dims."""
+        for t in (*self._reshapes["input"], *self._reshapes["output"]):
+            if t.name == info.name and t.dims is not None:
+                batch = [-1] if self.options.max_batch_size else []
+                return replace(info, shape=[*batch, *t.dims])
+        return info
+
+    def to_model(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Feeds in the model's shapes: each input a configuration reshapes, reshaped."""
+        return self._reshaped(feeds, "input")
+
+    def to_client(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs in the configuration's dims, where it reshapes them."""
+        return self._reshaped(outputs, "output")
+
+    @functools.cached_property
+    def _reshapes(self) -> dict[str, list[ConfigTensor]]:
+        out: dict[str, list[ConfigTensor]] = {"input": [], "output": []}
+        for t in self.options.tensors:
+            if t.reshape is not None and t.dims is not None:
+                out[t.kind].append(t)
+        return out
+
+    def _reshaped(self, tensors: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
+        reshapes = self._reshapes[kind]
+        if not reshapes:
+            return tensors  # the same dict: nothing to do on the hot path
+        out = dict(tensors)
+        for t in reshapes:
+            if t.name not in out or t.dims is None or t.reshape is None:
+                continue
+            value = np.asarray(out[t.name])
+            target = t.reshape if kind == "input" else t.dims
+            batch = value.shape[:1] if self.options.max_batch_size and value.ndim else ()
+            try:
+                out[t.name] = value.reshape((*batch, *target))
+            except ValueError:
+                raise TensorError(f"{kind} {t.name!r}: shape {list(value.shape)} does not "
+                                  f"reshape to {[*batch, *target]}") from None
+        return out
 
     def config(self) -> dict:
         """The model configuration, as Triton answers `GET /v2/models/M/config`."""
@@ -99,7 +146,7 @@ class Served:
             "backend": "prism" if self.source.suffix == ".prism" else "onnxruntime",
             "version_policy": self.options.versions.to_config(), "max_batch_size": batch,
             "input": [t.config(bool(batch)) for t in self.input_infos()],
-            "output": [t.config(bool(batch)) for t in self.outputs],
+            "output": [t.config(bool(batch)) for t in self.output_infos()],
             "instance_group": [{"name": self.name, "count": self.replicas,
                                 "kind": "KIND_CPU" if kinds == {"cpu"} else "KIND_MODEL"}],
             "default_model_filename": self.source.name,
@@ -138,11 +185,16 @@ def _check_loaded(name: str, graph: Graph, options: LoadOptions) -> None:
         if said.data_type is not None and said.data_type != entry["data_type"]:
             raise LoadOptionError(f"config {said.kind} {said.name!r}: data_type "
                                   f"{said.data_type}, but the model's is {entry['data_type']}")
-        dims = entry["dims"]
-        if said.dims is not None and (len(said.dims) != len(dims) or any(
-                a != b and -1 not in (a, b) for a, b in zip(said.dims, dims, strict=True))):
-            raise LoadOptionError(f"config {said.kind} {said.name!r}: dims {list(said.dims)}, "
+        dims, shape = entry["dims"], said.dims if said.reshape is None else said.reshape
+        if shape is not None and (len(shape) != len(dims) or any(
+                a != b and -1 not in (a, b) for a, b in zip(shape, dims, strict=True))):
+            what = "dims" if said.reshape is None else "reshape shape"
+            raise LoadOptionError(f"config {said.kind} {said.name!r}: {what} {list(shape)}, "
                                   f"but the model's are {dims}")
+        if said.reshape is not None and said.dims is not None and -1 not in (
+                *said.dims, *said.reshape) and math.prod(said.dims) != math.prod(said.reshape):
+            raise LoadOptionError(f"config {said.kind} {said.name!r}: dims {list(said.dims)} "
+                                  f"do not reshape to {list(said.reshape)}")
 
 
 def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> TensorInfo:

@@ -93,7 +93,8 @@ class ConfigTensor:
     kind: str  # "input" or "output"
     name: str
     data_type: str | None
-    dims: tuple[int, ...] | None  # None: not said, or said of a `reshape`d tensor
+    dims: tuple[int, ...] | None  # None: not said
+    reshape: tuple[int, ...] | None = None  # the model's shape, the client's being `dims`
 
 
 @dataclass(frozen=True)
@@ -162,16 +163,23 @@ def _config_tensors(config: Mapping[str, Any]) -> tuple[ConfigTensor, ...]:
         for entry in entries if isinstance(entries, list) else [entries]:
             if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
                 raise LoadOptionError(f"config: each {kind} must be a message with a name")
-            # with `reshape`, Triton reshapes to the model's shape: dims may differ from it
-            dims = None if entry.get("reshape") is not None else entry.get("dims")
-            if dims is not None:
-                dims = dims if isinstance(dims, list) else [dims]
-                dims = tuple(_whole(d, f"config {kind} {entry['name']!r} dims", -1)
-                             for d in dims)
+            what = f"config {kind} {entry['name']!r}"
+            dims = _dims(entry.get("dims"), f"{what} dims")
+            reshape = entry.get("reshape")
+            if reshape is not None:
+                if not isinstance(reshape, Mapping) or dims is None:
+                    raise LoadOptionError(f"{what}: reshape must be {{shape: [...]}}, with dims")
+                reshape = _dims(reshape.get("shape", []), f"{what} reshape shape")
             data_type = entry.get("data_type")
             out.append(ConfigTensor(kind, entry["name"], None if data_type is None
-                                    else str(data_type), dims))
+                                    else str(data_type), dims, reshape))
     return tuple(out)
+
+
+def _dims(value: Any, what: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    return tuple(_whole(d, what, -1) for d in (value if isinstance(value, list) else [value]))
 
 
 def _json_config(text: Any) -> dict[str, Any]:

@@ -369,18 +369,30 @@ def test_config_tensors_the_model_lacks_are_refused(server, said, words):
     assert before.network in state.host.networks()
 
 
-def test_config_tensors_that_match_load(server):
+def test_config_tensors_that_match_load(client, server):
     """The repository's mlp lists its tensors (-1 matching any size); a batching config
-    lists them without the batch dimension, and dims with a `reshape` are the config's."""
+    lists them without the batch dimension. With `reshape`, the client's tensors have the
+    config's dims and the model's the reshape's shape, both ways, as Triton has it."""
     url, state = server
-    said = {"max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32",
-                                            "dims": [256]}],
-            "output": [{"name": "logits", "dims": [2, 5], "reshape": {"shape": [10]}}]}
+    said = {"max_batch_size": 4,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [16, 16],
+                       "reshape": {"shape": [256]}}],
+            "output": [{"name": "logits", "dims": [2, 5], "reshape": {"shape": [-1]}}]}
     status, _, _ = call(f"{url}/v2/repository/models/mlp/load", "POST",
                         {"parameters": {"config": json.dumps(said)}})
     assert status == 200 and state.catalog.get("mlp").options.max_batch_size == 4
-    feeds = _feeds(state, "mlp", rows=3)
-    _assert_same(_infer(url, "mlp", feeds), _in_process(state, "mlp", feeds))
+    meta = {t["name"]: t["shape"] for t in (*client.get_model_metadata("mlp")["inputs"],
+                                             *client.get_model_metadata("mlp")["outputs"])}
+    assert meta == {"x": [-1, 16, 16], "logits": [-1, 2, 5]}
+    x = np.random.default_rng().standard_normal((3, 16, 16)).astype(np.float32)
+    want = _in_process(state, "mlp", {"x": x.reshape(3, 256)})["logits"]
+    _assert_same(_infer(url, "mlp", {"x": x}), {"logits": want.reshape(3, 2, 5)})
+    for bad, words in ((dict(said["input"][0], dims=[16, 15]), "do not reshape to [256]"),
+                       (dict(said["input"][0], reshape={"shape": [255]}),
+                        "reshape shape [255], but the model's are [256]")):
+        status, message = error_of(call(f"{url}/v2/repository/models/mlp/load", "POST", {
+            "parameters": {"config": json.dumps(dict(said, input=[bad]))}}))
+        assert status == 400 and words in message, message
     status, _, _ = call(f"{url}/v2/repository/models/mlp/load", "POST", {})
     assert status == 200 and state.catalog.get("mlp").options.max_batch_size == 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from dataclasses import replace
 
 import numpy as np
 from starlette.exceptions import HTTPException
@@ -60,11 +61,14 @@ class Infer:
             parsed = await maybe_offload(size, parse_infer, body, header, served.inputs)
             check_outputs(served.name, parsed, [o.name for o in served.outputs])
             served.check_rows(parsed.feeds)
+            if (feeds := served.to_model(parsed.feeds)) is not parsed.feeds:
+                parsed = replace(parsed, feeds=feeds)
             try:
                 outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
                                     parsed.timeout, large=large)
             except NetworkNotFoundError:
                 served, outputs = await self._after_reload(served, version, parsed, large)
+            outputs = served.to_client(outputs)
         except Exception as exc:
             if isinstance(exc, TensorError | InvalidInputError | QueueFullError):
                 reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
