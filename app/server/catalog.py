@@ -90,14 +90,14 @@ class Served:
                                   f"max_batch_size {limit}")
 
     def input_infos(self) -> list[TensorInfo]:
-        return [self._said(_info(s.name, s.dtype, s.dims)) for s in self.inputs]
+        return [self._said(_info(s.name, s.dtype, s.dims), "input") for s in self.inputs]
 
     def output_infos(self) -> list[TensorInfo]:
-        return [self._said(t) for t in self.outputs]
+        return [self._said(t, "output") for t in self.outputs]
 
-    def _said(self, info: TensorInfo) -> TensorInfo:
+    def _said(self, info: TensorInfo, kind: str) -> TensorInfo:
         """As the client sees it: a reshaped tensor has the configuration's dims."""
-        for t in (*self._reshapes["input"], *self._reshapes["output"]):
+        for t in self._reshapes[kind]:
             if t.name == info.name and t.dims is not None:
                 batch = [-1] if self.options.max_batch_size else []
                 return replace(info, shape=[*batch, *t.dims])
