@@ -21,18 +21,24 @@ import onnx
 from onnx import helper
 
 
+def made_up(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator,
+            whole: int) -> np.ndarray | None:
+    """A made-up tensor: floats from a normal distribution, integers and booleans `whole`,
+    strings empty; None for any other kind."""
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iub":
+        return np.full(shape, whole, dtype)
+    return np.full(shape, "", dtype=object) if dtype.kind in "OU" else None
+
+
 def _feed(value: onnx.ValueInfoProto, rng: np.random.Generator) -> np.ndarray | None:
     tensor = value.type.tensor_type
     if not value.type.HasField("tensor_type") or not tensor.HasField("shape") or any(
             not d.HasField("dim_value") for d in tensor.shape.dim):
         return None
     shape = tuple(d.dim_value for d in tensor.shape.dim)
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind in "iub":
-        return np.ones(shape, dtype)
-    return np.full(shape, "", dtype=object) if dtype.kind in "OU" else None
+    return made_up(np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)), shape, rng, 1)
 
 
 def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0

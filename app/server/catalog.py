@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from app.server.errors import in_public
-from app.server.load_options import ConfigTensor, LoadOptionError, LoadOptions, load_options
+from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
 from app.server.tensors import TensorError, datatype
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
@@ -97,11 +97,11 @@ class Served:
 
     def _said(self, info: TensorInfo, kind: str) -> TensorInfo:
         """As the client sees it: a reshaped tensor has the configuration's dims."""
-        for t in self._reshapes[kind]:
-            if t.name == info.name and t.dims is not None:
-                batch = [-1] if self.options.max_batch_size else []
-                return replace(info, shape=[*batch, *t.dims])
-        return info
+        reshaped = self._reshapes[kind].get(info.name)
+        if reshaped is None:
+            return info
+        return replace(info, shape=[*([-1] if self.options.max_batch_size else []),
+                                    *reshaped[0]])
 
     def to_model(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Feeds in the model's shapes: each input a configuration reshapes, reshaped."""
@@ -112,11 +112,13 @@ class Served:
         return self._reshaped(outputs, "output")
 
     @functools.cached_property
-    def _reshapes(self) -> dict[str, list[ConfigTensor]]:
-        out: dict[str, list[ConfigTensor]] = {"input": [], "output": []}
+    def _reshapes(self) -> dict[str, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]]:
+        """kind -> tensor -> (the client's dims, the model's shape), where reshaped."""
+        out: dict[str, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
+            "input": {}, "output": {}}
         for t in self.options.tensors:
             if t.reshape is not None and t.dims is not None:
-                out[t.kind].append(t)
+                out[t.kind][t.name] = (t.dims, t.reshape)
         return out
 
     def _reshaped(self, tensors: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
@@ -124,16 +126,16 @@ class Served:
         if not reshapes:
             return tensors  # the same dict: nothing to do on the hot path
         out = dict(tensors)
-        for t in reshapes:
-            if t.name not in out or t.dims is None or t.reshape is None:
+        for name, (dims, shape) in reshapes.items():
+            if name not in out:
                 continue
-            value = np.asarray(out[t.name])
-            target = t.reshape if kind == "input" else t.dims
+            value = np.asarray(out[name])
+            target = shape if kind == "input" else dims
             batch = value.shape[:1] if self.options.max_batch_size and value.ndim else ()
             try:
-                out[t.name] = value.reshape((*batch, *target))
+                out[name] = value.reshape((*batch, *target))
             except ValueError:
-                raise TensorError(f"{kind} {t.name!r}: shape {list(value.shape)} does not "
+                raise TensorError(f"{kind} {name!r}: shape {list(value.shape)} does not "
                                   f"reshape to {[*batch, *target]}") from None
         return out
 

@@ -36,6 +36,7 @@ from runtime.graph import Graph
 from runtime.partition.build import build_plan
 from runtime.partition.plan import Partition, Plan
 from runtime.partition.submodel import extract
+from runtime.run_sizes import made_up
 
 CHUNKS = 24  # sub-models per measured network
 BUDGET = 0.05  # seconds of runs per sub-model (at least MIN_RUNS)
@@ -52,15 +53,10 @@ def calibration_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray] | No
         info = graph.tensors.get(name)
         if info is None or info.dtype is None or info.shape is None:
             return None
-        dtype = np.dtype(info.dtype)
-        if dtype.kind == "f":
-            feeds[name] = rng.standard_normal(info.shape).astype(dtype)
-        elif dtype.kind in "iub":
-            feeds[name] = np.zeros(info.shape, dtype)
-        elif dtype.kind in "OU":
-            feeds[name] = np.full(info.shape, "", dtype=object)
-        else:
+        feed = made_up(np.dtype(info.dtype), info.shape, rng, 0)
+        if feed is None:
             return None
+        feeds[name] = feed
     return feeds
 
 
