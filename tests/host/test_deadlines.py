@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from runtime.executor.requests import Request
 from runtime.host.deadlines import Deadlines
@@ -30,8 +31,16 @@ class Expiries:
             self.done.set()
 
 
-def test_an_inbox_entry_earlier_than_the_sleep_wakes_the_thread():
-    exp = Expiries()
+@pytest.fixture
+def exp():
+    """Expiries whose deadline thread is closed however the test ends, so a failure here
+    leaves no thread behind for the later tests' thread checks."""
+    expiries = Expiries()
+    yield expiries
+    expiries.deadlines.close()
+
+
+def test_an_inbox_entry_earlier_than_the_sleep_wakes_the_thread(exp):
     exp.expected = 2
     late, soon = Request("m", {}), Request("m", {})
     now = time.monotonic()
@@ -42,11 +51,9 @@ def test_an_inbox_entry_earlier_than_the_sleep_wakes_the_thread():
     assert exp.done.wait(10)
     assert now + 0.1 <= exp.at[soon.id] < now + 0.1 + LATE
     assert exp.at[late.id] >= now + 3.0
-    exp.deadlines.close()
 
 
-def test_entries_added_from_many_threads_without_the_lock_all_end_on_time():
-    exp = Expiries()
+def test_entries_added_from_many_threads_without_the_lock_all_end_on_time(exp):
     rng = np.random.default_rng()
     offsets = rng.uniform(0.05, 0.6, (8, 50))  # out of order, across threads
     made: dict[int, float] = {}
@@ -69,11 +76,9 @@ def test_entries_added_from_many_threads_without_the_lock_all_end_on_time():
     assert exp.done.wait(10), f"{len(exp.at)} of {offsets.size} ended"
     for request_id, deadline in made.items():
         assert deadline <= exp.at[request_id] < deadline + LATE
-    exp.deadlines.close()
 
 
-def test_an_ended_request_leaves_without_its_deadline_passing():
-    exp = Expiries()
+def test_an_ended_request_leaves_without_its_deadline_passing(exp):
     requests = [Request("m", {}) for _ in range(40)]
     for r in requests:
         exp.deadlines.add(r, time.monotonic() + 300)
@@ -82,4 +87,3 @@ def test_an_ended_request_leaves_without_its_deadline_passing():
         with exp.lock:
             exp.deadlines.ended_locked()
     assert len(exp.deadlines) < len(requests) / 2  # swept, inbox included
-    exp.deadlines.close()
