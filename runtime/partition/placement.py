@@ -24,23 +24,43 @@ from runtime.precision import node_precisions
 
 @dataclass(frozen=True)
 class Annotations:
-    """node name -> device or kind; op type -> device or kind; a fallback device."""
+    """node name -> device or kind; op type -> device or kind; a fallback device.
+
+    `names` holds a flat map's keys (TVM's op -> device form), each a node name or an op
+    type: only the graph can tell which, so `place` resolves them, a node name first."""
 
     nodes: Mapping[str, str] = field(default_factory=dict)
     ops: Mapping[str, str] = field(default_factory=dict)
     fallback: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return not self.nodes and not self.ops and self.fallback is None
+        return not self.nodes and not self.ops and not self.names and self.fallback is None
+
+    def resolved(self, graph: Graph) -> Annotations:
+        """`names` sorted into nodes and op types of `graph`; a name that is neither fails."""
+        if not self.names:
+            return self
+        ops = {n.op_type for n in graph.nodes}
+        nodes = set(graph.by_name) | set(graph.folded.nodes)
+        neither = sorted(set(self.names) - nodes - ops)
+        if neither:
+            raise PartitionError(f"annotations name neither a node nor an op type of "
+                                 f"{graph.name}: {', '.join(neither[:5])}")
+        return Annotations({**{k: v for k, v in self.names.items() if k in nodes}, **self.nodes},
+                           {**{k: v for k, v in self.names.items() if k not in nodes},
+                            **self.ops}, self.fallback)
 
 
 def read_annotations(source: str | Path | Mapping | Annotations | None,
                      fallback: str | None = None) -> Annotations:
-    """From a dict or TOML file: `fallback = "cpu0"`, `[nodes]`, `[ops]` tables."""
+    """From a dict or TOML file: `fallback = "cpu0"`, `[nodes]`, `[ops]` tables, and any
+    other `name = "device or kind"` naming a node or an op type."""
     table: dict[str, Any]
     if isinstance(source, Annotations):
-        table = {"nodes": source.nodes, "ops": source.ops, "fallback": source.fallback}
+        table = {"nodes": source.nodes, "ops": source.ops, "fallback": source.fallback,
+                 **source.names}
     elif source is None:
         table = {}
     elif isinstance(source, Mapping):
@@ -53,15 +73,16 @@ def read_annotations(source: str | Path | Mapping | Annotations | None,
             raise PartitionError(f"cannot read annotations {path}: {exc}") from None
     label = "annotations" if isinstance(source, Mapping | Annotations | None) \
         else f"annotations {source}"
-    unknown = set(table) - {"nodes", "ops", "fallback"}
+    names = {k: v for k, v in table.items() if k not in ("nodes", "ops", "fallback")}
+    unknown = [k for k, v in names.items() if not isinstance(k, str) or not isinstance(v, str)]
     if unknown:
-        raise PartitionError(f"{label}: unknown key(s) {sorted(map(str, unknown))}; "
-                             f"use [nodes], [ops] and fallback")
+        raise PartitionError(f"{label}: unknown key(s) {sorted(map(str, unknown))}; use "
+                             f"[nodes], [ops], fallback, or name = \"device or kind\"")
     fallback = fallback or table.get("fallback")
     if fallback is not None and not isinstance(fallback, str):
         raise PartitionError(f"{label}: fallback must be a device name, got {fallback!r}")
     return Annotations(_names_to_targets(table, "nodes", label),
-                       _names_to_targets(table, "ops", label), fallback)
+                       _names_to_targets(table, "ops", label), fallback, names)
 
 
 def _names_to_targets(table: Mapping, key: str, label: str) -> dict[str, str]:
@@ -137,6 +158,7 @@ def _targets(what: str, devices: Sequence[DeviceConfig], where: str, node: Node,
 
 
 def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> Placement:
+    notes = notes.resolved(graph)
     by_name = {d.name: d for d in devices}
     if notes.fallback is not None and notes.fallback not in by_name:
         raise PartitionError(f"fallback device {notes.fallback!r} is not among the devices "

@@ -212,6 +212,26 @@ def test_annotations_from_a_toml_file(tmp_path):
     assert "fallback cpu0" in plan.reasons["sm"] and device_of(plan, "sm") == "cpu0"
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_flat_map_names_nodes_and_op_types_a_node_first(mode, tmp_path):
+    """TVM's form, {op or node: device}: each key is looked up as a node, then an op type."""
+    graph = load_graph(make_model(
+        [("mm", "MatMul", ["x", "W"], ["a"]), ("Relu", "Relu", ["a"], ["b"]),
+         ("r2", "Relu", ["b"], ["c"]), ("tanh", "Tanh", ["c"], ["y"])], ["y"],
+        weights={"W": (WIDTH, WIDTH)}), name="flat")
+    devices = [npu(), cpu()]
+    toml = tmp_path / "flat.toml"
+    toml.write_text('MatMul = "npu0"\nRelu = "cpu0"\nr2 = "npu0"\n')
+    for notes in ({"MatMul": "npu0", "Relu": "cpu0", "r2": "npu0"}, toml):
+        plan = partition(graph, devices, mode, annotations=notes)
+        assert placed(plan) | {"tanh": "-"} == {"mm": "npu0", "Relu": "cpu0", "r2": "npu0",
+                                                 "tanh": "-"}
+        assert plan.reasons["mm"].startswith("annotated npu0 (op MatMul)")
+        assert plan.reasons["Relu"].startswith("annotated cpu0 (node)")
+    with pytest.raises(PartitionError, match=r"neither a node nor an op type of flat: Conv, mn"):
+        partition(graph, devices, mode, annotations={"mn": "cpu0", "Conv": "npu0"})
+
+
 def test_placement_steps_come_first_and_carry_each_reason():
     graph = chain_graph()
     steps = list(partition_steps(graph, [npu(), cpu()], "balanced",
