@@ -19,6 +19,7 @@ from typing import Any
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
+from runtime.partition.plan import MODES
 from runtime.partition.record import Recorder, Steps
 
 Groups = list[tuple[str, str, list[str]]]
@@ -29,7 +30,9 @@ def read_user_map(source: str | Path | Mapping) -> dict:
         return dict(source)
     path = Path(source)
     if not path.is_file():
-        raise PartitionError(f"partition map not found: {path}")
+        modes = ", ".join(m for m in MODES if m != "user")
+        raise PartitionError(f"partition {str(source)!r} is neither a mode ({modes}) nor a "
+                             f"map file: no file {path}")
     try:
         text = path.read_text(encoding="utf-8")
         table = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from runtime import HostManager
 from runtime.devices import DeviceConfig, parse_devices, parse_size
 from runtime.errors import DeviceSpecError, PartitionError, PrismError
 from runtime.graph import Graph, load_graph
 from runtime.partition import partition
 from runtime.units import human_bytes
-from tests.support.dags import Reference, biggest_node, sample_graph
+from tests.support.dags import SAMPLES_DIR, Reference, biggest_node, sample_graph
 
 NEEDS = re.compile(r"node (\S+) needs ([0-9.]+) MB; the largest device has ([0-9.]+) MB")
 
@@ -118,6 +119,13 @@ def test_unknown_mode():
         partition(graph, parse_devices("cpu:2"), "fastest")
     message = str(info.value)
     assert "fastest" in message and all(m in message for m in ("memory", "balanced", "user"))
+
+
+def test_a_host_told_an_unknown_mode_names_the_modes_and_the_missing_map():
+    with HostManager(parse_devices("cpu:2")) as host, pytest.raises(PartitionError) as info:
+        host.add_network("m", SAMPLES_DIR / "mlp.onnx", partition="fastest")
+    message = str(info.value)
+    assert "'fastest' is neither a mode (memory, balanced) nor a map file" in message
 
 
 def test_no_devices_and_repeated_names():
