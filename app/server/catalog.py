@@ -249,60 +249,79 @@ class Catalog:
 
     def load(self, name: str, params: dict | None = None) -> Served:
         """Load (or reload) a model from the repository, with the load request's
-        parameters over its config.pbtxt."""
+        parameters over its config.pbtxt. All the versions its policy names load, or none
+        does: as Triton does, a version failing unloads the versions this load made, and
+        what served before serves on."""
         if self.repository is None:
             raise NetworkNotFoundError(f"cannot load {name!r}: the server has no model "
                                        f"repository (start it with --model-repository DIR)")
         entry = self.repository.get(name)
         options = load_options(entry.config, params)
         wanted = options.versions.pick(name, entry.versions)
-        for version in wanted:
-            self.add(name, entry.versions[version], options, version)
-        with self._lock:  # versions the policy no longer names stop serving
-            versions = self._served.get(name, {})
-            dropped = [s for v, s in versions.items() if v not in wanted]
-            self._served = {**self._served, name: {v: s for v, s in versions.items()
-                                                   if v in wanted}}
-            for served in dropped:
-                self._retire(served.network, gone=served)
+        with self._lock:
+            current = self._served.get(name, {})
+            made: dict[str, Served] = {}
+            try:
+                for version in wanted:
+                    made[version] = self._made(name, entry.versions[version], options,
+                                               version, current.get(version))
+            except Exception:
+                for version, served in made.items():
+                    if served is not current.get(version):  # never served: no requests
+                        self.host.remove_network(served.network)
+                raise
+            self._publish(name, made, current)
         return self.get(name)
 
     def add(self, name: str, path: Path, options: LoadOptions, version: str = "1") -> Served:
         """Serve the model file at `path` under `name` (a reload if the name is served)."""
         with self._lock:
-            old = self._served.get(name, {}).get(version)
-            if old is not None and (old.source, old.options) == (path, options):
-                return old
-            network = name  # never a name served before: a request that holds one
-            while network in self._by_network or network in self.host.networks():
-                network = f"{name}#{next(self._suffix)}"  # reaches nothing else
-            self._loading.add(name)
-            try:
-                plan = self.host.add_network(network, str(path), **options.add_network())
-                try:
-                    _check_loaded(name, self.host.graph(network), options)
-                except PrismError:
-                    self.host.remove_network(network)
-                    raise
-            except Exception as exc:
-                self._failed[name] = first_line(in_public(exc, name))
-                raise
-            finally:
-                self._loading.discard(name)
-            graph = self.host.graph(network)
-            served = Served(name, version, network, path, options, input_specs(graph),
-                            _infos(graph, graph.outputs),
-                            tuple((t.src, t.dst, t.bytes) for t in plan.transfers),
-                            self.host.replicas(network), plan.mode,
-                            tuple(dict.fromkeys((p.device, plan.device(p.device).backend)
-                                                for p in plan.partitions)))
-            self._by_network[network] = served
-            self._served = {**self._served, name: {**self._served.get(name, {}),
-                                                   version: served}}
-            self._failed.pop(name, None)
-            if old is not None:
-                self._retire(old.network)
+            current = self._served.get(name, {})
+            served = self._made(name, path, options, version, current.get(version))
+            self._publish(name, {**current, version: served}, current)
             return served
+
+    def _made(self, name: str, path: Path, options: LoadOptions, version: str,
+              old: Served | None) -> Served:
+        """`old` if it already serves this file with these options, else a network loaded
+        and checked for it, not yet served. Called holding the lock."""
+        if old is not None and (old.source, old.options) == (path, options):
+            return old
+        network = name  # never a name served before: a request that holds one
+        while network in self._by_network or network in self.host.networks():
+            network = f"{name}#{next(self._suffix)}"  # reaches nothing else
+        self._loading.add(name)
+        try:
+            plan = self.host.add_network(network, str(path), **options.add_network())
+            try:
+                _check_loaded(name, self.host.graph(network), options)
+            except PrismError:
+                self.host.remove_network(network)
+                raise
+        except Exception as exc:
+            self._failed[name] = first_line(in_public(exc, name))
+            raise
+        finally:
+            self._loading.discard(name)
+        graph = self.host.graph(network)
+        served = Served(name, version, network, path, options, input_specs(graph),
+                        _infos(graph, graph.outputs),
+                        tuple((t.src, t.dst, t.bytes) for t in plan.transfers),
+                        self.host.replicas(network), plan.mode,
+                        tuple(dict.fromkeys((p.device, plan.device(p.device).backend)
+                                            for p in plan.partitions)))
+        self._by_network[network] = served
+        return served
+
+    def _publish(self, name: str, versions: dict[str, Served],
+                 current: dict[str, Served]) -> None:
+        """Serve `versions` of `name` in one swap; then retire what they replaced, and
+        what they dropped (gone for good: its metrics go too). Called holding the lock."""
+        self._served = {**self._served, name: versions}
+        self._failed.pop(name, None)
+        for version, old in current.items():
+            if versions.get(version) is not old:
+                self._retire(old.network, gone=None if version in versions else old)
 
     def _retire(self, network: str, gone: Served | None = None) -> None:
         """Remove a network a reload replaced, once its requests have ended: here if they

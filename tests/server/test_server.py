@@ -640,6 +640,29 @@ def test_batched_rows_and_executions():
         assert 1 <= metric(url, "nv_inference_exec_count", model="mlp") < len(rows)
 
 
+def test_a_policy_load_with_a_version_that_fails_loads_none(tmp_path):
+    """Triton's all-or-nothing: version 1 is not a model, so loading both fails, the
+    network this load made for version 2 is removed, and version 2 as it was serves on."""
+    from tests.support.dags import SAMPLES_DIR
+
+    for version, body in (("2", (SAMPLES_DIR / "mlp.onnx").read_bytes()), ("1", b"junk")):
+        (tmp_path / "duo" / version).mkdir(parents=True)
+        (tmp_path / "duo" / version / "model.onnx").write_bytes(body)
+    with serving("cpu:2", tmp_path) as (url, state):
+        def load(policy: dict) -> tuple:
+            return call(f"{url}/v2/repository/models/duo/load", "POST",
+                        {"parameters": {"config": json.dumps({"version_policy": policy})}})
+
+        assert load({"specific": {"versions": [2]}})[0] == 200
+        two, networks = state.catalog.get("duo"), state.host.networks()
+        status, message = error_of(load({"all": {}}))  # version 2 reloads first: new policy
+        assert status == 400 and "duo" in message, message
+        assert state.catalog.get("duo") is two and state.catalog.versions("duo") == ["2"]
+        assert state.host.networks() == networks
+        feeds = _feeds(state, "duo")
+        _assert_same(_infer(url, "duo", feeds), state.host.run(two.network, feeds).result(WAIT))
+
+
 # -- the load generator --------------------------------------------------------------------
 
 
