@@ -65,6 +65,18 @@ def mode_and_map(partition: str | None) -> tuple[str, str | None]:
                      f"{', '.join(m for m in MODES if m != 'user')} or give a map file")
 
 
+def run_devices(args: argparse.Namespace) -> list[DeviceConfig]:
+    """`--devices`; without it, a bundle runs on devices like those it was compiled for."""
+    if args.devices:
+        return parse_devices(args.devices)
+    if args.model and is_bundle(Path(args.model)):
+        from app.defaults import default_devices
+
+        return parse_devices(default_devices(Path(args.model)))
+    raise PrismError(f"{args.model}: --devices SPEC is needed for an ONNX model (a .prism "
+                     f"bundle runs on devices like those it was compiled for)")
+
+
 def load(args: argparse.Namespace) -> tuple[Graph, list[DeviceConfig]]:
     from runtime.graph import load_graph  # here: `prism run NAME.prism` never needs it
 

@@ -11,11 +11,10 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from app.arguments import load_options
+from app.arguments import load_options, run_devices
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.measuring import add_network_measuring
-from runtime.devices import parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds
@@ -31,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
         from app.http_bench import run as run_url
 
         return run_url(args)
-    if not args.model or not args.devices or len(args.concurrency) != 1:
+    if not args.model or len(args.concurrency) != 1:
         raise PrismError("prism bench MODEL --devices SPEC takes one --concurrency; "
                          "or give --url URL to load a server")
     args.concurrency = args.concurrency[0]
-    devices = parse_devices(args.devices)
+    devices = run_devices(args)
     options = load_options(args)
     name = Path(args.model).stem
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),

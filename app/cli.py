@@ -83,13 +83,17 @@ def _binding(text: str) -> str:
     return text
 
 
-def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
+                    bundles: bool = False) -> None:
+    """`bundles`: MODEL may be a .prism bundle, which needs no --devices."""
     from runtime.partition import MODES
 
-    parser.add_argument("model", help="path to an .onnx file (run and bench: or a .prism "
-                                      "bundle)", nargs=None if required else "?")
-    parser.add_argument("--devices", required=required,
-                        help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device")
+    parser.add_argument("model", help="path to an .onnx file" + " or a .prism bundle" * bundles,
+                        nargs=None if required else "?")
+    parser.add_argument("--devices", required=required and not bundles,
+                        help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file with a table per device"
+                             + "; a bundle: by default, devices like those it was compiled for"
+                             * bundles)
     parser.add_argument("--partition", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
@@ -97,7 +101,7 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> N
                         help="value of a symbolic dimension for costing (default 1)")
     parser.add_argument("--annotate", metavar="FILE.toml",
                         help="placement: [nodes] name = device/kind, [ops] op = device/kind, "
-                             "fallback = device")
+                             "fallback = device, or name = device/kind for a node or an op")
     parser.add_argument("--fallback", metavar="DEVICE",
                         help="device for nodes their preferred device cannot run")
     _add_costs_arg(parser)
@@ -186,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     part.set_defaults(handler="app.partition_cmd:run")
 
     run = sub.add_parser("run", help="run a model under load and report latency")
-    _add_model_args(run)
+    _add_model_args(run, bundles=True)
     run.add_argument("--requests", type=_number(int, 1), default=100, metavar="N")
     run.add_argument("--concurrency", type=_number(int, 1, MAX_CLIENTS), default=4, metavar="C",
                      help="clients, each waiting for its answer (closed loop)")
@@ -204,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="Prism against plain onnxruntime under the same load, "
                                          "or a running server over HTTP (--url)")
-    _add_model_args(bench, required=False)
+    _add_model_args(bench, required=False, bundles=True)
     bench.add_argument("--requests", type=_number(int, 1), default=1000, metavar="N")
     bench.add_argument("--concurrency", type=_counts, default=[8], metavar="C[,C...]",
                        help="closed-loop clients, for both runtimes; with --url, one run per "

@@ -17,12 +17,11 @@ from rich.console import Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.arguments import load_options, output_file, writing
+from app.arguments import load_options, output_file, run_devices, writing
 from app.console import plain_console
 from app.loadgen import LoadGenerator, LoadStats
 from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
-from runtime.devices import parse_devices
 from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.host import HostManager
@@ -197,7 +196,7 @@ def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str
 def run(args: argparse.Namespace) -> int:
     console = plain_console()
     options = load_options(args)
-    devices = parse_devices(args.devices)
+    devices = run_devices(args)
     record = output_file(args.record, "--record") if args.record else None
     trace_path = output_file(args.trace, "--trace") if args.trace else None
     binds = options["bindings"]

@@ -16,6 +16,7 @@ from app.cli import main
 from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, read_bundle
 from tests.cli.test_cli import PRISM, _wide, one_line_error
 from tests.support.bundles import case, file_is_open, rewrite
+from tests.support.dags import SAMPLES_DIR
 
 __all__ = ["_wide"]  # autouse: rich must not wrap the lines we read
 
@@ -45,6 +46,20 @@ def test_run_takes_a_bundle_and_remaps_its_devices(capsys, tmp_path: Path) -> No
     events = [json.loads(line) for line in record.read_text().splitlines()]
     ran = {(e["partition"], e["device"]) for e in events if e["kind"] == "partition.run.finished"}
     assert ran == {(r["partition"], swap.get(r["device"], r["device"])) for r in schedule}
+
+
+def test_a_bundle_runs_without_devices_on_devices_like_its_own(capsys) -> None:
+    """No --devices: a bundle runs on devices of the kinds and count it was compiled for;
+    an ONNX model without --devices is one line."""
+    c = case("mlp", 2, "balanced")
+    for command in ("run", "bench"):
+        assert main([command, str(c.path), "--requests", "4"]) == 0
+        out = capsys.readouterr().out
+        assert ("throughput" if command == "bench" else "requests") in out.lower(), out
+    assert main(["run", str(c.path), "--requests", "4", "--check"]) == 0
+    assert "check: every output matches onnxruntime (4 answers" in capsys.readouterr().out
+    line = one_line_error(capsys, ["run", str(SAMPLES_DIR / "mlp.onnx")])
+    assert "mlp.onnx: --devices SPEC is needed" in line, line
 
 
 def _flipped(src: Path, dst: Path) -> Path:
