@@ -30,9 +30,11 @@ def read_user_map(source: str | Path | Mapping) -> dict:
         return dict(source)
     path = Path(source)
     if not path.is_file():
+        if isinstance(source, Path) or path.suffix in (".toml", ".json"):
+            raise PartitionError(f"partition map not found: {path}")
         modes = ", ".join(m for m in MODES if m != "user")
-        raise PartitionError(f"partition {str(source)!r} is neither a mode ({modes}) nor a "
-                             f"map file: no file {path}")
+        raise PartitionError(f"partition {source!r} is neither a mode ({modes}) nor a map "
+                             f"file (no file {path})")
     try:
         text = path.read_text(encoding="utf-8")
         table = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)

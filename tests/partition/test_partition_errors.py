@@ -125,7 +125,7 @@ def test_a_host_told_an_unknown_mode_names_the_modes_and_the_missing_map():
     with HostManager(parse_devices("cpu:2")) as host, pytest.raises(PartitionError) as info:
         host.add_network("m", SAMPLES_DIR / "mlp.onnx", partition="fastest")
     message = str(info.value)
-    assert "'fastest' is neither a mode (memory, balanced) nor a map file" in message
+    assert "'fastest' is neither a mode (memory, balanced) nor a map file" in message, message
 
 
 def test_no_devices_and_repeated_names():
