@@ -71,7 +71,7 @@ def _upper_bound(seg: Segments, devices: Sequence[DeviceConfig]) -> float:
                                     [d for _, _, d in greedy]))
 
 
-def _classes(seg: Segments, devices: Sequence[DeviceConfig]) -> list[tuple[int, int]]:
+def twin_classes(seg: Segments, devices: Sequence[DeviceConfig]) -> list[tuple[int, int]]:
     """Runs [i0, i1) of consecutive devices that differ only by name and that placement
     lets run the same nodes: one class, sharing its time vectors."""
     runs: list[tuple[int, int]] = []
@@ -129,7 +129,7 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig], every: bool = 
     if n == 0:
         return []
     limit = np.inf if every else _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
-    states = _states(_classes(seg, devices), n)
+    states = _states(twin_classes(seg, devices), n)
     vectors = [(devices[m.first], seg.prefix_seconds(devices[m.first]),
                 seg.lowest_start(devices[m.first])) for m in states.moves]
     best = np.full((states.count, n + 1), np.inf)

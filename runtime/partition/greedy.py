@@ -1,9 +1,9 @@
-"""`memory` mode: the fewest partitions that fit (greedy fill), then boundary moves.
+"""Greedy fill and boundary moves, the parts of `memory` mode (`fewest.py`).
 
 Glow's greedy fill closes a partition when the next node no longer fits. Because a
 segment's memory only grows as it grows, filling each device as far as it goes gives
-the fewest partitions for the order. Moving single nodes across boundaries then
-lowers the slowest stage without adding a partition.
+the fewest partitions for the order and that sequence of devices. Moving single nodes
+across boundaries then lowers the slowest stage without adding a partition.
 """
 
 from __future__ import annotations
@@ -19,6 +19,23 @@ from runtime.units import human_bytes, human_seconds
 Split = list[tuple[int, int, DeviceConfig]]
 
 
+def reach(seg: Segments, a: int, device: DeviceConfig) -> int:
+    """The furthest b such that [a, b) fits and runs on the device (a if none): a binary
+    search, as fitting only fails more as b grows (each test walks the segment).
+    Memoised on `seg`, for `fewest` asks again what filling asked."""
+    memo = seg.__dict__.setdefault("_reach", {})
+    if (a, device) not in memo:
+        lo, hi = a, seg.n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if seg.fits(a, mid, device):
+                lo = mid
+            else:
+                hi = mid - 1
+        memo[a, device] = lo
+    return memo[a, device]
+
+
 def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder) -> Steps[Split]:
     split: Split = []
     a, remaining = 0, list(devices)
@@ -28,9 +45,7 @@ def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder) -> Steps
                 f"too few devices for {seg.graph.name}: {len(devices)} devices hold {a} of "
                 f"{seg.n} nodes (next: {seg.order[a]}); add devices or memory")
         dev = remaining.pop(0)
-        b = a
-        while b < seg.n and seg.fits(a, b + 1, dev):
-            b += 1
+        b = reach(seg, a, dev)
         if b == a:
             node = seg.nodes[a]
             why = (f"cannot run {node.op_type}" if not seg.runnable(a, a + 1, dev) else
@@ -91,7 +106,3 @@ def rebalance(seg: Segments, split: Split, rec: Recorder, limit: int = 2000) -> 
                        (node,))
     return [(a, b, d) for a, b, d in zip(bounds, bounds[1:], devs, strict=False)]
 
-
-def memory_mode(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder) -> Steps[Split]:
-    split = yield from fill(seg, devices, rec)
-    return (yield from rebalance(seg, split, rec))

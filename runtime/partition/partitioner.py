@@ -20,7 +20,8 @@ from runtime.partition.balanced import balanced_mode, optimal_split
 from runtime.partition.bound import lower_bound
 from runtime.partition.build import build_plan
 from runtime.partition.canonical import canonical_devices
-from runtime.partition.greedy import Split, memory_mode
+from runtime.partition.fewest import memory_mode
+from runtime.partition.greedy import Split
 from runtime.partition.liveness import weight_bytes
 from runtime.partition.order import choose_order, model_order
 from runtime.partition.pairs import keep_pairs
@@ -126,7 +127,7 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         run_mode = memory_mode if mode == "memory" else balanced_mode
         options.append((order, why, seg, _attempt(lambda r: run_mode(seg, ordered, r))))
         if isinstance(options[0][3], PartitionError) and mode == "memory":
-            # fill keeps the canonical sequence; balanced's split, in any, may fit instead
+            # past fewest.MAX_STATES fill keeps the canonical sequence; balanced's may fit
             options.append((order, why, seg, _attempt(lambda r: balanced_mode(seg, ordered, r))))
         if not placement.unconstrained:
             alike = placement_order(graph, placement.allowed)

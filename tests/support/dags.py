@@ -455,6 +455,13 @@ class Reference:
             a = b
         return a == len(order)
 
+    def fewest(self, order: Sequence[str], devices: Sequence[DeviceConfig]) -> int | None:
+        """The fewest devices, in any sequence, whose segments cover `order`; None if none."""
+        for m in range(1, len(devices) + 1):
+            if any(self.feasible(order, perm) for perm in itertools.permutations(devices, m)):
+                return m
+        return None
+
     def split_bottleneck(self, order: Sequence[str], bounds: Sequence[int],
                          devices: Sequence[DeviceConfig]) -> float:
         return max((self.seconds(order[a:b], d)
