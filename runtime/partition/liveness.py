@@ -48,3 +48,69 @@ def weight_names(graph: Graph, nodes: Sequence[Node]) -> list[str]:
 
 def weight_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
     return sum(graph.tensor_bytes(t) for t in weight_names(graph, nodes))
+
+
+class StretchMemory:
+    """`weight_bytes + peak_activation_bytes` of any stretch [a, b) of one order, from
+    arrays indexed once, so asking costs array work over the stretch rather than a Python
+    walk of it (the partitioner asks for thousands of stretches of a long order).
+
+    The stretch's liveness as `live_intervals` reads it: a tensor made at p lives to the
+    end if the graph outputs it or a node at or after b reads it, else to its last reader
+    (p if none reads it); an activation made before a, or a graph input, lives from a to
+    its last reader before b. Weights count once each, whoever reads them.
+    """
+
+    def __init__(self, graph: Graph, nodes: Sequence[Node]):
+        position = {node.name: i for i, node in enumerate(nodes)}
+        ids: dict[str, int] = {}
+        reads: list[tuple[int, int]] = []  # (position, activation) per activation read
+        weight_reads: list[tuple[int, int]] = []
+        made: list[tuple[int, int]] = []  # (position, tensor) per tensor written
+        for i, node in enumerate(nodes):
+            for t in node.reads:
+                (weight_reads if graph.is_weight(t) else reads).append(
+                    (i, ids.setdefault(t, len(ids))))
+            made += [(i, ids.setdefault(t, len(ids))) for t in node.writes]
+        names = list(ids)
+        self.size = np.array([graph.tensor_bytes(t) for t in names], dtype=np.float64)
+        self.producer = np.full(len(names), -1, dtype=np.int64)
+        for i, made_id in made:
+            self.producer[made_id] = i
+        # the last position any node reads it from (the end of the order for a graph
+        # output), and the last an activation read extends it to
+        self.last_reader = np.array([
+            len(nodes) if t in graph.output_set else
+            max((position.get(c, len(nodes)) for c in graph.consumers.get(t, ())), default=-1)
+            for t in names], dtype=np.int64)
+        self.last_read = self.last_reader.copy()
+        self.last_read[[ids[t] for t in names if graph.is_weight(t)]] = -1
+        self.read_at, self.read_id = _columns(reads)
+        self.weight_at, self.weight_id = _columns(weight_reads)
+        self.made_at, self.made_id = _columns(made)
+
+    def __call__(self, a: int, b: int) -> int:
+        if a >= b:
+            return 0
+        w0, w1 = np.searchsorted(self.weight_at, (a, b))
+        weights = self.size[np.unique(self.weight_id[w0:w1])].sum()
+        m0, m1 = np.searchsorted(self.made_at, (a, b))
+        made, at = self.made_id[m0:m1], self.made_at[m0:m1]
+        end = np.where(self.last_reader[made] >= b, b - 1,
+                       np.maximum(at, self.last_read[made]))
+        r0, r1 = np.searchsorted(self.read_at, (a, b))
+        ids, where = self.read_id[r0:r1][::-1], self.read_at[r0:r1][::-1]
+        outside = self.producer[ids] < a
+        held, last = np.unique(ids[outside], return_index=True)  # last read before b
+        starts = np.concatenate([at - a, np.zeros(len(held), dtype=np.int64)])
+        ends = np.concatenate([end, where[outside][last]]) - a + 1
+        sizes = np.concatenate([self.size[made], self.size[held]])
+        m = b - a + 1
+        live = np.cumsum(np.bincount(starts, sizes, m) - np.bincount(ends, sizes, m))
+        return int(weights + live.max())
+
+
+def _columns(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(position, id) pairs, in position order, as two arrays."""
+    array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return array[:, 0].copy(), array[:, 1].copy()

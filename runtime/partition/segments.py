@@ -18,7 +18,7 @@ import numpy as np
 from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
-from runtime.partition.liveness import peak_activation_bytes, weight_bytes
+from runtime.partition.liveness import StretchMemory
 
 
 class Segments:
@@ -70,8 +70,10 @@ class Segments:
         return memo[device]
 
     def memory(self, a: int, b: int) -> int:
-        nodes = self.nodes[a:b]
-        return weight_bytes(self.graph, nodes) + peak_activation_bytes(self.graph, nodes)
+        """Weights plus peak live activations of [a, b), as `liveness` counts them."""
+        if "_stretch" not in self.__dict__:
+            self._stretch = StretchMemory(self.graph, self.nodes)
+        return self._stretch(a, b)
 
     def runnable(self, a: int, b: int, device: DeviceConfig) -> bool:
         u = self.blocked_before(device)

@@ -31,6 +31,7 @@ from runtime.partition import (
 )
 from runtime.partition.build import build_plan
 from runtime.partition.greedy import fill
+from runtime.partition.liveness import StretchMemory, peak_activation_bytes, weight_bytes
 from runtime.partition.placement import place, read_annotations
 from runtime.partition.record import Recorder, finish
 from runtime.partition.regions import STYLES, placement_order, region_split
@@ -537,3 +538,20 @@ def test_filling_searches_for_each_end_rather_than_stepping(blocks, monkeypatch)
     assert len(walks) <= 3 * len(devices) * seg.n.bit_length(), len(walks)
     for a, b, device in split:  # each stretch fits and ends where the next node would not
         assert seg.fits(a, b, device) and (b == seg.n or not seg.fits(a, b + 1, device))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_stretch_memory_counts_as_liveness_does_on_every_stretch(data):
+    """`Segments.memory` reads arrays indexed once; it must give what `liveness` counts by
+    walking the stretch, for every stretch of any topological order."""
+    graph = load_graph(data.draw(dag_models(3, 24)))
+    rng = Rand(data.draw(st.integers(0, 2**32 - 1)))
+    rank = {n.name: rng.int(0, 1000) for n in graph.nodes}
+    order = list(nx.lexicographical_topological_sort(graph.dag, key=rank.__getitem__))
+    nodes = [graph.node(n) for n in order]
+    stretch = StretchMemory(graph, nodes)
+    for a in range(len(nodes)):
+        for b in range(a, len(nodes) + 1):
+            walked = weight_bytes(graph, nodes[a:b]) + peak_activation_bytes(graph, nodes[a:b])
+            assert stretch(a, b) == walked, (a, b)
