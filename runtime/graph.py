@@ -61,6 +61,7 @@ class Node:
     attributes: Mapping[str, Any]
     outer_inputs: tuple[str, ...] = ()
     index: int = 0
+    body_ops: tuple[tuple[str, str], ...] = ()  # (domain, op) its subgraphs run, nested too
     reads: tuple[str, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -275,6 +276,14 @@ def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
             yield from attr.graphs
 
 
+def _body_ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
+    """(domain, op type) of every node of a subgraph, those of its own subgraphs too."""
+    for node in graph.node:
+        yield node.domain, node.op_type
+        for sub in subgraphs(node):
+            yield from _body_ops(sub)
+
+
 def _outer_reads(graph: onnx.GraphProto) -> list[str]:
     """Names a subgraph reads that it does not define itself (outer scope), in order."""
     local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
@@ -414,8 +423,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         reads = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]
         outer = tuple(dict.fromkeys(r for r in reads if r not in proto.input))
         attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+        body = tuple(dict.fromkeys(op for sub in subgraphs(proto) for op in _body_ops(sub)))
         nodes.append(Node(proto.name, proto.op_type, proto.domain, tuple(proto.input),
-                          tuple(proto.output), attrs, outer, i))
+                          tuple(proto.output), attrs, outer, i, body))
     opsets = {op.domain or "": op.version for op in model.opset_import}
     graph_inputs = [v.name for v in g.input if v.name not in initializers]
     types = {t: v.type for t, v in declared.items() if v.type.WhichOneof("value")}

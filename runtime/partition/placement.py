@@ -105,14 +105,22 @@ def can_run(device: DeviceConfig, node: Node, graph: Graph | None = None) -> boo
 
 
 def unsupported(device: DeviceConfig, node: Node, graph: Graph | None = None) -> str | None:
-    """Why `device` cannot run `node`, or None if it can."""
+    """Why `device` cannot run `node`, or None if it can. A node with subgraphs (If, Loop,
+    Scan) runs their nodes too: each must be in the op lists as well."""
     if not device.can_run(node.op_type):
         return f"{node.op_type} is not in the device's op list"
+    lacking = [op for _, op in node.body_ops if not device.can_run(op)]
+    if lacking:
+        return f"its body runs {lacking[0]}, which is not in the device's op list"
     precision = node_precisions(graph).get(node.name) if graph is not None else None
     if device.precisions is not None and precision not in (None, *device.precisions):
         return f"it computes in {precision}; the device runs {'+'.join(sorted(device.precisions))}"
+    ops = supported_ops(device.backend)
+    lacking = [op for domain, op in node.body_ops
+               if domain in DEFAULT_DOMAINS and ops is not None and op not in ops]
+    if lacking:
+        return f"its body runs {lacking[0]}; {device.backend} has none"
     if node.domain in DEFAULT_DOMAINS:
-        ops = supported_ops(device.backend)
         if ops is not None and node.op_type not in ops:
             return f"{device.backend} has no {node.op_type}"
     elif graph is None or not checks_nodes(device.backend):

@@ -271,6 +271,47 @@ def test_an_op_no_device_can_run(mode):
     assert "\n" not in message
 
 
+def _if_over_softmax() -> onnx.ModelProto:
+    """x -> relu -> If(sum(x) > 0: Softmax(r) else Add(r, r)) -> y: the If's branches run
+    a Softmax, which the npu lacks, though it lists If."""
+    vec = [1, WIDTH]
+
+    def branch(name: str, node: onnx.NodeProto) -> onnx.GraphProto:
+        return helper.make_graph([node], name, [], [
+            helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, vec)])
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+             helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch(
+                 "then", helper.make_node("Softmax", ["r"], ["t"], name="soft", axis=-1)),
+                 else_branch=branch("else", helper.make_node("Add", ["r", "r"], ["e"],
+                                                             name="twice")))]
+    graph = helper.make_graph(nodes, "if_softmax", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, vec)], [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, vec)],
+        initializer=[numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_control_flow_node_runs_where_every_op_of_its_body_can(mode):
+    graph = load_graph(_if_over_softmax())
+    ops = {"Relu", "ReduceSum", "Greater", "If", "Add"}
+    assert not can_run(npu(ops=ops), graph.node("if"), graph)
+    assert can_run(npu(ops=ops | {"Softmax"}), graph.node("if"), graph)
+    plan = partition(graph, [npu(ops=ops), cpu()], mode, annotations={"ops": {"If": "npu0"}},
+                     fallback="cpu0")
+    assert device_of(plan, "if") == "cpu0"
+    assert "its body runs Softmax, which is not in the device's op list" in plan.reasons["if"]
+    with pytest.raises(PartitionError, match=r"if \(If\) cannot run on npu0: its body runs "
+                                             r"Softmax"):
+        partition(graph, [npu(ops=ops), cpu()], mode, annotations={"nodes": {"if": "npu0"}})
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_an_annotation_naming_a_device_that_cannot_run_the_op(mode):
     graph = chain_graph()
