@@ -67,5 +67,9 @@ def fewest_sequence(seg: Segments, devices: Sequence[DeviceConfig]) -> list[Devi
 
 
 def memory_mode(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder) -> Steps[Split]:
-    split = yield from fill(seg, fewest_sequence(seg, devices), rec)
+    sequence = fewest_sequence(seg, devices)
+    why = "" if sequence == list(devices) else (
+        f"{len(sequence)} devices in this sequence ({', '.join(d.name for d in sequence)}) "
+        f"hold it; filling the roomiest first takes more")
+    split = yield from fill(seg, sequence, rec, why)
     return (yield from rebalance(seg, split, rec))

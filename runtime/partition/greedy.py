@@ -36,7 +36,9 @@ def reach(seg: Segments, a: int, device: DeviceConfig) -> int:
     return memo[a, device]
 
 
-def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder) -> Steps[Split]:
+def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder, why: str = ""
+         ) -> Steps[Split]:
+    """Each device in turn as far as the next node fits; `why` explains the first open."""
     split: Split = []
     a, remaining = 0, list(devices)
     while a < seg.n:
@@ -56,7 +58,8 @@ def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder) -> Steps
             continue
         p = len(split)
         yield rec.step("open", f"open partition {p} on {dev.name} "
-                       f"({human_bytes(dev.memory_bytes)})", p, dev.name)
+                       f"({human_bytes(dev.memory_bytes)})" + (f": {why}" if why and not p
+                                                               else ""), p, dev.name)
         for i in range(a, b):
             yield rec.step("assign", f"{seg.order[i]} fits in partition {p}", p, dev.name,
                            (seg.order[i],))
