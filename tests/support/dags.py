@@ -431,7 +431,10 @@ class Reference:
         return self.weight_bytes(names) + self.activation_bytes(names)
 
     def runs(self, names: Sequence[str], device: DeviceConfig) -> bool:
-        return all(device.can_run(self.graph.node(n).op_type) for n in names)
+        """Every node's op, and every op its subgraphs run, is in the device's list."""
+        nodes = [self.graph.node(n) for n in names]
+        return all(device.can_run(op) for node in nodes
+                   for op in (node.op_type, *(op for _, op in node.body_ops)))
 
     def fits(self, names: Sequence[str], device: DeviceConfig) -> bool:
         return self.runs(names, device) and self.memory(names) <= device.memory_bytes
