@@ -88,10 +88,21 @@ class StretchMemory:
         self.read_at, self.read_id = _columns(reads)
         self.weight_at, self.weight_id = _columns(weight_reads)
         self.made_at, self.made_id = _columns(made)
+        self._memo: dict[tuple[int, int], tuple[int, int, int]] = {}
 
     def __call__(self, a: int, b: int) -> int:
-        if a >= b:
-            return 0
+        weights, peak, _ = self.split(a, b)
+        return weights + peak
+
+    def split(self, a: int, b: int) -> tuple[int, int, int]:
+        """(weight bytes, peak live activation bytes, bytes of the activations it reads
+        that were made before a or are graph inputs) of [a, b). Memoised: a device's
+        earlier stretches are asked again each time a region is offered to it."""
+        if (a, b) not in self._memo:
+            self._memo[a, b] = self._split(a, b) if a < b else (0, 0, 0)
+        return self._memo[a, b]
+
+    def _split(self, a: int, b: int) -> tuple[int, int, int]:
         w0, w1 = np.searchsorted(self.weight_at, (a, b))
         weights = self.size[np.unique(self.weight_id[w0:w1])].sum()
         m0, m1 = np.searchsorted(self.made_at, (a, b))
@@ -107,7 +118,7 @@ class StretchMemory:
         sizes = np.concatenate([self.size[made], self.size[held]])
         m = b - a + 1
         live = np.cumsum(np.bincount(starts, sizes, m) - np.bincount(ends, sizes, m))
-        return int(weights + live.max())
+        return int(weights), int(live.max()), int(self.size[held].sum())
 
 
 def _columns(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,6 @@ from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.greedy import Split
-from runtime.partition.liveness import weight_bytes
 from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.record import Recorder, Steps
 from runtime.partition.segments import Segments
@@ -118,12 +117,21 @@ class _Devices:
         parts.append((a, b))
         if sum(self.seg.touched_bytes(x, y) for x, y in parts) <= device.memory_bytes:
             return True  # even counting every byte touched, it fits
+        # Each stretch's peak alone is live at once on the device; the device's peak is at
+        # most their peaks and their inputs summed (a tensor waiting between stretches was
+        # an input of one, or live at the end of the one that made it). Bounds that
+        # settle most asks without the device's timeline.
+        alone = [self.seg.stretch().split(x, y) for x, y in parts]
+        weights = sum(w for w, _, _ in alone)
+        if weights + sum(p + i for _, p, i in alone) <= device.memory_bytes:
+            return True
+        if weights + max(p for _, p, _ in alone) > device.memory_bytes:
+            return False
         graph, order = self.seg.graph, self.seg.order
         # as the plan will count it: each part's weights, and the device's arena, where
         # a tensor kept from one of its parts to a later one counts while it waits
         held = [_Part(str(i), device.name, tuple(order[x:y])) for i, (x, y) in enumerate(parts)]
-        need = sum(weight_bytes(graph, self.seg.nodes[x:y]) for x, y in parts) + \
-            device_peak_bytes(held, graph, device.name)
+        need = weights + device_peak_bytes(held, graph, device.name)
         return need <= device.memory_bytes
 
     def take(self, a: int, b: int, device: DeviceConfig, merge: bool) -> float:

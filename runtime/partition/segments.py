@@ -71,9 +71,12 @@ class Segments:
 
     def memory(self, a: int, b: int) -> int:
         """Weights plus peak live activations of [a, b), as `liveness` counts them."""
+        return self.stretch()(a, b)
+
+    def stretch(self) -> StretchMemory:
         if "_stretch" not in self.__dict__:
             self._stretch = StretchMemory(self.graph, self.nodes)
-        return self._stretch(a, b)
+        return self._stretch
 
     def runnable(self, a: int, b: int, device: DeviceConfig) -> bool:
         u = self.blocked_before(device)

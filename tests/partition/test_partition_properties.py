@@ -32,9 +32,10 @@ from runtime.partition import (
 from runtime.partition.build import build_plan
 from runtime.partition.greedy import fill
 from runtime.partition.liveness import StretchMemory, peak_activation_bytes, weight_bytes
+from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.placement import place, read_annotations
 from runtime.partition.record import Recorder, finish
-from runtime.partition.regions import STYLES, placement_order, region_split
+from runtime.partition.regions import STYLES, _Part, placement_order, region_split
 from runtime.partition.segments import Segments
 from runtime.partition.steps import STEP_KINDS
 from tests.partition.test_memory_plan import brute_force
@@ -555,3 +556,21 @@ def test_stretch_memory_counts_as_liveness_does_on_every_stretch(data):
         for b in range(a, len(nodes) + 1):
             walked = weight_bytes(graph, nodes[a:b]) + peak_activation_bytes(graph, nodes[a:b])
             assert stretch(a, b) == walked, (a, b)
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_a_devices_stretches_bound_its_memory_from_both_sides(data):
+    """Region splits settle most fits from each stretch alone: the device's peak is at
+    least the largest stretch's own and at most their peaks and inputs summed."""
+    graph = load_graph(data.draw(dag_models(3, 30)))
+    nodes, rng = list(graph.nodes), Rand(data.draw(st.integers(0, 2**32 - 1)))
+    cuts = sorted({rng.int(0, len(nodes)) for _ in range(rng.int(2, 8))} | {0, len(nodes)})
+    stretches = [(a, b) for a, b in itertools.pairwise(cuts) if rng.int(0, 2) and b > a]
+    if not stretches:
+        return
+    parts = [_Part(str(i), "d", tuple(n.name for n in nodes[a:b]))
+             for i, (a, b) in enumerate(stretches)]
+    peak = device_peak_bytes(parts, graph, "d")
+    alone = [StretchMemory(graph, nodes).split(a, b) for a, b in stretches]
+    assert max(p for _, p, _ in alone) <= peak <= sum(p + i for _, p, i in alone)
