@@ -10,6 +10,9 @@ the cost model the plan was made with:
   any tensor carries at the cheapest receiving end. The devices are busy at least W +
   that, and the busiest of k at least a k-th of it, plus the fixed cost every partition
   run pays (the least any device has).
+- **confined work**: the nodes placement allows only on some set S of the devices run
+  there, each at least as long as on the fastest of S; the busiest of S is busy at least
+  a |S|-th of that, plus the least fixed cost in S (for S each set placement allows).
 - **largest node**: the slowest node on its fastest allowed device, plus that device's
   fixed cost per run, runs in some stage whole.
 - **one device**: a plan on one device copies nothing; its time is the whole graph's
@@ -43,12 +46,17 @@ class Bound:
     largest_node: str
     whole: float | None  # the best plan on one device (None: no device holds it all)
     devices: int
+    confined: float = 0.0  # the work only some devices may run, over them
+    confined_to: tuple[str, ...] = ()
 
     def why(self) -> str:
         """The bound in words, for the stepper."""
         parts = [f"work over {self.devices} device{'s' * (self.devices != 1)} "
                  f"{human_seconds(self.work)}",
                  f"largest node {self.largest_node} {human_seconds(self.largest)}"]
+        if self.confined > self.work:
+            parts.append(f"work only {', '.join(self.confined_to)} may run "
+                         f"{human_seconds(self.confined)}")
         if self.whole is not None:
             parts.append(f"all on one device {human_seconds(self.whole)}")
         return "; ".join(parts)
@@ -80,9 +88,30 @@ def lower_bound(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                  default=None)
     k = len(devices)
     copy = _cheapest_copy(graph, model, devices) if nx.is_weakly_connected(graph.dag) else 0.0
-    split = max((work + copy) / k + min(fixed.values()), largest)
+    spread = (work + copy) / k + min(fixed.values())
+    confined, confined_to = _confined(graph, model, by_name, fixed, allowed or {})
+    split = max(spread, largest, confined)
     options = ([split] if k > 1 else []) + ([single] if single is not None else [])
-    return Bound(min(options, default=split), split, largest, largest_node, single, k)
+    return Bound(min(options, default=split), spread, largest, largest_node, single, k,
+                 confined, confined_to)
+
+
+def _confined(graph: Graph, model: CostModel, by_name: Mapping[str, DeviceConfig],
+              fixed: Mapping[str, float], allowed: Mapping[str, frozenset[str]]
+              ) -> tuple[float, tuple[str, ...]]:
+    """The most, over each set S of devices placement allows some node, of the work of
+    the nodes allowed only within S, at its fastest there, over |S|, plus S's least fixed
+    cost; and that S."""
+    best: tuple[float, tuple[str, ...]] = (0.0, ())
+    for group in {frozenset(d for d in a if d in by_name) for a in allowed.values()}:
+        if not group or len(group) == len(by_name):
+            continue  # the whole set is the work bound's
+        devices = [by_name[d] for d in group]
+        work = sum(min(model.node_seconds(node.name, d) for d in devices)
+                   for node in graph.nodes if allowed.get(node.name, by_name.keys()) <= group)
+        seconds = work / len(group) + min(fixed[d] for d in group)
+        best = max(best, (seconds, tuple(sorted(group))))
+    return best
 
 
 def _cheapest_copy(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig]) -> float:

@@ -19,17 +19,22 @@ from runtime.graph import load_graph
 from runtime.partition import partition, partition_steps
 from runtime.partition.bound import lower_bound
 from runtime.partition.build import build_plan
+from runtime.partition.placement import Annotations, place
 from runtime.partition.steps import STEP_KINDS
 from tests.support.dags import SAMPLES_DIR, collect, random_dag_model
 
 
-def _best_of_every_assignment(graph, devices, model) -> float:
+def _best_of_every_assignment(graph, devices, model, allowed=None) -> float:
     """The least bottleneck over every assignment of nodes to devices (one partition per
-    device used) whose partitions do not depend on each other in a cycle."""
+    device used, each node on a device `allowed` lets it run on) whose partitions do not
+    depend on each other in a cycle."""
     names = [n.name for n in graph.nodes]
     order = list(names)
     best = np.inf
     for choice in itertools.product(range(len(devices)), repeat=len(names)):
+        if allowed and any(devices[c].name not in allowed[n]
+                           for n, c in zip(names, choice, strict=True)):
+            continue
         groups = [(f"p{d}", devices[d].name, [n for n, c in zip(names, choice, strict=True)
                                               if c == d]) for d in range(len(devices))]
         try:
@@ -65,6 +70,40 @@ def test_no_assignment_of_a_small_graph_beats_the_bound(seed):
         assert plan.lower_bound_seconds == pytest.approx(bound.seconds)
         assert plan.bottleneck_seconds >= plan.lower_bound_seconds * (1 - 1e-9)
         assert plan.gap >= -1e-9
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_no_assignment_over_op_limited_devices_beats_the_bound(seed):
+    """Accelerators that lack some of the graph's ops confine those nodes to the cpus:
+    the bound counts their work over the cpus alone, and still no assignment beats it."""
+    rng = np.random.default_rng(seed)
+    graph = load_graph(random_dag_model(seed, int(rng.integers(3, 6)), max_width=16))
+    ops = sorted({n.op_type for n in graph.nodes})
+    kept = frozenset(rng.choice(ops, size=max(1, len(ops) // 2), replace=False).tolist())
+    devices = [DeviceConfig(name="cpu0"), DeviceConfig(name="cpu1"),
+               DeviceConfig(name="sim0", backend="sim", supported_ops=kept,
+                            peak_flops=float(rng.choice([1e9, 1e11])), link_bandwidth=1e9)]
+    allowed = place(graph, devices, Annotations()).allowed
+    for model in (CostModel.roofline(graph), _measured_model(graph, devices, rng)):
+        bound = lower_bound(graph, model, devices, allowed)
+        best = _best_of_every_assignment(graph, devices, model, allowed)
+        assert bound.seconds <= best * (1 + 1e-9), (bound, best)
+
+
+def test_work_only_the_cpus_may_run_lifts_the_bound():
+    """The transformer's normalisations, softmaxes and reshapes run only on the cpus: the
+    bound counts them over two devices, not six, and says so."""
+    graph = load_graph(SAMPLES_DIR / "transformer.onnx")
+    devices = parse_devices("cpu:2,sim:4:mem=2MB:ops=Conv+Gemm+MatMul+Relu+Add")
+    allowed = place(graph, devices, Annotations()).allowed
+    model = CostModel.roofline(graph)
+    bound = lower_bound(graph, model, devices, allowed)
+    assert bound.confined_to == ("cpu0", "cpu1") and bound.confined > bound.work
+    assert bound.seconds == pytest.approx(max(bound.confined, bound.largest))
+    assert "work only cpu0, cpu1 may run" in bound.why()
+    plan = partition(graph, devices, "balanced", costs=model)
+    assert plan.lower_bound_seconds == pytest.approx(bound.seconds)
+    assert plan.bottleneck_seconds >= bound.seconds
 
 
 def test_branches_that_split_without_a_copy_do_not_lift_the_bound():
