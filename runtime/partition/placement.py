@@ -33,6 +33,7 @@ class Annotations:
     ops: Mapping[str, str] = field(default_factory=dict)
     fallback: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
+    label: str = "annotations"  # "annotations FILE" when read from a file, for errors
 
     @property
     def empty(self) -> bool:
@@ -46,11 +47,11 @@ class Annotations:
         nodes = set(graph.by_name) | set(graph.folded.nodes)
         neither = sorted(set(self.names) - nodes - ops)
         if neither:
-            raise PartitionError(f"annotations name neither a node nor an op type of "
+            raise PartitionError(f"{self.label} name neither a node nor an op type of "
                                  f"{graph.name}: {', '.join(neither[:5])}")
         return Annotations({**{k: v for k, v in self.names.items() if k in nodes}, **self.nodes},
                            {**{k: v for k, v in self.names.items() if k not in nodes},
-                            **self.ops}, self.fallback)
+                            **self.ops}, self.fallback, label=self.label)
 
 
 def read_annotations(source: str | Path | Mapping | Annotations | None,
@@ -71,8 +72,8 @@ def read_annotations(source: str | Path | Mapping | Annotations | None,
             table = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise PartitionError(f"cannot read annotations {path}: {exc}") from None
-    label = "annotations" if isinstance(source, Mapping | Annotations | None) \
-        else f"annotations {source}"
+    label = source.label if isinstance(source, Annotations) else "annotations" \
+        if isinstance(source, Mapping | None) else f"annotations {source}"
     names = {k: v for k, v in table.items() if k not in ("nodes", "ops", "fallback")}
     unknown = [k for k, v in names.items() if not isinstance(k, str) or not isinstance(v, str)]
     if unknown:
@@ -82,7 +83,7 @@ def read_annotations(source: str | Path | Mapping | Annotations | None,
     if fallback is not None and not isinstance(fallback, str):
         raise PartitionError(f"{label}: fallback must be a device name, got {fallback!r}")
     return Annotations(_names_to_targets(table, "nodes", label),
-                       _names_to_targets(table, "ops", label), fallback, names)
+                       _names_to_targets(table, "ops", label), fallback, names, label)
 
 
 def _names_to_targets(table: Mapping, key: str, label: str) -> dict[str, str]:
@@ -173,7 +174,7 @@ def place(graph: Graph, devices: Sequence[DeviceConfig], notes: Annotations) -> 
                              f"({_names(by_name)})")
     missing = sorted(set(notes.nodes) - set(graph.by_name) - set(graph.folded.nodes))
     if missing:
-        raise PartitionError(f"annotations name nodes not in {graph.name}: "
+        raise PartitionError(f"{notes.label} name nodes not in {graph.name}: "
                              f"{', '.join(missing[:5])}")
     # Devices of one backend, op list and precisions answer alike: ask one of each kind, so
     # placement stays linear in the device count (thousands of twins are one question).

@@ -230,6 +230,9 @@ def test_a_flat_map_names_nodes_and_op_types_a_node_first(mode, tmp_path):
         assert plan.reasons["Relu"].startswith("annotated cpu0 (node)")
     with pytest.raises(PartitionError, match=r"neither a node nor an op type of flat: Conv, mn"):
         partition(graph, devices, mode, annotations={"mn": "cpu0", "Conv": "npu0"})
+    toml.write_text('mn = "cpu0"\n')
+    with pytest.raises(PartitionError, match=f"annotations {re.escape(str(toml))} name neither"):
+        partition(graph, devices, mode, annotations=toml)
 
 
 def test_placement_steps_come_first_and_carry_each_reason():
