@@ -2,8 +2,8 @@
 
 Glow's greedy fill closes a partition when the next node no longer fits. Because a
 segment's memory only grows as it grows, filling each device as far as it goes gives
-the fewest partitions for the order and that sequence of devices. Moving single nodes
-across boundaries then lowers the slowest stage without adding a partition.
+the fewest partitions for the order and that sequence of devices. Moving nodes across
+boundaries then lowers the slowest stage without adding a partition.
 """
 
 from __future__ import annotations
@@ -76,36 +76,63 @@ def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder, why: str
     return split
 
 
+def _moved(bounds: list[int], s: int, nb: int, m: int) -> list[int]:
+    """The boundaries with m nodes moved from stage s to its neighbour nb."""
+    trial = bounds.copy()
+    trial[s + 1 if nb > s else s] += -m if nb > s else m
+    return trial
+
+
+def _tries(seg: Segments, bounds: list[int], devs: Sequence[DeviceConfig], s: int, nb: int
+           ) -> list[int]:
+    """How many nodes to try moving from stage s to nb: one, and the two around where
+    their times cross, within what nb has room for (both found by bisection: nb only
+    grows and s only shrinks as nodes move)."""
+    lo, hi = 0, bounds[s + 1] - bounds[s] - 1  # s keeps a node
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        t = _moved(bounds, s, nb, mid)
+        lo, hi = (mid, hi) if seg.fits(t[nb], t[nb + 1], devs[nb]) else (lo, mid - 1)
+    lo, hi = 1, lo
+    if hi == 0:
+        return []
+    while lo < hi:
+        mid = (lo + hi) // 2
+        t = _moved(bounds, s, nb, mid)
+        behind = seg.seconds(t[nb], t[nb + 1], devs[nb]) < seg.seconds(t[s], t[s + 1], devs[s])
+        lo, hi = (mid + 1, hi) if behind else (lo, mid)
+    return sorted({1, max(1, lo - 1), lo})
+
+
 def rebalance(seg: Segments, split: Split, rec: Recorder, limit: int = 2000) -> Steps[Split]:
-    """Move one node at a time off the slowest stage while that lowers it."""
+    """Move nodes off the slowest stage to a neighbour while that lowers it: one node, or
+    as many as bring the two stages' times together."""
     bounds = [a for a, _, _ in split] + [seg.n]
     devs = [d for _, _, d in split]
     times = [seg.seconds(a, b, d) for a, b, d in zip(bounds, bounds[1:], devs, strict=False)]
     for _ in range(limit if times else 0):
         s = max(range(len(times)), key=times.__getitem__)
         best = None
-        for nb, cut, new_cut in ((s + 1, s + 1, bounds[s + 1] - 1), (s - 1, s, bounds[s] + 1)):
+        for nb in (s + 1, s - 1):
             if not 0 <= nb < len(devs):
                 continue
-            trial = bounds.copy()
-            trial[cut] = new_cut
-            pair = sorted((s, nb))
-            if any(trial[i] >= trial[i + 1] or not seg.fits(trial[i], trial[i + 1], devs[i])
-                   for i in pair):
-                continue
-            new = {i: seg.seconds(trial[i], trial[i + 1], devs[i]) for i in pair}
-            if max(new.values()) < times[s] * (1 - 1e-9) and (
-                    best is None or max(new.values()) < max(best[2].values())):
-                best = (nb, trial, new)
+            for m in _tries(seg, bounds, devs, s, nb):
+                trial = _moved(bounds, s, nb, m)
+                new = {i: seg.seconds(trial[i], trial[i + 1], devs[i]) for i in (s, nb)}
+                if max(new.values()) < times[s] * (1 - 1e-9) and (
+                        best is None or max(new.values()) < max(best[2].values())):
+                    best = (nb, trial, new)
         if best is None:
             break
-        nb, bounds, new = best
+        nb, trial, new = best
         old = times[s]
         for i, t in new.items():
             times[i] = t
-        node = seg.order[bounds[s] - 1] if nb < s else seg.order[bounds[s + 1]]
-        yield rec.step("move", f"moved {node} from partition {s} to {nb}: stage {s} "
+        moved = seg.order[trial[s + 1]:bounds[s + 1]] if nb > s else seg.order[bounds[s]:trial[s]]
+        bounds = trial
+        what = moved[0] if len(moved) == 1 else f"{len(moved)} nodes ({moved[0]}..{moved[-1]})"
+        yield rec.step("move", f"moved {what} from partition {s} to {nb}: stage {s} "
                        f"{human_seconds(old)} -> {human_seconds(times[s])}", nb, devs[nb].name,
-                       (node,))
+                       tuple(moved))
     return [(a, b, d) for a, b, d in zip(bounds, bounds[1:], devs, strict=False)]
 

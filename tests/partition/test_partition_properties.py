@@ -30,11 +30,11 @@ from runtime.partition import (
     replay,
 )
 from runtime.partition.build import build_plan
-from runtime.partition.greedy import fill
+from runtime.partition.greedy import fill, rebalance
 from runtime.partition.liveness import StretchMemory, peak_activation_bytes, weight_bytes
 from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.placement import place, read_annotations
-from runtime.partition.record import Recorder, finish
+from runtime.partition.record import Recorder, finish, tap
 from runtime.partition.regions import STYLES, _Part, placement_order, region_split
 from runtime.partition.segments import Segments
 from runtime.partition.steps import STEP_KINDS
@@ -574,3 +574,22 @@ def test_a_devices_stretches_bound_its_memory_from_both_sides(data):
     peak = device_peak_bytes(parts, graph, "d")
     alone = [StretchMemory(graph, nodes).split(a, b) for a, b in stretches]
     assert max(p for _, p, _ in alone) <= peak <= sum(p + i for _, p, i in alone)
+
+
+def test_boundary_moves_jump_to_where_two_stages_balance():
+    """Filling leaves the first of two devices nearly everything; the moves that follow
+    bring the cut to the best one the second device has room for, in a few steps rather
+    than one per node."""
+    graph = load_graph(matmul_chain(16, 120, seed=3))
+    seg = Segments(graph, CostModel.roofline(graph), [n.name for n in graph.nodes])
+    room = int(seg.memory(0, int(seg.n * 0.9)))
+    devices = [DeviceConfig(name=f"cpu{i}", memory_bytes=room) for i in range(2)]
+    split = finish(fill(seg, devices, Recorder()))
+    assert len(split) == 2 and split[0][1] > seg.n * 0.8
+    steps: list = []
+    (a, c, d0), (_, b, d1) = finish(tap(rebalance(seg, split, Recorder()), steps.append))
+    best = min(max(seg.seconds(0, k, d0), seg.seconds(k, b, d1))
+               for k in range(1, b) if seg.fits(k, b, d1) and seg.fits(0, k, d0))
+    assert max(seg.seconds(a, c, d0), seg.seconds(c, b, d1)) <= best * (1 + 1e-9)
+    moved = sum(len(s.nodes) for s in steps)
+    assert moved >= seg.n * 0.3 and len(steps) <= 2 * seg.n.bit_length(), (moved, len(steps))
