@@ -24,7 +24,7 @@ import numpy as np
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.partition.balanced import twin_classes
-from runtime.partition.greedy import Split, fill, reach, rebalance
+from runtime.partition.greedy import Split, fill, rebalance
 from runtime.partition.record import Recorder, Steps, finish
 from runtime.partition.segments import Segments
 
@@ -50,7 +50,7 @@ def fewest_sequence(seg: Segments, devices: Sequence[DeviceConfig]) -> list[Devi
         for c, (stride, size) in enumerate(zip(strides, sizes, strict=True)):
             if s // stride % (size + 1) == 0:
                 continue
-            end = reach(seg, furthest[s - stride], devices[classes[c][0]])
+            end = seg.furthest_end(furthest[s - stride], devices[classes[c][0]])
             if end > furthest[s] or via[s] < 0:
                 furthest[s], via[s], used[s] = end, c, used[s - stride] + 1
     done = [s for s in range(count) if furthest[s] == seg.n]

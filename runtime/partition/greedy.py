@@ -19,23 +19,6 @@ from runtime.units import human_bytes, human_seconds
 Split = list[tuple[int, int, DeviceConfig]]
 
 
-def reach(seg: Segments, a: int, device: DeviceConfig) -> int:
-    """The furthest b such that [a, b) fits and runs on the device (a if none): a binary
-    search, as fitting only fails more as b grows (each test walks the segment).
-    Memoised on `seg`, for `fewest` asks again what filling asked."""
-    memo = seg.__dict__.setdefault("_reach", {})
-    if (a, device) not in memo:
-        lo, hi = a, seg.n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if seg.fits(a, mid, device):
-                lo = mid
-            else:
-                hi = mid - 1
-        memo[a, device] = lo
-    return memo[a, device]
-
-
 def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder, why: str = ""
          ) -> Steps[Split]:
     """Each device in turn as far as the next node fits; `why` explains the first open."""
@@ -47,7 +30,7 @@ def fill(seg: Segments, devices: Sequence[DeviceConfig], rec: Recorder, why: str
                 f"too few devices for {seg.graph.name}: {len(devices)} devices hold {a} of "
                 f"{seg.n} nodes (next: {seg.order[a]}); add devices or memory")
         dev = remaining.pop(0)
-        b = reach(seg, a, dev)
+        b = seg.furthest_end(a, dev)
         if b == a:
             node = seg.nodes[a]
             why = (f"cannot run {node.op_type}" if not seg.runnable(a, a + 1, dev) else

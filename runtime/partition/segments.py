@@ -111,6 +111,19 @@ class Segments:
             + sum(model.send_seconds(size, device) for size in self.outgoing(a, b).values())
         return float(prefix[b] - prefix[a]) + model.fixed_seconds(device) + copies
 
+    def furthest_end(self, a: int, device: DeviceConfig) -> int:
+        """The furthest b such that [a, b) fits and runs on the device (a if none): a
+        bisection, as fitting only fails more as b grows. Memoised per start and device:
+        `fewest` asks again what filling asked."""
+        memo = self.__dict__.setdefault("_furthest_end", {})
+        if (a, device) not in memo:
+            lo, hi = a, self.n
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self.fits(a, mid, device) else (lo, mid - 1)
+            memo[a, device] = lo
+        return memo[a, device]
+
     def lowest_start(self, device: DeviceConfig) -> np.ndarray:
         """lo[b] = the smallest a such that [a, b) fits and runs on the device (b if none)."""
         memo = self.__dict__.setdefault("_lowest_start", {})
