@@ -33,6 +33,7 @@ from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition.liveness import peak_activation_bytes, weight_bytes
+from runtime.partition.placement import confined_groups
 from runtime.units import human_seconds
 
 
@@ -103,12 +104,10 @@ def _confined(graph: Graph, model: CostModel, by_name: Mapping[str, DeviceConfig
     the nodes allowed only within S, at its fastest there, over |S|, plus S's least fixed
     cost; and that S."""
     best: tuple[float, tuple[str, ...]] = (0.0, ())
-    for group in {frozenset(d for d in a if d in by_name) for a in allowed.values()}:
-        if not group or len(group) == len(by_name):
-            continue  # the whole set is the work bound's
+    # every set short of all the devices: the whole set is the work bound's
+    for group, nodes in confined_groups(graph, allowed, by_name):
         devices = [by_name[d] for d in group]
-        work = sum(min(model.node_seconds(node.name, d) for d in devices)
-                   for node in graph.nodes if allowed.get(node.name, by_name.keys()) <= group)
+        work = sum(min(model.node_seconds(node.name, d) for d in devices) for node in nodes)
         seconds = work / len(group) + min(fixed[d] for d in group)
         best = max(best, (seconds, tuple(sorted(group))))
     return best

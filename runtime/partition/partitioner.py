@@ -25,7 +25,13 @@ from runtime.partition.greedy import Split
 from runtime.partition.liveness import weight_bytes
 from runtime.partition.order import choose_order, model_order
 from runtime.partition.pairs import keep_pairs
-from runtime.partition.placement import Annotations, Placement, place, read_annotations
+from runtime.partition.placement import (
+    Annotations,
+    Placement,
+    confined_groups,
+    place,
+    read_annotations,
+)
 from runtime.partition.plan import MODES, Plan
 from runtime.partition.record import Recorder, Steps, finish, tap
 from runtime.partition.regions import placement_order, region_split
@@ -63,9 +69,7 @@ def _check_placed_weights(graph: Graph, placement: Placement,
     """Nodes placement keeps on some of the devices need those devices to hold their
     weights: say so in bytes before any split is tried."""
     memory = {d.name: d.memory_bytes for d in devices}
-    for group in sorted({a for a in placement.allowed.values() if len(a) < len(devices)},
-                        key=sorted):
-        nodes = [n for n in graph.nodes if placement.allowed[n.name] <= group]
+    for group, nodes in confined_groups(graph, placement.allowed, memory):
         need, held = weight_bytes(graph, nodes), sum(memory[d] for d in group)
         if need > held:
             ops = ", ".join(sorted({n.op_type for n in nodes}))

@@ -144,6 +144,16 @@ class Placement:
         return all(a == names for a in self.allowed.values())
 
 
+def confined_groups(graph: Graph, allowed: Mapping[str, frozenset[str]], names: Iterable[str]
+             ) -> list[tuple[frozenset[str], list[Node]]]:
+    """Each set of the devices `names` that placement allows some node, short of all of
+    them, with the nodes allowed only within it; the sets in a fixed order."""
+    every = frozenset(names)
+    groups = {a & every for a in allowed.values()} - {every, frozenset()}
+    return [(group, [n for n in graph.nodes if allowed.get(n.name, every) <= group])
+            for group in sorted(groups, key=sorted)]
+
+
 def _names(names: Iterable[str]) -> str:
     """Device names for a message, sorted: the same words whatever order devices came in."""
     return ", ".join(sorted(names))
