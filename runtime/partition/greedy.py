@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.partition.record import Recorder, Steps
-from runtime.partition.segments import Segments
+from runtime.partition.segments import Segments, last_true
 from runtime.units import human_bytes, human_seconds
 
 Split = list[tuple[int, int, DeviceConfig]]
@@ -71,12 +71,11 @@ def _tries(seg: Segments, bounds: list[int], devs: Sequence[DeviceConfig], s: in
     """How many nodes to try moving from stage s to nb: one, and the two around where
     their times cross, within what nb has room for (both found by bisection: nb only
     grows and s only shrinks as nodes move)."""
-    lo, hi = 0, bounds[s + 1] - bounds[s] - 1  # s keeps a node
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        t = _moved(bounds, s, nb, mid)
-        lo, hi = (mid, hi) if seg.fits(t[nb], t[nb + 1], devs[nb]) else (lo, mid - 1)
-    lo, hi = 1, lo
+    def room(m: int) -> bool:
+        t = _moved(bounds, s, nb, m)
+        return seg.fits(t[nb], t[nb + 1], devs[nb])
+
+    lo, hi = 1, last_true(0, bounds[s + 1] - bounds[s] - 1, room)  # s keeps a node
     if hi == 0:
         return []
     while lo < hi:

@@ -36,7 +36,7 @@ from runtime.graph import Graph
 from runtime.partition.greedy import Split
 from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.record import Recorder, Steps
-from runtime.partition.segments import Segments
+from runtime.partition.segments import Segments, last_true
 from runtime.units import human_seconds
 
 
@@ -182,13 +182,8 @@ def _longest_run(state: _Devices, regions: list[Region], i: int,
         allowed_to = i
         while allowed_to < len(regions) and dev.name in regions[allowed_to][2]:
             allowed_to += 1
-        lo, hi = i, allowed_to  # room only shrinks as the run grows: search the farthest end
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if state.fits(dev, a, regions[mid - 1][1], same):
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = last_true(i, allowed_to,  # the lambda runs here, in this iteration
+                       lambda j: state.fits(dev, a, regions[j - 1][1], same))  # noqa: B023
         if lo > i:
             b = regions[lo - 1][1]
             moved = sum(state.copies_in(a, b, dev).values())
@@ -205,13 +200,7 @@ def _farthest_cut(state: _Devices, region: Region, devices: Sequence[DeviceConfi
     for dev in devices:
         if dev.name not in allowed:
             continue
-        lo, hi = a, b - 1  # room only shrinks as the piece grows: search the furthest end
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if state.fits(dev, a, mid, dev is last):
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = last_true(a, b - 1, lambda c: state.fits(dev, a, c, dev is last))  # noqa: B023
         if lo > a and (best is None or lo > best):
             best = lo
     return best

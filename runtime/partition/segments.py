@@ -11,7 +11,7 @@ grows when a segment grows at either end, which is what makes greedy filling exa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -19,6 +19,16 @@ from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition.liveness import StretchMemory
+
+
+def last_true(lo: int, hi: int, holds: Callable[[int], bool]) -> int:
+    """The largest x in [lo, hi] that `holds`, by bisection: it holds at lo (or nothing
+    does and lo comes back), and once it fails it fails for every larger x, as a fit does
+    when a stretch grows."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid - 1)
+    return lo
 
 
 class Segments:
@@ -117,11 +127,7 @@ class Segments:
         `fewest` asks again what filling asked."""
         memo = self.__dict__.setdefault("_furthest_end", {})
         if (a, device) not in memo:
-            lo, hi = a, self.n
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if self.fits(a, mid, device) else (lo, mid - 1)
-            memo[a, device] = lo
+            memo[a, device] = last_true(a, self.n, lambda b: self.fits(a, b, device))
         return memo[a, device]
 
     def lowest_start(self, device: DeviceConfig) -> np.ndarray:
