@@ -215,11 +215,15 @@ class Catalog:
         self.repository = repository
         # name -> version -> what serves it; replaced whole, never changed in place
         self._served: dict[str, dict[str, Served]] = {}
-        self._by_network: dict[str, Served] = {}  # every network ever served: for metrics
+        self._by_network: dict[str, Served] = {}  # each network on the host: for metrics
+        self._named: set[str] = set()  # models whose own name a network has had
         self._failed: dict[str, str] = {}  # name -> why its last load failed
         self._loading: set[str] = set()
         self._lock = threading.Lock()
         self._suffix = itertools.count(2)
+        # called once a network is off the host, before its model's name for it goes:
+        # the server's metrics fold the events it left
+        self.on_removed: Callable[[], None] = lambda: None
         # called with (model, version) once a version stops being served (unloaded, or
         # dropped by its version policy): the server's metrics forget it, as Triton's do
         self.on_gone: Callable[[str, str], None] = lambda model, version: None
@@ -244,7 +248,8 @@ class Catalog:
         return [s for versions in self._served.values() for s in versions.values()]
 
     def of_network(self, network: str) -> Served | None:
-        """The model a host network serves or served (events name networks)."""
+        """The model a host network serves (events name networks), None once the network
+        is gone and its events are folded."""
         return self._by_network.get(network)
 
     def load(self, name: str, params: dict | None = None) -> Served:
@@ -269,6 +274,7 @@ class Catalog:
                 for version, served in made.items():
                     if served is not current.get(version):  # never served: no requests
                         self.host.remove_network(served.network)
+                        self._removed(served.network)
                 raise
             self._publish(name, made, current)
         return self.get(name)
@@ -287,9 +293,7 @@ class Catalog:
         and checked for it, not yet served. Called holding the lock."""
         if old is not None and (old.source, old.options) == (path, options):
             return old
-        network = name  # never a name served before: a request that holds one
-        while network in self._by_network or network in self.host.networks():
-            network = f"{name}#{next(self._suffix)}"  # reaches nothing else
+        network = self._new_network_name(name)
         self._loading.add(name)
         try:
             plan = self.host.add_network(network, str(path), **options.add_network())
@@ -313,6 +317,19 @@ class Catalog:
         self._by_network[network] = served
         return served
 
+    def _new_network_name(self, name: str) -> str:
+        """A host network name never given before, so a request holding an old one reaches
+        nothing else: the model's own name the first time, then `name#N`, N counted over
+        every model (a model name holding '#' always takes a number). Nothing is kept per
+        reload."""
+        if "#" not in name and name not in self._named:
+            self._named.add(name)
+            if name not in self.host.networks():
+                return name
+        while (network := f"{name}#{next(self._suffix)}") in self.host.networks():
+            pass
+        return network
+
     def _publish(self, name: str, versions: dict[str, Served],
                  current: dict[str, Served]) -> None:
         """Serve `versions` of `name` in one swap; then retire what they replaced, and
@@ -333,9 +350,13 @@ class Catalog:
             threading.Thread(target=self._drain, args=(network, gone), daemon=True,
                              name=f"prism-drain-{network}").start()
             return
-        self._forget(gone)
+        self._removed(network, gone)
 
-    def _forget(self, gone: Served | None) -> None:
+    def _removed(self, network: str, gone: Served | None = None) -> None:
+        """`network` is off the host, its requests ended: the events they left are folded,
+        then the network is forgotten (and `gone`, a version served no more, too)."""
+        self.on_removed()
+        self._by_network.pop(network, None)
         if gone is not None:
             self.on_gone(gone.name, gone.version)
 
@@ -343,7 +364,7 @@ class Catalog:
         while True:
             try:
                 self.host.remove_network(network, wait=True, timeout=UNLOAD_WAIT)
-                self._forget(gone)
+                self._removed(network, gone)
                 return
             except NetworkBusyError:
                 log.warning("%s: requests to the replaced network still running", network)
@@ -367,7 +388,7 @@ class Catalog:
                     self._served = {**self._served, name: versions}
                     raise in_public(exc, name) from None
                 versions = {v: s for v, s in versions.items() if v != version}
-                self._forget(served)
+                self._removed(served.network, served)
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model in the repository or served, its state."""

@@ -51,7 +51,7 @@ class ServerState:
             return None if served is None else (served.name, served.version, served.transfers)
 
         metrics = ServerMetrics(host.bus, label)
-        catalog.on_gone = metrics.forget
+        catalog.on_removed, catalog.on_gone = metrics.catch_up, metrics.forget
         return cls(host, catalog, metrics, settings or ServerSettings(), EventLog(host.bus),
                    RunThread(host))
 

@@ -39,7 +39,15 @@ from app.server.runner import ServeProcess
 from app.server.state import ServerSettings
 from app.server.tensors import DTYPES, parse_infer
 from tests.cli.test_cli import one_line_error
-from tests.support.servers import WAIT, binary_request, call, error_of, make_repository, serving
+from tests.support.servers import (
+    WAIT,
+    binary_request,
+    call,
+    error_of,
+    make_repository,
+    metric,
+    serving,
+)
 from tests.support.serving import MLP, assert_same, expected, mlp_feeds, poll
 
 # One sim device holding each of mlp's runs for its modelled time: ~2 s a request (mlp is
@@ -371,6 +379,29 @@ def test_reloads_under_load_fail_no_request_and_errors_name_the_model(tmp_path):
                            "data": [0.0] * 256}]}
         status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", bad))
         assert status == 400 and "mlp" in message and "#" not in message, message
+
+
+def test_reloads_keep_nothing_of_the_networks_they_replace_and_count_every_request(tmp_path):
+    """Before: the catalog kept every network it had served (~4 KB a reload of mlp), so a
+    server reloading on a schedule grew for ever. Now a network's label goes with it, once
+    the metrics have folded the events its requests left."""
+    repository = make_repository(tmp_path)
+    with serving("cpu:2", repository, models=("mlp",), files=(("mlp#3", MLP),)) as (url, state):
+        rng, catalog = np.random.default_rng(), state.catalog
+        networks, answered = [catalog.get("mlp#3").network], 0
+        for reload in range(6):
+            network = catalog.get("mlp").network
+            networks.append(network)
+            for _ in range(int(rng.integers(3, 9))):
+                state.host.run(network, mlp_feeds(rng)).result(WAIT)
+                answered += 1
+            # at once: the last requests' events are still waiting to be folded
+            catalog.load("mlp", {"partition": ("balanced", "memory")[reload % 2]})
+        networks.append(catalog.get("mlp").network)
+        assert len(set(networks)) == len(networks), networks  # no name given twice
+        assert [catalog.of_network(n) is None for n in networks[1:-1]] == [True] * 6
+        assert catalog.of_network(networks[-1]) is catalog.get("mlp")
+        assert metric(url, "nv_inference_request_success", model="mlp") == answered
 
 
 # -- 4: a model file too large for the devices is refused unread --------------------------------
