@@ -59,10 +59,14 @@ def _even_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split | None:
 
 
 def _upper_bound(seg: Segments, devices: Sequence[DeviceConfig]) -> float:
+    """The slowest stage of a split known to fit: the tighter it is, the fewer starts the
+    programme visits. Even splits over all the devices and over each class of twins (on
+    op-limited accelerators, the cpus that run everything), and greedy filling."""
     best = np.inf
-    even = _even_split(seg, devices)
-    if even:
-        best = seg.bottleneck([a for a, _, _ in even] + [seg.n], [d for _, _, d in even])
+    for group in [devices, *(devices[i0:i1] for i0, i1 in twin_classes(seg, devices))]:
+        if (even := _even_split(seg, group)) is not None:
+            best = min(best, seg.bottleneck([a for a, _, _ in even] + [seg.n],
+                                            [d for _, _, d in even]))
     try:
         greedy = finish(fill(seg, devices, Recorder()))
     except PartitionError:
@@ -121,14 +125,16 @@ def _states(classes: list[tuple[int, int]], n: int) -> _States:
     return _States(k + 1, np.arange(k + 1), moves, free=False)
 
 
-def optimal_split(seg: Segments, devices: Sequence[DeviceConfig], every: bool = False
-                  ) -> Split:
+def optimal_split(seg: Segments, devices: Sequence[DeviceConfig], every: bool = False,
+                  limit: float = np.inf) -> Split:
     """The split minimising the slowest stage; `every`: one whose every device takes at
-    least one node (what the split would be were none left idle)."""
+    least one node (what the split would be were none left idle), its slowest stage at
+    most `limit` (splits over it are not searched: PartitionError if all are)."""
     n, k = seg.n, len(devices)
     if n == 0:
         return []
-    limit = np.inf if every else _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
+    if not every:
+        limit = _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
     states = _states(twin_classes(seg, devices), n)
     vectors = [(devices[m.first], seg.prefix_seconds(devices[m.first]),
                 seg.lowest_start(devices[m.first])) for m in states.moves]

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -188,6 +189,9 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
     return plan
 
 
+IDLE_SEARCH = 2.0  # an idle step looks for splits using every device this much slower
+
+
 def _idle(seg: Segments, devices: Sequence[DeviceConfig], plan: Plan, rec: Recorder
           ) -> Steps[None]:
     """A step per device the balanced plan leaves idle, saying why: what the best split
@@ -197,15 +201,18 @@ def _idle(seg: Segments, devices: Sequence[DeviceConfig], plan: Plan, rec: Recor
     if not idle:
         return
     names = ", ".join(d.name for d in idle)
+    limit = IDLE_SEARCH * plan.bottleneck_seconds
     try:
-        every = optimal_split(seg, devices, every=True)
+        every = optimal_split(seg, devices, every=True, limit=limit)
     except PartitionError:
         every = []
-    if not every:
-        why = f"no split giving each of the {len(devices)} devices work fits their memory"
+    stages = [(seg.seconds(a, b, d), seg.model.fixed_seconds(d), d) for a, b, d in every]
+    worst, fixed, where = max(stages, key=lambda s: s[0], default=(math.inf, 0.0, devices[0]))
+    if worst > limit:  # none found within it; one found past it need not be the best
+        why = (f"no split giving each of the {len(devices)} devices work fits their memory "
+               f"with its slowest stage under {human_seconds(limit)} ({IDLE_SEARCH:g}x this "
+               f"plan's)")
     else:
-        stages = [(seg.seconds(a, b, d), seg.model.fixed_seconds(d), d) for a, b, d in every]
-        worst, fixed, where = max(stages, key=lambda s: s[0])
         why = (f"using every device the best split's slowest stage is "
                f"{human_seconds(worst)} on {where.name}")
         if fixed > 0:

@@ -85,6 +85,7 @@ class _Devices:
         self.seg = seg
         self.load = {d.name: 0.0 for d in devices}
         self.parts: dict[str, list[tuple[int, int]]] = {d.name: [] for d in devices}
+        self.touched = {d.name: 0.0 for d in devices}  # bytes its parts touch, summed
         self.at: dict[str, DeviceConfig] = {}  # tensor -> device it was made on
         self.sent: set[tuple[str, str]] = set()  # (tensor, device it was copied to)
         self.out: set[str] = set()  # tensors their device has sent out
@@ -111,12 +112,14 @@ class _Devices:
 
     def fits(self, device: DeviceConfig, a: int, b: int, merge: bool) -> bool:
         """Would the device hold its partitions with [a, b) added (or merged into its last)?"""
-        parts = list(self.parts[device.name])
+        parts = self.parts[device.name]
+        touched = self.touched[device.name]
         if merge:
-            a = parts.pop()[0]
-        parts.append((a, b))
-        if sum(self.seg.touched_bytes(x, y) for x, y in parts) <= device.memory_bytes:
+            touched -= self.seg.touched_bytes(*parts[-1])
+            a = parts[-1][0]
+        if touched + self.seg.touched_bytes(a, b) <= device.memory_bytes:
             return True  # even counting every byte touched, it fits
+        parts = [*(parts[:-1] if merge else parts), (a, b)]
         # Each stretch's peak alone is live at once on the device; the device's peak is at
         # most their peaks and their inputs summed (a tensor waiting between stretches was
         # an input of one, or live at the end of the one that made it). Bounds that
@@ -141,9 +144,11 @@ class _Devices:
             self.load[name] += seconds
         parts = self.parts[device.name]
         if merge:
+            self.touched[device.name] -= self.seg.touched_bytes(*parts[-1])
             parts[-1] = (parts[-1][0], b)
         else:
             parts.append((a, b))
+        self.touched[device.name] += self.seg.touched_bytes(*parts[-1])
         for t in self.copies_in(a, b, device):
             self.sent.add((t, device.name))
             self.out.add(t)

@@ -19,8 +19,10 @@ from runtime.graph import load_graph
 from runtime.partition import partition, partition_steps
 from runtime.partition.bound import lower_bound
 from runtime.partition.build import build_plan
+from runtime.partition.partitioner import IDLE_SEARCH
 from runtime.partition.placement import Annotations, place
 from runtime.partition.steps import STEP_KINDS
+from runtime.units import human_seconds
 from tests.support.dags import SAMPLES_DIR, collect, random_dag_model
 
 
@@ -167,3 +169,17 @@ def test_a_device_balanced_leaves_idle_gets_a_step_saying_why():
     busy = [DeviceConfig(name=f"sim{i}", backend="sim") for i in range(2)]
     steps, plan = collect(partition_steps(graph, busy, "balanced"))
     assert len(plan.partitions) == 2 and not [s for s in steps if s.kind == "idle"]
+
+
+def test_an_idle_step_searches_splits_using_every_device_up_to_twice_the_plan():
+    """Past IDLE_SEARCH times the plan's bottleneck the search stops (unbounded, it was
+    quadratic in the nodes) and the step says so."""
+    graph = load_graph(SAMPLES_DIR / "mlp.onnx")
+    for latency, exact in ((1e-3, False), (1e-4, True)):
+        slow = [DeviceConfig(name=f"sim{i}", backend="sim", link_latency=latency)
+                for i in range(2)]
+        steps, plan = collect(partition_steps(graph, slow, "balanced"))
+        [idle] = [s for s in steps if s.kind == "idle"]
+        bounded = f"under {human_seconds(IDLE_SEARCH * plan.bottleneck_seconds)}"
+        assert ("the best split's slowest stage is" in idle.reason) is exact, idle.reason
+        assert (bounded in idle.reason) is not exact, idle.reason
