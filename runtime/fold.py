@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from runtime.large import inferable
+
 FOLD_GROWTH = 2.0  # folded constants are at most this many times the constants before...
 FOLD_SLACK = 64 << 10  # ... plus this many bytes (shapes and scales of a weightless model)
 NEVER_FOLDED = frozenset({"DequantizeLinear", "RandomNormal", "RandomUniform",
@@ -88,8 +90,8 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 def _bounded_sizes(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor -> bytes where shape inference (with constants propagated) knows it."""
     try:
-        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                data_prop=True)
+        inferred = shape_inference.infer_shapes(inferable(model), check_type=False,
+                                                strict_mode=False, data_prop=True)
     except Exception:  # best effort: an unknown size is simply not folded
         return {}
     sizes = {}

@@ -24,6 +24,7 @@ from onnx import external_data_helper, helper, shape_inference
 from runtime.contrib_types import contrib_value_infos
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import FoldReport, fold_constants
+from runtime.large import inferable, too_large
 from runtime.run_sizes import run_sizes
 from runtime.units import human_bytes
 
@@ -207,11 +208,18 @@ def _external_bytes(model: onnx.ModelProto, folder: Path) -> int:
     return total
 
 
+# a tensor's fields that hold text; the rest is data, which fetching would copy
+_TENSOR_TEXT = [fd for fd in onnx.TensorProto.DESCRIPTOR.fields
+                if fd.type in (fd.TYPE_STRING, fd.TYPE_MESSAGE)]
+
+
 def _not_text(message: Message, where: str) -> str | None:
     """The first string field (as `graph.node[3].name`) whose bytes are not UTF-8, or None.
     protobuf hands such a field back as bytes, not str, and onnx's checker fails on it
     with a UnicodeDecodeError."""
-    for fd, value in message.ListFields():
+    fields = ([(fd, getattr(message, fd.name)) for fd in _TENSOR_TEXT]
+              if isinstance(message, onnx.TensorProto) else message.ListFields())
+    for fd, value in fields:
         if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
             continue
         many = not isinstance(value, str | bytes | Message)
@@ -224,7 +232,7 @@ def _not_text(message: Message, where: str) -> str | None:
     return None
 
 
-def _check(model: onnx.ModelProto, label: str) -> None:
+def _check(model: onnx.ModelProto, label: str, source: object) -> None:
     bad = _not_text(model, "model")
     if bad is not None:
         raise ModelLoadError(f"{label}: {bad} is not UTF-8 text")
@@ -237,8 +245,10 @@ def _check(model: onnx.ModelProto, label: str) -> None:
             raise ModelLoadError(f"{label}: unsupported opset {op.version} of ai.onnx "
                                  f"(this onnx knows 1..{newest})")
     try:
-        if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+        if not too_large(model):
             onnx.checker.check_model(model)
+        elif isinstance(source, str | Path):  # past 2 GB the checker reads the files
+            onnx.checker.check_model(str(source))
     except onnx.checker.ValidationError as exc:
         raise ModelLoadError(f"{label} fails the ONNX checker: {_one_line(exc)}") from None
 
@@ -335,6 +345,7 @@ def _bind(dims: tuple[Dim, ...] | None, bindings: Mapping[str, int], default: in
 
 
 def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    model = inferable(model)
     try:
         inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
                                                 data_prop=True)
@@ -353,7 +364,7 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: int
                  ) -> onnx.ModelProto:
     bound = onnx.ModelProto()
-    bound.CopyFrom(model)
+    bound.CopyFrom(inferable(model))  # past 2 GB without the weights: no run sizes it
     for value in bound.graph.input:
         if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
             for d in value.type.tensor_type.shape.dim:
@@ -392,7 +403,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         source = source.model
     model = read_model(source, max_bytes)
     label = str(source) if isinstance(source, str | Path) else "model"
-    _check(model, label)
+    _check(model, label, source)
     _name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
     report = FoldReport()

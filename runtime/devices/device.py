@@ -76,8 +76,11 @@ class Program:
     @classmethod
     def of(cls, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
            est_seconds: float = 0.0) -> Program:
-        return cls(model.SerializeToString(), frozenset(n.op_type for n in model.graph.node),
-                   int(weight_bytes), int(activation_bytes), est_seconds, model.graph.name)
+        from runtime.devices.external import serialized  # onnx: not for a bundle's host
+
+        data, held = serialized(model)  # past 2 GB its weights held beside it
+        return cls(data, frozenset(n.op_type for n in model.graph.node), int(weight_bytes),
+                   int(activation_bytes), est_seconds, model.graph.name, held)
 
 
 @dataclass(frozen=True)

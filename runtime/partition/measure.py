@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import onnx
 
 from runtime.cost import CostModel, Timings, kind_of
 from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import OrtFunction
-from runtime.devices.ort.options import new_session
+from runtime.devices.ort.sessions import cpu_session
 from runtime.graph import Graph
 from runtime.partition.build import build_plan
 from runtime.partition.plan import Partition, Plan
@@ -75,8 +76,8 @@ def timed_run(function: OrtFunction, feeds: dict[str, np.ndarray]
     return statistics.median(samples), outputs
 
 
-def _function(model_bytes: bytes, threads: int) -> OrtFunction:
-    return OrtFunction(new_session(model_bytes, threads))
+def _function(model: onnx.ModelProto | bytes, threads: int) -> OrtFunction:
+    return OrtFunction(cpu_session(model, threads))
 
 
 def run_overhead(threads: int) -> float:
@@ -120,7 +121,7 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         if on_progress is not None:
             on_progress(f"{what} {part.name}", i, len(parts))
         try:
-            function = _function(extract(graph, part).SerializeToString(), threads)
+            function = _function(extract(graph, part), threads)
             taken, outputs = timed_run(function, {t: values[t] for t in part.inputs})
         except Exception:  # onnxruntime's errors, an extraction refused: nothing measured
             return None

@@ -4,15 +4,14 @@
 
 The sub-model keeps declared types (symbolic dims too, so any batch size runs) and is
 stamped with an IR version and ai.onnx opset the installed onnxruntime accepts
-(`runtime.devices.ort.sessions.loadable`).
+(`runtime.devices.ort.sessions.stamped`).
 """
 
 from __future__ import annotations
 
 import onnx
-from onnx import helper
 
-from runtime.devices.ort.sessions import loadable
+from runtime.devices.ort.sessions import stamped
 from runtime.errors import ProvisionError
 from runtime.graph import Graph
 from runtime.partition.plan import Partition
@@ -39,13 +38,14 @@ def extract(graph: Graph, partition: Partition) -> onnx.ModelProto:
     protos = [source.graph.node[n.index] for n in nodes]
     # A partition whose results nobody reads (dead nodes) still needs an output to load.
     outputs = partition.outputs or tuple(t for n in nodes for t in n.writes)
-    sub = helper.make_graph(
-        protos, f"{graph.name}/{partition.name}",
-        [_value_info(graph, partition, t, required=True) for t in partition.inputs],
-        [_value_info(graph, partition, t, required=False) for t in outputs],
-        initializer=[graph.initializers[w] for w in weights])
-    model = onnx.ModelProto(ir_version=source.ir_version, producer_name="prism", graph=sub,
+    model = onnx.ModelProto(ir_version=source.ir_version, producer_name="prism",
                             domain=source.domain, model_version=source.model_version)
+    sub = model.graph  # filled in place: each weight is copied once (into it)
+    sub.name = f"{graph.name}/{partition.name}"
+    sub.node.extend(protos)
+    sub.input.extend(_value_info(graph, partition, t, required=True) for t in partition.inputs)
+    sub.output.extend(_value_info(graph, partition, t, required=False) for t in outputs)
+    sub.initializer.extend(graph.initializers[w] for w in weights)
     model.opset_import.extend(source.opset_import)
     model.functions.extend(source.functions)
-    return loadable(model)
+    return stamped(model)

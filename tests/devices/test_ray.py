@@ -3,8 +3,8 @@ whole session; hosts that are not killed into are shared by module.
 
 Answers equal plain onnxruntime over two ray devices and over ray + cpu + sim; an actor
 killed under load fails (or, with replicas, retries) exactly the runs in flight on it and
-is replaced; a removed network leaves nothing in the actors; ray loads only when a ray
-device opens.
+is replaced; a removed network leaves nothing in the actors; weights held beside a model
+reach the actors; ray loads only when a ray device opens.
 """
 
 from __future__ import annotations
@@ -130,6 +130,16 @@ def test_two_ray_devices_answer_as_onnxruntime(two_ray, kind, name):
 @pytest.mark.parametrize("kind,name", MODELS)
 def test_ray_cpu_and_sim_together_answer_as_onnxruntime(mixed, kind, name):
     check_against_onnxruntime(mixed, ["ray0", "cpu0", "sim0"], kind, name)
+
+
+def test_weights_held_beside_a_model_reach_its_actors(two_ray, monkeypatch):
+    """A program with its weights in memory beside it (a model past 2 GB, or with over
+    HOLD_FROM bytes of them) ships them to the actor; before, the actor got the model
+    alone and could not load it."""
+    import runtime.devices.external as external
+
+    monkeypatch.setattr(external, "HOLD_FROM", 0)
+    check_against_onnxruntime(two_ray, ["ray0", "ray1"], "real", "bert")
 
 
 def test_removing_a_network_frees_its_actors(two_ray):

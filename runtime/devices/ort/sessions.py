@@ -18,6 +18,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from runtime.devices.external import serialized
 from runtime.devices.ort.options import new_session, session_options
 from runtime.errors import ProvisionError, first_line
 from runtime.graph import DEFAULT_DOMAINS, subgraphs
@@ -30,9 +31,9 @@ def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1,
     """An onnxruntime CPU session of a model (or its serialized bytes; `external`: the
     files it names as external data, in memory); any failure becomes a one-line
     ProvisionError."""
-    data = model if isinstance(model, bytes) else model.SerializeToString()
+    data, held = (model, {}) if isinstance(model, bytes) else serialized(model)
     try:
-        return new_session(data, threads, external)
+        return new_session(data, threads, {**held, **(external or {})})
     except Exception as exc:
         raise ProvisionError(f"onnxruntime cannot load {model_name(model)} on CPU: "
                              f"{first_line(exc)}") from None
@@ -99,9 +100,14 @@ def loadable(model: onnx.ModelProto) -> onnx.ModelProto:
     accepts: the IR version capped, the opset lowered when no op used changed in between."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    out.ir_version = min(model.ir_version, supported_ir_version())
-    _restamp_opset(out)
-    return out
+    return stamped(out)
+
+
+def stamped(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`loadable` in place, for a model made here (nothing of it copied)."""
+    model.ir_version = min(model.ir_version, supported_ir_version())
+    _restamp_opset(model)
+    return model
 
 
 def _restamp_opset(model: onnx.ModelProto) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ class PartitionWorker:
         self.device, self.threads, self.timed = device, threads, timed
         # key -> (session, output names, modelled seconds of one run, `refuse_empty`'s check)
         self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float, Any]] = {}
+        self.external: dict[str, Mapping[str, np.ndarray]] = {}  # key -> what its session read
         self.timeline = Timeline()
 
     def info(self) -> dict[str, Any]:
@@ -41,20 +42,23 @@ class PartitionWorker:
         return {"node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    def load(self, key: str, model: bytes, seconds: float, ops: Iterable[str] = ()
-             ) -> tuple[str | None, list[str]]:
-        """(None, output names), or (why not, []). `ops`: the model's op types."""
+    def load(self, key: str, model: bytes, seconds: float, ops: Iterable[str] = (),
+             external: Mapping[str, np.ndarray] | None = None) -> tuple[str | None, list[str]]:
+        """(None, output names), or (why not, []). `ops`: the model's op types; `external`:
+        the files it names as external data, in memory (`Program.external`)."""
         try:
-            session = ort.InferenceSession(model, session_options(self.threads),
+            session = ort.InferenceSession(model, session_options(self.threads, external),
                                            providers=["CPUExecutionProvider"])
         except Exception as exc:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]
         self.sessions[key] = (session, names, max(0.0, seconds), refuse_empty(ops))
+        self.external[key] = external or {}  # kept as long as the session
         return None, names
 
     def unload(self, key: str) -> None:
         self.sessions.pop(key, None)
+        self.external.pop(key, None)
 
     def held(self) -> list[str]:
         """The keys loaded here (what a removed network must no longer hold)."""

@@ -160,7 +160,8 @@ class RayDevice(Device):
     def _load_on(self, actor: Any, key: str, program: Program) -> list[str]:
         try:
             error, names = self._ray.get(
-                actor.load.remote(key, program.model, program.est_seconds, program.ops),
+                actor.load.remote(key, program.model, program.est_seconds, program.ops,
+                                  dict(program.external)),
                 timeout=LOAD_TIMEOUT)
         except Exception as exc:
             raise ProvisionError(f"cannot load {key} on {self.name}: {first_line(exc)}"

@@ -1,0 +1,75 @@
+"""Models past protobuf's 2 GB. Such a model reads and lives in memory, but does not
+serialize: shape inference, the checker and onnxruntime-from-bytes cannot be handed it,
+and asking its size (`ByteSize`) encodes all of it (seconds a gigabyte) before it fails.
+So its size is read off its tensors' dims, and what needs it whole gets a `shell`: the
+model with each large initializer replaced (by its type and dims alone, or by a reference
+to external data), nothing of the weights copied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+from google.protobuf.message import Message
+from onnx import helper
+
+LIMIT = onnx.checker.MAXIMUM_PROTOBUF  # 2 GB: protobuf serializes no more
+LARGE_INIT = 1 << 20  # an initializer a shell for shape inference leaves apart
+ROOM = 64 << 20  # what a model holds besides its tensors' data, at most (`too_large`)
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes a tensor's data takes, from its dims and type (nothing copied)."""
+    try:
+        item = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        item = 1
+    return math.prod(tensor.dims) * item
+
+
+def too_large(model: onnx.ModelProto) -> bool:
+    """Would the model not serialize? Its initializers and constants' bytes, with
+    `ROOM` for the rest (names, nodes, attributes), reach 2 GB."""
+    constants = (a.t for n in model.graph.node for a in n.attribute
+                 if a.type == onnx.AttributeProto.TENSOR)
+    held = sum(tensor_bytes(t) for t in (*model.graph.initializer, *constants))
+    return held >= LIMIT - ROOM
+
+
+def shell(model: onnx.ModelProto, payload: Callable[[onnx.TensorProto], onnx.TensorProto],
+          at_least: int = LARGE_INIT) -> onnx.ModelProto:
+    """A copy of `model` in which each initializer of `at_least` bytes or more is what
+    `payload` makes of it; the rest is copied."""
+    out = onnx.ModelProto()
+    for described, value in model.ListFields():
+        if described.name != "graph":
+            _copy_field(out, described.name, value)
+    for described, value in model.graph.ListFields():
+        if described.name != "initializer":
+            _copy_field(out.graph, described.name, value)
+    for init in model.graph.initializer:
+        out.graph.initializer.append(payload(init) if tensor_bytes(init) >= at_least
+                                     else init)
+    return out
+
+
+def typed_only(init: onnx.TensorProto) -> onnx.TensorProto:
+    """An initializer's name, type and dims: what shape inference reads of a weight."""
+    return onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+
+
+def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or past 2 GB its shell of typed weights: what shape inference takes."""
+    return shell(model, typed_only) if too_large(model) else model
+
+
+def _copy_field(message: Message, name: str, value: Any) -> None:
+    if isinstance(value, Message):
+        getattr(message, name).CopyFrom(value)
+    elif isinstance(value, str | bytes | int | float | bool):
+        setattr(message, name, value)
+    else:  # a repeated field
+        getattr(message, name).extend(value)

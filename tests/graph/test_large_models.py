@@ -1,0 +1,99 @@
+"""Models past protobuf's 2 GB (`runtime/large.py`): found by their tensors' dims, shape
+inferred on a shell of typed weights, checked from their files, and handed to
+onnxruntime with their weights held in memory beside them (`devices/external.py`).
+
+Writing a 2 GB model costs a minute of disk here, so the limit is lowered instead: every
+path a model past 2 GB takes is taken, by a model of a few hundred kilobytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import runtime.devices.external as external
+import runtime.large as large
+from runtime.devices import parse_devices
+from runtime.devices.device import Program
+from runtime.devices.ort.sessions import cpu_session, loadable
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.partition.submodel import extract
+
+WIDTH, LAYERS = 128, 6  # 64 KB a weight
+
+
+def _mlp(path, rng: np.random.Generator) -> None:
+    """A ReLU MLP with a symbolic batch, its weights in a file beside it."""
+    nodes, inits, x = [], [], "x"
+    for i in range(LAYERS):
+        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"]),
+                  helper.make_node("Relu", [f"h{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", WIDTH])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n", WIDTH])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
+              save_as_external_data=True, location="mlp.data", size_threshold=0)
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    _mlp(path, np.random.default_rng())
+    return path
+
+
+def test_a_model_past_2_gb_is_known_by_its_dims_with_nothing_serialized():
+    claimed = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 29])  # 2 GB, empty
+    graph = helper.make_graph([], "g", [], [], [claimed])
+    assert large.too_large(helper.make_model(graph))
+    constant = helper.make_node("Constant", [], ["c"], value=claimed)
+    assert large.too_large(helper.make_model(helper.make_graph([constant], "g", [], [])))
+    small = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 20])
+    assert not large.too_large(helper.make_model(helper.make_graph([], "g", [], [], [small])))
+
+
+def test_past_the_limit_a_model_loads_plans_runs_and_checks_with_its_weights_beside_it(
+        model, monkeypatch):
+    plain = load_graph(model)
+    monkeypatch.setattr(large, "LIMIT", 100 << 10)  # the model's 384 KB is past it
+    monkeypatch.setattr(large, "ROOM", 0)
+    graph = load_graph(model)
+    assert large.too_large(graph.model)
+    assert {n: (t.dtype, t.shape) for n, t in graph.tensors.items()} == \
+        {n: (t.dtype, t.shape) for n, t in plain.tensors.items()}  # inferred on the shell
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((3, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with HostManager(parse_devices("cpu:2")) as host:
+        plan = host.add_network("mlp", str(model), partition="balanced", costs="model")
+        assert len(plan.partitions) == 2
+        got = host.run("mlp", feeds).result(30)
+        np.testing.assert_allclose(got["r5"], want[0], rtol=1e-5, atol=1e-6)
+        part = plan.partitions[0]
+        program = Program.of(extract(graph, part), part.weight_bytes, part.activation_bytes)
+        held = program.external[external.IN_MEMORY]
+        assert held.nbytes == part.weight_bytes and len(program.model) < part.weight_bytes / 10
+    whole = cpu_session(loadable(graph.model))  # what `prism run --check` compares with
+    np.testing.assert_allclose(whole.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_from_hold_from_bytes_of_weights_a_model_holds_them_beside_it(model, monkeypatch):
+    graph = load_graph(model)
+    data, held = external.serialized(graph.model)
+    assert held == {} and onnx.load_from_string(data) == graph.model
+    monkeypatch.setattr(external, "HOLD_FROM", 200 << 10)  # below the model's 384 KB
+    data, held = external.serialized(graph.model)
+    weights = sum(numpy_helper.to_array(t).nbytes for t in graph.model.graph.initializer)
+    assert held[external.IN_MEMORY].nbytes == weights and len(data) < weights / 10
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+    session = cpu_session(data, external=held)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
