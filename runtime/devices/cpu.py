@@ -19,10 +19,8 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 class OrtFunction:
-    def __init__(self, session: ort.InferenceSession, program: Program | None = None):
+    def __init__(self, session: ort.InferenceSession):
         self.session = session
-        # what onnxruntime may read from memory while the session lives (a bundle's weights)
-        self.external = program.external if program is not None else {}
         self.output_names = tuple(o.name for o in session.get_outputs())
         self._names = list(self.output_names)
         self._one = self._names[0] if len(self._names) == 1 else None  # the usual case
@@ -42,9 +40,9 @@ class CheckedOrtFunction(OrtFunction):
     """An OrtFunction whose model holds an op onnxruntime ends the process on when a feed
     is empty (`refuse_empty`): such a run fails instead, and the host serves on."""
 
-    def __init__(self, session: ort.InferenceSession, program: Program,
+    def __init__(self, session: ort.InferenceSession,
                  check: Callable[[Mapping[str, Any]], None]):
-        super().__init__(session, program)
+        super().__init__(session)
         self.check = check
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -59,8 +57,7 @@ def ort_function(program: Program, config: DeviceConfig, threads: int) -> OrtFun
         raise ProvisionError(f"{config.name}: onnxruntime cannot load {program.name or 'model'}"
                              f" on CPU: {first_line(exc)}") from None
     check = refuse_empty(program.ops)
-    return OrtFunction(session, program) if check is None else CheckedOrtFunction(
-        session, program, check)
+    return OrtFunction(session) if check is None else CheckedOrtFunction(session, check)
 
 
 def compile_cpu(program: Program, config: DeviceConfig) -> OrtFunction:

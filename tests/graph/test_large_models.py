@@ -97,3 +97,25 @@ def test_from_hold_from_bytes_of_weights_a_model_holds_them_beside_it(model, mon
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
     session = cpu_session(data, external=held)
     np.testing.assert_allclose(session.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_onnxruntime_copies_weights_held_in_memory_so_nothing_keeps_them(monkeypatch):
+    """A session made from weights held in memory reads them no more: devices drop them
+    (a model past 2 GB would otherwise be held twice). Should an onnxruntime release read
+    them in place, this fails before anything frees memory a session uses. (An Add reads
+    its weight as it is; a MatMul's may be packed into a copy anyway.)"""
+    rng = np.random.default_rng()
+    weight = rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [WIDTH, WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [WIDTH, WIDTH])],
+        [numpy_helper.from_array(weight, "w")])
+    monkeypatch.setattr(external, "HOLD_FROM", 0)
+    data, held = external.serialized(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]))
+    session = cpu_session(data, external=held)
+    x = rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + weight)
+    held[external.IN_MEMORY][:] = 0
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + weight)

@@ -47,8 +47,9 @@ def session_options(threads: int, external: Mapping[str, np.ndarray] | None = No
     """`threads` intra-op threads, one inter-op, sequential, quiet; full graph optimization
     (onnxruntime's default), which on a bundle's already optimized model adds only the
     machine-specific layout passes. `external`: the files the model names as external
-    data, held in memory (a bundle's weights.bin); the caller keeps them alive as long as
-    the session."""
+    data, held in memory (a bundle's weights.bin, weights held beside a large model):
+    onnxruntime copies them into the session as it makes it, so they may go then
+    (`tests/graph/test_large_models.py` holds it to that)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1

@@ -32,7 +32,6 @@ class PartitionWorker:
         self.device, self.threads, self.timed = device, threads, timed
         # key -> (session, output names, modelled seconds of one run, `refuse_empty`'s check)
         self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float, Any]] = {}
-        self.external: dict[str, Mapping[str, np.ndarray]] = {}  # key -> what its session read
         self.timeline = Timeline()
 
     def info(self) -> dict[str, Any]:
@@ -53,12 +52,10 @@ class PartitionWorker:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]
         self.sessions[key] = (session, names, max(0.0, seconds), refuse_empty(ops))
-        self.external[key] = external or {}  # kept as long as the session
         return None, names
 
     def unload(self, key: str) -> None:
         self.sessions.pop(key, None)
-        self.external.pop(key, None)
 
     def held(self) -> list[str]:
         """The keys loaded here (what a removed network must no longer hold)."""
