@@ -17,7 +17,8 @@ from app.arguments import mode_and_map
 from app.console import plain_console
 from app.profile_cmd import load_model, progress_bar
 from runtime.devices import parse_devices
-from runtime.graph import load_graph
+from runtime.devices.external import save
+from runtime.graph import file_bytes, load_graph
 from runtime.partition import partition
 from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS, node_precisions
 from runtime.quantize import (
@@ -102,13 +103,12 @@ def run(args: argparse.Namespace) -> int:
                     "trials": result.trials, "candidates": result.candidates}
             else:
                 model = calibrated.quantize(options)
-    onnx.save(model, args.output)
+    save(model, args.output)
     counts = _counts(model)
     report.update(float_for_speed=slow_in_int8(prepared) if options.narrow_float else [],
                   int8_nodes=counts.get("int8", 0), float_nodes=counts.get("float", 0),
                   excluded=list(options.exclude_nodes), excluded_ops=list(options.exclude_ops),
-                  bytes_float=Path(args.model).stat().st_size,
-                  bytes_int8=Path(args.output).stat().st_size)
+                  bytes_float=file_bytes(args.model), bytes_int8=file_bytes(args.output))
     if devices:
         report["bottleneck_seconds"] = {
             "float": partition(prepared, devices, mode).bottleneck_seconds,

@@ -195,6 +195,13 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
+def file_bytes(path: str | Path) -> int:
+    """A model file's bytes with the external data it names (none of which is read)."""
+    path = Path(path)
+    return path.stat().st_size + _external_bytes(onnx.load(str(path), load_external_data=False),
+                                                 path.parent)
+
+
 def _external_bytes(model: onnx.ModelProto, folder: Path) -> int:
     """The bytes a model's tensors keep in external files, from their lengths (or the
     files' sizes), nothing read."""

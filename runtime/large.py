@@ -73,3 +73,4 @@ def _copy_field(message: Message, name: str, value: Any) -> None:
         setattr(message, name, value)
     else:  # a repeated field
         getattr(message, name).extend(value)
+

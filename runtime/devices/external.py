@@ -5,6 +5,7 @@ made, for a model too large to serialize with its weights in it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -36,7 +37,8 @@ HELD_MIN = 1 << 10  # an initializer of this many bytes or more goes there (as i
 HOLD_FROM = 64 << 20  # a model with this many bytes of such weights holds them there
 
 
-def serialized(model: onnx.ModelProto) -> tuple[bytes, dict[str, np.ndarray]]:
+def serialized(model: onnx.ModelProto, location: str = IN_MEMORY
+               ) -> tuple[bytes, dict[str, np.ndarray]]:
     """The model's bytes, and the files they name as external data, held in memory: what
     `session_options` hands onnxruntime. Past protobuf's 2 GB, or from HOLD_FROM bytes of
     weights, each initializer of HELD_MIN bytes or more moves to one such file (as a
@@ -62,8 +64,22 @@ def serialized(model: onnx.ModelProto) -> tuple[bytes, dict[str, np.ndarray]]:
         start, length = at[init.name]
         out = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims,
                                data_location=onnx.TensorProto.EXTERNAL)
-        for key, value in (("location", IN_MEMORY), ("offset", start), ("length", length)):
+        for key, value in (("location", location), ("offset", start), ("length", length)):
             out.external_data.add(key=key, value=str(value))
         return out
 
-    return shell(model, outside, HELD_MIN).SerializeToString(), {IN_MEMORY: blob}
+    return shell(model, outside, HELD_MIN).SerializeToString(), {location: blob}
+
+
+def save(model: onnx.ModelProto, path: str | Path) -> bool:
+    """Write the model; past 2 GB its weights go to `PATH.data` beside it (onnx.save would
+    move them out of `model` itself). Whether they did: what onnxruntime's tools are then
+    told (`use_external_data_format`)."""
+    path = Path(path)
+    if not too_large(model):
+        onnx.save(model, str(path))
+        return False
+    data, held = serialized(model, f"{path.name}.data")
+    path.write_bytes(data)
+    held[f"{path.name}.data"].tofile(path.with_name(f"{path.name}.data"))
+    return True

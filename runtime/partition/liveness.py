@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.graph import Graph, Node
+from runtime.precision import held_bytes
 
 
 def live_intervals(graph: Graph, nodes: Sequence[Node]) -> dict[str, tuple[int, int]]:
@@ -36,7 +37,7 @@ def peak_activation_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
         return 0
     diff = np.zeros(len(nodes) + 1, dtype=np.int64)
     for t, (start, stop) in live_intervals(graph, nodes).items():
-        size = graph.tensor_bytes(t)
+        size = held_bytes(graph, t)
         diff[start] += size
         diff[stop + 1] -= size
     return int(np.cumsum(diff).max())
@@ -73,7 +74,7 @@ class StretchMemory:
                     (i, ids.setdefault(t, len(ids))))
             made += [(i, ids.setdefault(t, len(ids))) for t in node.writes]
         names = list(ids)
-        self.size = np.array([graph.tensor_bytes(t) for t in names], dtype=np.float64)
+        self.size = np.array([held_bytes(graph, t) for t in names], dtype=np.float64)
         self.producer = np.full(len(names), -1, dtype=np.int64)
         for i, made_id in made:
             self.producer[made_id] = i

@@ -38,6 +38,7 @@ import numpy as np
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
 from runtime.partition.liveness import live_intervals
+from runtime.precision import held_bytes
 
 
 class Placed(Protocol):
@@ -186,7 +187,7 @@ def _timeline(partitions: Sequence[Placed], graph: Graph, device: str):
             span[1] = max(span[1], base + end)
             holders.setdefault(tensor, []).append(part.name)
         base += len(nodes)
-    sized = {t: (graph.tensor_bytes(t), s, e) for t, (s, e) in spans.items()}
+    sized = {t: (held_bytes(graph, t), s, e) for t, (s, e) in spans.items()}
     return sized, holders, bounds, base
 
 

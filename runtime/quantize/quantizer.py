@@ -32,6 +32,7 @@ from pathlib import Path
 import onnx
 import onnx.version_converter
 
+from runtime.devices.external import save
 from runtime.errors import ModelLoadError
 from runtime.graph import Graph, default_opset, external_data, load_graph
 from runtime.quantize.data import QuantizeError, Samples
@@ -114,23 +115,26 @@ def _raised_in_symbolic_inference(exc: BaseException) -> bool:
                for frame, _ in traceback.walk_tb(exc.__traceback__))
 
 
-def _pre_process(src: Path, out: Path) -> None:
+def _pre_process(src: Path, out: Path, large: bool) -> None:
     """onnxruntime's quant_pre_process, its symbolic shape inference skipped where sympy is
     missing or where that inference raises: it does on some valid models (an op it has no
     rule for, such as a ReduceMax with its axes as an input, leaves a shape unknown that
     the next rule reads). ONNX's shape inference still runs after it, and onnxruntime's
-    quantizer runs it again; the symbolic one mostly adds symbolic dims for transformers."""
+    quantizer runs it again; the symbolic one mostly adds symbolic dims for transformers.
+    `large`: past 2 GB, its tensors written beside it."""
     q = _ort()
     symbolic = importlib.util.find_spec("sympy") is not None
     ours = not SYMBOLIC_LEFTOVER.exists()  # what it leaves there is ours to remove
+    outside = {"save_as_external_data": True, "all_tensors_to_one_file": True,
+               "external_data_location": f"{out.name}.data"} if large else {}
     try:
-        q.quant_pre_process(str(src), str(out), skip_symbolic_shape=not symbolic)
+        q.quant_pre_process(str(src), str(out), skip_symbolic_shape=not symbolic, **outside)
     except Exception as exc:  # onnxruntime raises plain Exceptions
         if not (symbolic and _raised_in_symbolic_inference(exc)):
             raise
         if ours:
             _remove_leftover()
-        q.quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
+        q.quant_pre_process(str(src), str(out), skip_symbolic_shape=True, **outside)
 
 
 def _remove_leftover() -> None:
@@ -164,11 +168,11 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs."""
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src = Path(tmp) / "in.onnx"
-        onnx.save(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)),
-                  str(src))
+        large = save(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)),
+                     str(src))
         out = Path(tmp) / "prepared.onnx"
         try:
-            _pre_process(src, out)
+            _pre_process(src, out, large)
         except Exception as exc:
             raise QuantizeError(f"onnxruntime cannot prepare the model for quantization: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
@@ -207,9 +211,10 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     ops = sorted(quantizable_ops())
     with tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
-        onnx.save(prepared, str(model_path))
+        large = save(prepared, str(model_path))
         calibrator = q.create_calibrator(model_path, ops, augmented_model_path=str(
-            Path(tmp) / "augmented.onnx"), calibrate_method=kind)
+            Path(tmp) / "augmented.onnx"), calibrate_method=kind,
+            use_external_data_format=large)
         calibrator.collect_data(_Reader(samples.even(), progress))
         ranges = calibrator.compute_data()
         q.save_tensors_data(ranges, Path(path))
@@ -256,7 +261,7 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
     types = {"uint8": q.QuantType.QUInt8, "int8": q.QuantType.QInt8}
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src, out = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-        onnx.save(prepared, str(src))
+        large = save(prepared, str(src))
         try:
             q.quantize_static(
                 str(src), str(out), None, calibration_cache_path=str(profile_path),
@@ -264,7 +269,7 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
                 quant_format=q.QuantFormat.QDQ if options.format == "qdq"
                 else q.QuantFormat.QOperator, per_channel=options.per_channel,
                 activation_type=types[options.activations], weight_type=types[options.weights],
-                nodes_to_exclude=options.float_nodes(graph))
+                nodes_to_exclude=options.float_nodes(graph), use_external_data_format=large)
         except Exception as exc:
             raise QuantizeError(f"onnxruntime could not quantize {graph.name}: "
                                 f"{' '.join(str(exc).split())[:300]}") from None

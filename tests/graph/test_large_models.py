@@ -8,6 +8,8 @@ path a model past 2 GB takes is taken, by a model of a few hundred kilobytes.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -16,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import runtime.devices.external as external
 import runtime.large as large
+from app.cli import main
 from runtime.devices import parse_devices
 from runtime.devices.device import Program
 from runtime.devices.ort.sessions import cpu_session, loadable
@@ -119,3 +122,32 @@ def test_onnxruntime_copies_weights_held_in_memory_so_nothing_keeps_them(monkeyp
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + weight)
     held[external.IN_MEMORY][:] = 0
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + weight)
+
+
+def test_past_the_limit_a_model_saves_with_its_weights_beside_it_and_quantizes(
+        model, tmp_path, monkeypatch, capsys):
+    """Before, `prism quantize` on a model past 2 GB stopped at its first save with
+    `internal error: EncodeError`; and onnx.save, told to write the weights beside a
+    model, moves them out of the ModelProto itself, so a second save found none."""
+    monkeypatch.setattr(large, "LIMIT", 100 << 10)
+    monkeypatch.setattr(large, "ROOM", 0)
+    whole = load_graph(model).model
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
+    outputs = []
+    for name in ("a.onnx", "b.onnx"):
+        assert external.save(whole, tmp_path / name)
+        assert (tmp_path / f"{name}.data").stat().st_size >= WIDTH * WIDTH * 4 * LAYERS
+        session = ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
+        outputs.append(session.run(None, feeds)[0])
+    np.testing.assert_array_equal(*outputs)
+    data, out = tmp_path / "calibration.npz", tmp_path / "int8.onnx"
+    np.savez(data, x=rng.standard_normal((16, WIDTH)).astype(np.float32))
+    monkeypatch.setattr(large, "LIMIT", 50 << 10)  # the int8 model's 96 KB is past it too
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bytes_int8"] < report["bytes_float"] / 3  # each with its data beside it
+    assert report["bytes_float"] > WIDTH * WIDTH * 4 * LAYERS
+    assert (tmp_path / "int8.onnx.data").exists()
+    int8 = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(int8, outputs[0], atol=0.1 * np.abs(outputs[0]).max())
