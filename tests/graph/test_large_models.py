@@ -150,4 +150,26 @@ def test_past_the_limit_a_model_saves_with_its_weights_beside_it_and_quantizes(
     assert report["bytes_float"] > WIDTH * WIDTH * 4 * LAYERS
     assert (tmp_path / "int8.onnx.data").exists()
     int8 = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(int8, outputs[0], atol=0.1 * np.abs(outputs[0]).max())
+    # six int8 layers calibrated on 16 random rows: near float as a whole, not per element
+    assert np.linalg.norm(int8 - outputs[0]) < 0.3 * np.linalg.norm(outputs[0])
+
+
+def test_text_stays_inside_a_model_whose_weights_are_held_beside_it(monkeypatch):
+    """ONNX keeps no text in external data: a vocabulary stays in the model's bytes."""
+    words = np.array([f"word{i}" for i in range(512)], dtype=object)
+    weight = np.random.default_rng().standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["vocabulary"], ["words"]),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "text",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, WIDTH])],
+        [helper.make_tensor_value_info("words", TensorProto.STRING, [512]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, WIDTH])],
+        [numpy_helper.from_array(words, "vocabulary"), numpy_helper.from_array(weight, "w")])
+    monkeypatch.setattr(external, "HOLD_FROM", 0)
+    data, held = external.serialized(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert held[external.IN_MEMORY].nbytes == weight.nbytes
+    x = np.ones((1, WIDTH), np.float32)
+    got_words, got_y = cpu_session(data, external=held).run(None, {"x": x})
+    assert list(got_words) == list(words)
+    np.testing.assert_allclose(got_y, x @ weight, rtol=1e-5, atol=1e-4)
