@@ -44,7 +44,7 @@ from runtime.errors import (
 from runtime.inputs import FeedCheck, InputSpec, graph_outputs
 
 POLICIES = ("serial", "parallel", "pipelined")
-RUNS_IN_ORT = ("cpu", "sim")
+RUNS_IN_ORT = ("cpu", "sim", "ray")  # a ray actor runs an onnxruntime session too
 DEFAULT_TIMEOUT = 300.0  # seconds `run` waits for an answer (parallel, pipelined)
 _POLL = 0.5  # bound on each idle worker wait
 

@@ -51,7 +51,7 @@ from runtime.versions import versions
 EXTERNAL_MIN_BYTES = 1024
 ALIGN = 64  # bytes: weights.bin starts, and each tensor in it starts, on this boundary
 NODE_METADATA_IR = 10  # the IR version that gave nodes metadata_props
-OPTIMIZED = {"cpu": "extended", "sim": "extended", "reference": "none"}
+OPTIMIZED = {"cpu": "extended", "sim": "extended", "ray": "extended", "reference": "none"}
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # a fixed member date: the same input gives the same bytes
 Progress = Callable[[str, int, int], None]  # (what, done, total; 0 = unknown)
 
@@ -146,7 +146,7 @@ def _tables(graph: Graph, plan: Plan) -> tuple[list[dict], list[dict], list[dict
         after = list(dict.fromkeys(made_by[t] for t in p.inputs if t in made_by))
         schedule.append({
             "partition": p.name, "device": p.device, "backend": p.backend,
-            "threads": config[p.device].threads if p.backend == "cpu" else 1,
+            "threads": config[p.device].threads if p.backend in ("cpu", "ray") else 1,
             "model": f"partitions/{p.name}.onnx", "optimization": OPTIMIZED[p.backend],
             "reads": list(p.inputs), "writes": writes[p.name], "after": after})
         requirements.append({

@@ -4,7 +4,8 @@ whole session; hosts that are not killed into are shared by module.
 Answers equal plain onnxruntime over two ray devices and over ray + cpu + sim; an actor
 killed under load fails (or, with replicas, retries) exactly the runs in flight on it and
 is replaced; a removed network leaves nothing in the actors; weights held beside a model
-reach the actors; ray loads only when a ray device opens.
+reach the actors, a bundle compiled for ray devices among them; ray loads only when a ray
+device opens.
 """
 
 from __future__ import annotations
@@ -140,6 +141,29 @@ def test_weights_held_beside_a_model_reach_its_actors(two_ray, monkeypatch):
 
     monkeypatch.setattr(external, "HOLD_FROM", 0)
     check_against_onnxruntime(two_ray, ["ray0", "ray1"], "real", "bert")
+
+
+def test_a_bundle_compiled_for_ray_devices_loads_on_them(two_ray, tmp_path):
+    """Before: `prism compile --devices ray:2` stopped with `internal error: KeyError:
+    'ray'`. The bundle's weights reach the actors as a held file (weights.bin)."""
+    from runtime.bundle.writer import compile_bundle
+    from runtime.graph import load_graph
+
+    path = model_path("sample", "cnn")
+    split = split_map(load_graph(str(path)), ["ray0", "ray1"])
+    bundle = tmp_path / "cnn.prism"
+    compile_bundle(str(path), parse_devices("ray:2"), bundle, partition=split, costs="model")
+    plan = two_ray.add_network("cnn-bundle", str(bundle))
+    try:
+        assert {p.device for p in plan.partitions} == {"ray0", "ray1"}
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = fresh_feeds(two_ray, "cnn-bundle", "sample", "cnn")
+        got = two_ray.run("cnn-bundle", feeds).result(WAIT)
+        for name, want in zip([o.name for o in session.get_outputs()],
+                              session.run(None, feeds), strict=True):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+    finally:
+        two_ray.remove_network("cnn-bundle")
 
 
 def test_removing_a_network_frees_its_actors(two_ray):
