@@ -31,6 +31,7 @@ from runtime.bundle.reader import (
     read_bundle,
 )
 from runtime.devices.config import DeviceConfig
+from runtime.devices.external import pointed
 from runtime.devices.ort.options import session_options
 from runtime.devices.ort.sessions import loadable, supported_ir_version
 from runtime.errors import BundleError, first_line
@@ -83,10 +84,7 @@ def externalize(model: onnx.ModelProto, store: WeightStore) -> onnx.ModelProto:
             continue
         offset, length = store.put(init.raw_data), len(init.raw_data)
         init.ClearField("raw_data")
-        init.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", EXTERNAL_LOCATION), ("offset", offset),
-                           ("length", length)):
-            init.external_data.add(key=key, value=str(value))
+        pointed(init, EXTERNAL_LOCATION, offset, length)
     return model
 
 

@@ -59,7 +59,8 @@ class Program:
 
     `external` holds the files the model names as external data, in memory: a bundle's
     partitions name their weights by offset in its one `weights.bin` (a read-only uint8
-    array over the mapped file, shared by every partition). A program from a bundle keeps
+    array over the mapped file, shared by every partition), and a model past 2 GB or with
+    large weights holds them so too (`external.serialized`). A program from a bundle keeps
     the op types its partition had before optimization (onnxruntime's fused contrib ops
     are not what a device's op list names)."""
 

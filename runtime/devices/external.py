@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.large import shell, tensor_bytes, too_large
+from runtime.large import shell, tensor_bytes, too_large, typed_only
 
 
 def inline_external(model: onnx.ModelProto, files: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -30,6 +30,16 @@ def inline_external(model: onnx.ModelProto, files: Mapping[str, np.ndarray]) -> 
         del init.external_data[:]
         init.data_location = onnx.TensorProto.DEFAULT
     return model
+
+
+def pointed(tensor: onnx.TensorProto, location: str, offset: int, length: int
+            ) -> onnx.TensorProto:
+    """`tensor`, its data named as bytes [offset, offset + length) of the external file
+    `location`, as ONNX writes external data (its own bytes, if any, left to the caller)."""
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        tensor.external_data.add(key=key, value=str(value))
+    return tensor
 
 
 IN_MEMORY = "prism-held.bin"  # the file a model past 2 GB names its weights in
@@ -60,14 +70,8 @@ def serialized(model: onnx.ModelProto, location: str = IN_MEMORY
         offset += data.size
 
     def outside(init: onnx.TensorProto) -> onnx.TensorProto:
-        if init.name not in at:
-            return init
-        start, length = at[init.name]
-        out = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims,
-                               data_location=onnx.TensorProto.EXTERNAL)
-        for key, value in (("location", location), ("offset", start), ("length", length)):
-            out.external_data.add(key=key, value=str(value))
-        return out
+        return init if init.name not in at else pointed(typed_only(init), location,
+                                                         *at[init.name])
 
     return shell(model, outside, HELD_MIN).SerializeToString(), {location: blob}
 

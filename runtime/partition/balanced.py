@@ -58,12 +58,13 @@ def _even_split(seg: Segments, devices: Sequence[DeviceConfig]) -> Split | None:
     return split if all(seg.fits(a, b, d) for a, b, d in split) else None
 
 
-def _upper_bound(seg: Segments, devices: Sequence[DeviceConfig]) -> float:
+def _upper_bound(seg: Segments, devices: Sequence[DeviceConfig],
+                 classes: list[tuple[int, int]]) -> float:
     """The slowest stage of a split known to fit: the tighter it is, the fewer starts the
     programme visits. Even splits over all the devices and over each class of twins (on
     op-limited accelerators, the cpus that run everything), and greedy filling."""
     best = np.inf
-    for group in [devices, *(devices[i0:i1] for i0, i1 in twin_classes(seg, devices))]:
+    for group in [devices, *(devices[i0:i1] for i0, i1 in classes if i1 - i0 < len(devices))]:
         if (even := _even_split(seg, group)) is not None:
             best = min(best, seg.bottleneck([a for a, _, _ in even] + [seg.n],
                                             [d for _, _, d in even]))
@@ -133,9 +134,10 @@ def optimal_split(seg: Segments, devices: Sequence[DeviceConfig], every: bool = 
     n, k = seg.n, len(devices)
     if n == 0:
         return []
+    classes = twin_classes(seg, devices)
     if not every:
-        limit = _upper_bound(seg, devices) * (1 + 1e-9) + 1e-15
-    states = _states(twin_classes(seg, devices), n)
+        limit = _upper_bound(seg, devices, classes) * (1 + 1e-9) + 1e-15
+    states = _states(classes, n)
     vectors = [(devices[m.first], seg.prefix_seconds(devices[m.first]),
                 seg.lowest_start(devices[m.first])) for m in states.moves]
     best = np.full((states.count, n + 1), np.inf)
