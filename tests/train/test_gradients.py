@@ -147,6 +147,21 @@ def test_an_op_without_a_rule_is_refused_naming_node_and_op() -> None:
     assert "the_round" in message and "Round" in message and "\n" not in message
 
 
+def test_a_forward_pass_that_fails_is_one_quiet_line(capfd) -> None:
+    """onnxruntime logged the failed run to stderr as well, under the CLI's one line."""
+    rng = np.random.default_rng()
+    model = mlp(rng, sizes=(4, 3))
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray([-1, 5]), "five"))
+    model.graph.node.append(helper.make_node("Reshape", [model.graph.output[0].name, "five"],
+                                             ["fives"], name="the_reshape"))
+    model.graph.output[0].name = "fives"
+    capfd.readouterr()
+    with pytest.raises(TrainingError) as info:
+        gradients(model, batch_for(model, rng, 2), rng.integers(0, 3, 2))
+    assert "the_reshape" in str(info.value) and "\n" not in str(info.value)
+    assert capfd.readouterr().err == ""
+
+
 def test_a_model_without_float_weights_is_refused() -> None:
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "bare",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
