@@ -205,8 +205,16 @@ def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> Tensor
 
 
 def _infos(graph: Graph, names: list[str]) -> list[TensorInfo]:
-    return [_info(n, graph.tensors[n].dtype if n in graph.tensors else None,
-                  graph.tensors[n].dims if n in graph.tensors else None) for n in names]
+    return [_info(n, graph.tensors[n].dtype if n in graph.tensors else None, _dims(graph, n))
+            for n in names]
+
+
+def _dims(graph: Graph, name: str) -> tuple | None:
+    """A tensor's dims; a sequence's one element per item (`tensors.on_the_wire`)."""
+    kind = graph.types.get(name)
+    if kind is not None and kind.WhichOneof("value") == "sequence_type":
+        return ("items",)
+    return graph.tensors[name].dims if name in graph.tensors else None
 
 
 class Catalog:

@@ -343,6 +343,24 @@ def encode_response(model: str, version: str, request: InferRequest,
     return b"".join((header, *blobs)), len(header)
 
 
+def on_the_wire(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The outputs as tensors the protocol carries: an ONNX sequence, map or empty optional
+    (which no datatype names; Triton refuses to load such a model) becomes BYTES of JSON
+    text, one element per item of a sequence (a scikit-learn classifier's ZipMap: one
+    {class: probability} per row), one for a map, none for an empty optional."""
+    if all(isinstance(v, np.ndarray) for v in outputs.values()):
+        return outputs
+    return {n: v if isinstance(v, np.ndarray) else _json_texts(v) for n, v in outputs.items()}
+
+
+def _json_texts(value: Any) -> np.ndarray:
+    items = [] if value is None else value if isinstance(value, list) else [value]
+    out = np.empty(len(items), dtype=object)
+    out[:] = [orjson.dumps(item, option=_JSON_OPTIONS | orjson.OPT_NON_STR_KEYS)
+              for item in items]
+    return out
+
+
 def _json_data(array: np.ndarray) -> Any:
     if array.dtype.kind in "OUS":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from runtime.devices.remote import RemoteValue
-from runtime.inputs import InputSpec, array_text, tensor_specs
+from runtime.inputs import InputSpec, ValueType, array_text, tensor_specs
 
 if TYPE_CHECKING:
     from runtime.graph import Graph
 
 _MISSING = object()
+ANY = ValueType("value")  # a type `_problem` only looks for
 
 
 class OutputCheck:
@@ -39,9 +40,9 @@ class OutputCheck:
 
     @classmethod
     def names(cls, names: Iterable[str]) -> OutputCheck:
-        """Only that each output is there, an array (what a bundle's manifest can tell:
-        it keeps no types of the tensors between partitions)."""
-        return cls(InputSpec(name, None, None) for name in names)
+        """Only that each output is there (what a bundle's manifest can tell: it keeps no
+        types of the tensors between partitions, so a sequence passes as a tensor does)."""
+        return cls(InputSpec(name, None, None, ANY) for name in names)
 
     def problem(self, outputs: object) -> str | None:
         """None when every declared output is there as declared, else what is wrong."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from runtime.bundle.reader import FORMAT_VERSION, MANIFEST, WEIGHTS, read_bundle
@@ -30,6 +31,7 @@ from tests.support.bundles import (
     model_path,
     rewrite,
 )
+from tests.support.classifiers import zipmap_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,6 +119,29 @@ def test_every_backend_and_modelled_time_load_from_a_bundle(tmp_path):
         host.add_network("aot", path)
         for f in feeds("cnn"):
             assert_identical(host.infer("aot", f), host.infer("jit", f), "cnn mixed")
+
+
+def test_a_sequence_of_maps_passes_between_and_out_of_bundle_partitions(tmp_path):
+    """A bundle keeps no types of the tensors between partitions, so its outputs were
+    checked to be arrays: a classifier's ZipMap output failed every request ("returned
+    a bad result ... is a list"). Split so the sequence also crosses out of a stage."""
+    rng = np.random.default_rng()
+    model = zipmap_classifier(rng)
+    devs = parse_devices("cpu:2")
+    path = tmp_path / "classifier.prism"
+    compile_bundle(model, devs, path, annotations={"zipmap": "cpu1", "scaler": "cpu0",
+                                                   "linear": "cpu0"})
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    label, maps = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with HostManager(devs) as host:
+        host.add_network("aot", path)
+        assert len(host.plan("aot").partitions) == 2
+        for got in (host.infer("aot", {"x": x}), open_bundle(path).run({"x": x})):
+            np.testing.assert_array_equal(got["label"], label)
+            assert [list(m) for m in got["probabilities"]] == [list(m) for m in maps]
+            np.testing.assert_allclose([list(m.values()) for m in got["probabilities"]],
+                                       [list(m.values()) for m in maps], rtol=1e-6)
 
 
 def test_replicas_and_batching_come_from_the_bundle(tmp_path):

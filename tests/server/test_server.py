@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
 from onnx import TensorProto, helper
@@ -23,6 +24,7 @@ from app.server.runner import check_exposure
 from app.server.state import ServerSettings
 from runtime.errors import PrismError
 from runtime.inputs import random_feeds
+from tests.support.classifiers import zipmap_classifier
 from tests.support.servers import (
     WAIT,
     binary_request,
@@ -342,6 +344,45 @@ def test_nan_and_infinities_cross_json_both_ways(client, server):
         assert "null" not in json.dumps(result.get_response())
     finally:
         client.unload_model("divide")
+        shutil.rmtree(folder.parent)
+
+
+def test_a_classifiers_zipmap_is_served_as_json_text_per_row(client, server):
+    """A scikit-learn classifier's probabilities are a sequence of maps, which no datatype
+    names (Triton refuses to load such a model): before, every request was `internal
+    error: AttributeError`, even one asking only for the label."""
+    _, state = server
+    rng = np.random.default_rng()
+    model = zipmap_classifier(rng)
+    folder = state.catalog.repository.root / "classifier" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(model, folder / "model.onnx")
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    label, maps = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    try:
+        client.load_model("classifier")
+        outputs = client.get_model_metadata("classifier")["outputs"]
+        assert outputs[1] == {"name": "probabilities", "datatype": "BYTES", "shape": [-1]}
+        for binary in (False, True):
+            tensor = triton.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            result = client.infer("classifier", [tensor], outputs=[
+                triton.InferRequestedOutput(n, binary_data=binary)
+                for n in ("label", "probabilities")])
+            np.testing.assert_array_equal(result.as_numpy("label"), label)
+            texts = result.as_numpy("probabilities")
+            assert texts.shape == (5,)
+            for text, want in zip(texts, maps, strict=True):
+                got = json.loads(text)
+                assert sorted(got) == sorted(map(str, want))
+                np.testing.assert_allclose([got[str(k)] for k in want], list(want.values()),
+                                           rtol=1e-6)
+        only = client.infer("classifier", [tensor],
+                            outputs=[triton.InferRequestedOutput("label")])
+        np.testing.assert_array_equal(only.as_numpy("label"), label)
+    finally:
+        client.unload_model("classifier")
         shutil.rmtree(folder.parent)
 
 

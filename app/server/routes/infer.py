@@ -29,6 +29,7 @@ from app.server.tensors import (
     TensorError,
     check_outputs,
     encode_response,
+    on_the_wire,
     parse_infer,
 )
 from runtime.errors import InvalidInputError, NetworkNotFoundError, QueueFullError
@@ -68,7 +69,7 @@ class Infer:
                                     parsed.timeout, large=large)
             except NetworkNotFoundError:
                 served, outputs = await self._after_reload(served, version, parsed, large)
-            outputs = served.to_client(outputs)
+            outputs = on_the_wire(served.to_client(outputs))
         except Exception as exc:
             if isinstance(exc, TensorError | InvalidInputError | QueueFullError):
                 reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
