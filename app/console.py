@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 UNBOUNDED = 100_000  # columns to measure a renderable's natural width in
 
@@ -24,3 +32,13 @@ def fit_width(console: Console, renderable: RenderableType) -> None:
         return
     need = Measurement.get(console, console.options.update_width(UNBOUNDED), renderable)
     console.width = max(console.width, need.maximum)
+
+
+def progress_on(console: Console, *more: ProgressColumn, quiet: bool = False,
+                 transient: bool = True, description: str = "{task.description}") -> Progress:
+    """A bar of (description, bar, done/total, `more`, elapsed) on `console`, drawn only on
+    a terminal: elsewhere (a pipe, a log) rich leaves an empty line where it was, above
+    the CLI's one error line."""
+    return Progress(TextColumn(description, markup=False), BarColumn(), MofNCompleteColumn(),
+                    *more, TimeElapsedColumn(), console=console, transient=transient,
+                    disable=quiet or not console.is_terminal)

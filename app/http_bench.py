@@ -24,10 +24,9 @@ import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.console import plain_console
+from app.console import plain_console, progress_on
 from app.server.tensors import DTYPES
 from runtime.errors import PrismError
 from runtime.units import human_seconds
@@ -76,9 +75,7 @@ async def bench(url: str, model: str | None, levels: list[int], requests: int,
         model = model or await _only_model(session, url)
         metadata = await _get_json(session, "GET", f"{url}/v2/models/{model}")
         out = []
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=plain_console(stderr=True),
-                      disable=quiet, transient=True) as progress:
+        with progress_on(plain_console(stderr=True), quiet=quiet) as progress:
             for clients in levels:
                 task = progress.add_task(f"{model}, {clients} clients", total=requests)
                 bodies = [_request(metadata, np.random.default_rng()) for _ in range(POOL)]

@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
+from app.console import progress_on
 from runtime.host import HostManager
 from runtime.partition import Plan
 
@@ -35,9 +36,7 @@ def measuring(console: Console) -> Iterator[Callable[[str, int, int], None]]:
         if not console.is_terminal:
             return
         if bar is None:
-            bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                           MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                           transient=True)
+            bar = progress_on(console)
             bar.start()
             task = bar.add_task(what, total=total or None)
         assert task is not None

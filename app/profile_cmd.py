@@ -10,15 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
     TaskID,
-    TextColumn,
-    TimeElapsedColumn,
 )
 
-from app.console import plain_console
+from app.console import plain_console, progress_on
 from runtime.graph import Graph, load_graph
 from runtime.quantize import prepare, profile, read_samples
 
@@ -26,11 +21,7 @@ from runtime.quantize import prepare, profile, read_samples
 @contextlib.contextmanager
 def progress_bar(quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
     """A rich progress bar on stderr, driven by (what, done, total); silent when `quiet`."""
-    if quiet:
-        yield lambda what, done, total: None
-        return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=plain_console(stderr=True), transient=True)
+    bar = progress_on(plain_console(stderr=True), quiet=quiet)
     tasks: dict[str, TaskID] = {}
     with bar:
         def update(what: str, done: int, total: int) -> None:

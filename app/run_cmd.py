@@ -14,11 +14,10 @@ from zipfile import BadZipFile
 import numpy as np
 from rich import box
 from rich.console import Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from app.arguments import load_options, output_file, run_devices, writing
-from app.console import plain_console
+from app.console import plain_console, progress_on
 from app.loadgen import LoadGenerator, LoadStats
 from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
@@ -214,9 +213,7 @@ def run(args: argparse.Namespace) -> int:
         load = LoadGenerator(host, name, concurrency=None if args.rate else args.concurrency,
                              rate=args.rate, requests=args.requests, bindings=binds,
                              feeds=feeds, on_result=check)
-        with recorder, Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                                transient=True) as progress:
+        with recorder, progress_on(console) as progress:
             task = progress.add_task(f"running {name}", total=args.requests)
             start = time.perf_counter()
             load.start()

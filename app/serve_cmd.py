@@ -15,12 +15,11 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from app.arguments import output_file, writing
-from app.console import fit_width, plain_console
+from app.console import fit_width, plain_console, progress_on
 from app.server.app import create_app
 from app.server.load_options import load_options
 from app.server.protocol import Limits
@@ -56,9 +55,8 @@ def run(args: argparse.Namespace) -> int:
         if trace_path is not None:
             state.trace = ChromeTrace(host.bus)  # before the loads: their memory too
         try:
-            with Progress(TextColumn("loading {task.description}"), BarColumn(),
-                          MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=plain_console(stderr=True), transient=True) as progress:
+            with progress_on(plain_console(stderr=True),
+                             description="loading {task.description}") as progress:
                 task = progress.add_task("models", total=len(wanted))
                 for name, path in wanted:
                     progress.update(task, description=name)

@@ -17,10 +17,9 @@ import json
 import os
 
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.console import plain_console
+from app.console import plain_console, progress_on
 from app.train_run import TrainingRun, TrainSettings
 from runtime.train.pipeline import StepReport
 from runtime.units import human_bytes, human_seconds
@@ -62,9 +61,7 @@ def run(args: argparse.Namespace) -> int:
 def _with_progress(training: TrainingRun, quiet: bool) -> None:
     trainer = training.trainer
     total = trainer.steps_per_epoch * trainer.config.epochs
-    bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=plain_console(stderr=True), transient=True, disable=quiet)
+    bar = progress_on(plain_console(stderr=True), quiet=quiet)
     with bar:
         task = bar.add_task(f"training {trainer.name}", total=total)
 

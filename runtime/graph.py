@@ -447,6 +447,10 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     opsets = {op.domain or "": op.version for op in model.opset_import}
     graph_inputs = [v.name for v in g.input if v.name not in initializers]
     types = {t: v.type for t, v in declared.items() if v.type.WhichOneof("value")}
+    # a tensor typed by a run alone (`_size_unknowns`) is declared by its element type
+    for tname, info in tensors.items():
+        if tname not in types and tname not in initializers and info.elem_type:
+            types[tname] = helper.make_tensor_type_proto(info.elem_type, None)
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
                  bindings=bindings, name=name or g.name or "network", types=types,

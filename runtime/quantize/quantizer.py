@@ -34,7 +34,7 @@ import onnx.version_converter
 
 from runtime.devices.external import save
 from runtime.errors import ModelLoadError
-from runtime.graph import Graph, default_opset, external_data, load_graph
+from runtime.graph import Graph, default_opset, external_data, load_graph, subgraphs
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
 from runtime.quantize.narrow import slow_in_int8
@@ -209,6 +209,7 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     q = _ort()
     kind = _method(method)
     ops = sorted(quantizable_ops())
+    _has_work(prepared, ops)
     with tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
         large = save(prepared, str(model_path))
@@ -219,6 +220,22 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
         ranges = calibrator.compute_data()
         q.save_tensors_data(ranges, Path(path))
     return len(ranges.data)
+
+
+def _has_work(model: onnx.ModelProto, ops: Sequence[str]) -> None:
+    """QuantizeError, before any calibration run, for a model with no node of a type
+    onnxruntime quantizes (a scikit-learn forest): its profile would hold no range."""
+    def walk(graph: onnx.GraphProto) -> Iterator[str]:
+        for node in graph.node:
+            yield node.op_type
+            for sub in subgraphs(node):
+                yield from walk(sub)
+
+    present = sorted(set(walk(model.graph)))
+    if not set(ops) & set(present):
+        raise QuantizeError(f"{model.graph.name or 'the model'} has nothing to quantize: none "
+                            f"of its ops ({', '.join(present[:8])}{', ...' * (len(present) > 8)}) "
+                            f"is one onnxruntime quantizes ({', '.join(ops[:6])}, ...)")
 
 
 def read_profile(path: str | Path, graph: Graph) -> str:

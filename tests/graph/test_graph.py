@@ -7,13 +7,16 @@ import math
 import networkx as nx
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.cost import node_cost
+from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError
 from runtime.graph import Graph, load_graph
+from runtime.host import HostManager
 from runtime.run_sizes import run_sizes
 from tests.support.dags import SAMPLE_NAMES, SAMPLES_DIR, dag_models, random_dag_model, reads_of
 
@@ -415,3 +418,27 @@ def test_a_sizing_run_that_fails_says_nothing(capfd):
     capfd.readouterr()
     assert run_sizes(model, ["y"]) == {}
     assert capfd.readouterr().err == ""
+
+
+def test_a_tensor_typed_by_a_run_alone_crosses_devices():
+    """onnx's shape inference leaves an ai.onnx.ml Normalizer's output untyped; the sizing
+    run knew its type, but nothing declared it, so a partition reading it could not be
+    made ("input 'n' has no known type": a scikit-learn forest over cpu and sim)."""
+    graph = helper.make_graph(
+        [helper.make_node("Normalizer", ["x"], ["n"], name="norm", domain="ai.onnx.ml",
+                          norm="L1"),
+         helper.make_node("Relu", ["n"], ["y"], name="relu")], "normalized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    assert "n" not in onnx.shape_inference.infer_shapes(model).graph.value_info
+    rng = np.random.default_rng()
+    x = rng.standard_normal((int(rng.integers(1, 6)), 3)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with HostManager(parse_devices("cpu:2")) as host:
+        plan = host.add_network("normalized", model, annotations={"norm": "cpu0",
+                                                                 "relu": "cpu1"})
+        assert [t.tensor for t in plan.transfers] == ["n"]
+        np.testing.assert_allclose(host.infer("normalized", {"x": x})["y"], want, rtol=1e-6)

@@ -44,6 +44,7 @@ from runtime.quantize.layout import boundaries, channels_last_handoff, transpose
 from runtime.quantize.narrow import MIN_CHANNELS, slow_in_int8
 from runtime.quantize.quantizer import quantizable_ops
 from runtime.quantize.search import run_outputs
+from tests.support.classifiers import zipmap_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "real_models"
@@ -472,6 +473,23 @@ def test_bad_calibration_data_is_refused_in_one_line(tmp_path, capsys, arrays, w
         lines = err.strip().splitlines()
         assert len(lines) == 1 and words in lines[0] and str(data) in lines[0], err
         assert "Traceback" not in err + out
+
+
+def test_a_model_with_nothing_to_quantize_is_told_so_in_exactly_one_line(tmp_path, capfd):
+    """A scikit-learn classifier has no op onnxruntime quantizes: calibration ran, then
+    `profile ... does not belong to classifier: it has no range for any tensor`, under an
+    empty line rich's progress bar left on a stderr that is no terminal."""
+    model, data = tmp_path / "classifier.onnx", tmp_path / "rows.npz"
+    onnx.save(zipmap_classifier(rng()), str(model))
+    np.savez(data, x=rng().standard_normal((16, 4)).astype(np.float32))
+    for argv in (["quantize", str(model), "--calibrate", str(data), "-o", str(tmp_path / "o")],
+                 ["profile", str(model), "--inputs", str(data), "-o", str(tmp_path / "p")]):
+        capfd.readouterr()
+        assert main(argv) == 1
+        out, err = capfd.readouterr()
+        assert err.count("\n") == 1 and err.startswith("prism: error: classifier has nothing "
+                                                      "to quantize"), err
+        assert "ZipMap" in err and "MatMul" not in out
 
 
 # -- models onnxruntime's pre-processing or per-channel QDQ trip on ----------------------------
