@@ -30,7 +30,8 @@ _SHAPES_KEPT = 64  # accepted shapes remembered per input
 class ValueType:
     """A declared ONNX type as plain data: `kind` is tensor, sequence, optional, map, ...;
     a tensor has its numpy `dtype` (None if numpy has none) and `dims` (ints and names),
-    a sequence or optional its element type."""
+    a sequence or optional its element type, a map its keys' `dtype` and its values' type
+    as `elem`."""
 
     kind: str
     dtype: str | None = None
@@ -48,6 +49,9 @@ class ValueType:
             return cls(kind, _np_dtype(tensor.elem_type), dims)
         if kind in ("sequence", "optional"):
             return cls(kind, elem=cls.of(getattr(proto, which).elem_type))
+        if kind == "map":
+            return cls(kind, _np_dtype(proto.map_type.key_type),
+                       elem=cls.of(proto.map_type.value_type))
         return cls(kind)
 
     def to_dict(self) -> dict:
@@ -74,6 +78,9 @@ class ValueType:
             return f"sequence of {self.elem.describe()}"
         if self.kind == "optional" and self.elem is not None:
             return f"optional {self.elem.describe()}"
+        if self.kind == "map" and self.elem is not None:
+            key = "string" if self.dtype in (None, "object") else self.dtype
+            return f"map of {key} to {self.elem.describe()}"
         return self.kind
 
 
@@ -204,6 +211,9 @@ def _structured(network: str, spec: InputSpec, kind: ValueType, value: object,
             raise InvalidInputError(f"input {spec.name!r} of {network}{where}: expected "
                                     f"{want}, got {array.dtype}")
         return array
+    if kind.kind == "map" and not isinstance(value, Mapping):
+        raise InvalidInputError(f"input {spec.name!r} of {network}{where}: expected "
+                                f"{kind.describe()} (a dict), got {type(value).__name__}")
     return value  # maps and other kinds go to the backend as given
 
 
@@ -387,7 +397,8 @@ def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random
 
 
 def _random_value(kind: ValueType, rng: np.random.Generator) -> object:
-    """A structured input's value: a sequence of two small tensors, an optional's value."""
+    """A structured input's value: a sequence of two small tensors, an optional's value, a
+    map of three keys (text keys "a", "b", "c": a DictVectorizer ignores those it lacks)."""
     if kind.kind == "optional":
         return None if kind.elem is None else _random_value(kind.elem, rng)
     if kind.kind == "sequence":
@@ -397,4 +408,7 @@ def _random_value(kind: ValueType, rng: np.random.Generator) -> object:
         dtype = np.dtype(kind.dtype or np.float32)
         return rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else \
             np.zeros(shape, dtype)
+    if kind.kind == "map" and kind.elem is not None:
+        keys = [0, 1, 2] if kind.dtype not in (None, "object") else ["a", "b", "c"]
+        return {k: _random_value(kind.elem, rng) for k in keys}
     return None

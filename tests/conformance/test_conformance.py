@@ -12,6 +12,7 @@ mean partitions on both cpu devices.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 import warnings
 from pathlib import Path
@@ -24,7 +25,11 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from runtime.devices import parse_devices
 from runtime.devices.ort.sessions import supported_opset
+from runtime.errors import InvalidInputError
+from runtime.host import HostManager
+from runtime.inputs import input_specs, random_feeds
 from runtime.onnx_backend import PrismBackend, PrismRep, default_devices
 
 FAILURES_FILE = Path(__file__).with_name("conformance_failures.toml")
@@ -216,6 +221,29 @@ def test_sequences_and_optionals_cross_partitions():
         assert int(n) == 3 and not bool(has) and [x.tolist() for x in s] == [a.tolist(),
                                                                             b.tolist()]
         assert bool(rep.run({"a": a, "b": b, "o": np.ones(1, np.float32)})[1])
+
+
+def test_a_map_input_is_drawn_checked_and_run():
+    """A DictVectorizer reads a map: random feeds (`prism run`, the dashboards' load)
+    gave None for it, which onnxruntime took as a missing input."""
+    features = helper.make_value_info("features", helper.make_map_type_proto(
+        TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("DictVectorizer", ["features"], ["v"], domain="ai.onnx.ml",
+                          string_vocabulary=["a", "b", "z"])], "vectorize", [features],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 3])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("vectorize", model)
+        feeds = random_feeds(input_specs(host.graph("vectorize")), np.random.default_rng())
+        assert set(feeds["features"]) == {"a", "b", "c"}
+        np.testing.assert_array_equal(host.infer("vectorize", feeds)["v"],
+                                      session.run(None, feeds)[0])
+        with pytest.raises(InvalidInputError, match=re.escape(
+                "'features' of vectorize: expected map of string to float32 (a dict), got list")):
+            host.infer("vectorize", {"features": [1.0]})
 
 
 def test_prism_conformance_command(capsys):
