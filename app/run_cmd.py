@@ -24,7 +24,7 @@ from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.host import HostManager
-from runtime.inputs import InputSpec, check_feeds, input_specs
+from runtime.inputs import InputSpec, check_feeds, input_specs, npz_problem
 from runtime.observe.events import JsonlRecorder
 from runtime.observe.metrics import Metrics, MetricsSnapshot
 from runtime.observe.trace import ChromeTrace
@@ -155,7 +155,7 @@ def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np
             with np.load(file, allow_pickle=False) as stored:
                 feeds = dict(stored)
     except NPZ_ERRORS as exc:
-        raise PrismError(f"cannot read inputs {path}: {first_line(exc)}") from None
+        raise PrismError(f"cannot read inputs {path}: {npz_problem(exc)}") from None
     try:
         return check_feeds(network, specs, feeds)
     except InvalidInputError as exc:

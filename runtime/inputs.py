@@ -228,7 +228,17 @@ def read_npz(path: str | Path, what: str, error: type[PrismError] = InvalidInput
     except FileNotFoundError:
         raise error(f"{what} not found: {path}") from None
     except (OSError, ValueError, BadZipFile) as exc:
-        raise error(f"{path} is not an .npz of arrays: {exc}") from None
+        raise error(f"{path} is not an .npz of arrays: {npz_problem(exc)}") from None
+
+
+def npz_problem(exc: Exception) -> str:
+    """What numpy said of an .npz it could not read, with what to do about object arrays
+    (text saved as `dtype=object`), which it reads only as pickles: never trusted here."""
+    text = " ".join(str(exc).split())
+    if "allow_pickle" in text:
+        return (f"{text}: it holds object arrays, read only as pickles, which are not "
+                f"trusted; save text as numpy strings (np.array(['a', 'b']), no dtype=object)")
+    return text
 
 
 def array_text(array: np.ndarray) -> str:
@@ -299,6 +309,8 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
         array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.dtype.kind in "US" and spec.dtype is not None and spec.dtype.kind == "O":
+            array = _as_text(network, spec.name, array)
         if not spec.accepts(array):
             raise InvalidInputError(f"input {spec.name!r} of {network}: expected "
                                     f"{spec.describe()}, got {array_text(array)}")
@@ -310,6 +322,17 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
     if shared := shared_dims(specs):
         _check_shared(network, specs, shared, [out[s.name] for s in specs])
     return out
+
+
+def _as_text(network: str, name: str, array: np.ndarray) -> np.ndarray:
+    """numpy's fixed-width strings (what np.savez keeps text as) as the str objects
+    onnxruntime reads an ONNX string tensor from; bytes decoded as UTF-8."""
+    try:
+        return (np.char.decode(array, "utf-8") if array.dtype.kind == "S" else array
+                ).astype(object)
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"input {name!r} of {network}: bytes that are not UTF-8 "
+                                f"text ({exc.reason} at byte {exc.start})") from None
 
 
 class FeedCheck:

@@ -14,11 +14,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 import app.run_cmd
 from app.cli import main
 from runtime.devices import parse_devices
 from runtime.graph import load_graph
+from runtime.host import HostManager
 from runtime.inputs import input_specs
 from runtime.observe.events import read_jsonl
 from runtime.partition import partition_steps
@@ -271,6 +273,42 @@ def test_run_with_good_inputs_uses_them(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert re.search(r"^\s*6\s+0\s+0\b", out, re.MULTILINE), out
+
+
+def _label_encoder(path) -> None:
+    """Text in ("color", [N, 1]) -> class codes (an ai.onnx.ml LabelEncoder)."""
+    graph = helper.make_graph(
+        [helper.make_node("LabelEncoder", ["color"], ["code"], domain="ai.onnx.ml",
+                          keys_strings=["red", "green", "blue"], values_int64s=[0, 1, 2],
+                          default_int64=-1)], "encoder",
+        [helper.make_tensor_value_info("color", TensorProto.STRING, ["N", 1])],
+        [helper.make_tensor_value_info("code", TensorProto.INT64, ["N", 1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("ai.onnx.ml", 2)]),
+              str(path))
+
+
+def test_text_inputs_saved_as_numpy_strings_run(capsys, tmp_path):
+    """np.savez keeps text as fixed-width strings (<U5): they were refused as "expected
+    object [N, 1], got <U5 [3, 1]"; object arrays load only as pickles and are refused
+    saying how to save text instead."""
+    model, path = tmp_path / "encoder.onnx", tmp_path / "inputs.npz"
+    _label_encoder(model)
+    words = np.random.default_rng().choice(["red", "green", "blue", "mauve"], (3, 1))
+    np.savez(path, color=words)
+    assert main(["run", str(model), "--devices", "cpu:1", "--requests", "4", "--check",
+                 "--inputs", str(path)]) == 0, capsys.readouterr().err
+    assert "every output matches onnxruntime" in capsys.readouterr().out
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("encoder", str(model))
+        want = [["red", "green", "blue"].index(w) if w in ("red", "green", "blue") else -1
+                for w in words.ravel()]
+        for given in (words, np.char.encode(words), words.tolist()):
+            assert host.infer("encoder", {"color": given})["code"].ravel().tolist() == want
+    np.savez(path, color=words.astype(object), allow_pickle=True)
+    line = one_line_error(capsys, ["run", str(model), "--devices", "cpu:1", "--inputs",
+                                   str(path)])
+    assert "object arrays" in line and "no dtype=object" in line, line
 
 
 def test_version_names_prism_and_its_dependencies(capsys):
