@@ -19,11 +19,12 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from app.server.classify import top_classes
 from app.server.errors import in_public
 from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
@@ -68,6 +69,7 @@ class Served:
     replicas: int = 1
     mode: str = "balanced"  # the plan's partition mode
     devices: tuple[tuple[str, str], ...] = ()  # (name, backend) of the devices it runs on
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # output -> classes
 
     @property
     def platform(self) -> str:
@@ -110,6 +112,15 @@ class Served:
     def to_client(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs in the configuration's dims, where it reshapes them."""
         return self._reshaped(outputs, "output")
+
+    def classified(self, outputs: dict[str, np.ndarray], classes: Mapping[str, int]
+                   ) -> dict[str, np.ndarray]:
+        """Each output asked for as classes (`classes`: output -> how many) as its top
+        classes' text (`classify.top_classes`), labelled where the configuration says."""
+        batched = self.options.max_batch_size > 0
+        return {name: top_classes(name, value, classes[name], batched,
+                                  self.labels.get(name, ())) if name in classes else value
+                for name, value in outputs.items()}
 
     @functools.cached_property
     def _reshapes(self) -> dict[str, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]]:
@@ -270,6 +281,7 @@ class Catalog:
                                        f"repository (start it with --model-repository DIR)")
         entry = self.repository.get(name)
         options = load_options(entry.config, params)
+        labels = self.repository.labels(name, options.tensors)
         wanted = options.versions.pick(name, entry.versions)
         with self._lock:
             current = self._served.get(name, {})
@@ -277,7 +289,7 @@ class Catalog:
             try:
                 for version in wanted:
                     made[version] = self._made(name, entry.versions[version], options,
-                                               version, current.get(version))
+                                               version, current.get(version), labels)
             except Exception:
                 for version, served in made.items():
                     if served is not current.get(version):  # never served: no requests
@@ -296,10 +308,12 @@ class Catalog:
             return served
 
     def _made(self, name: str, path: Path, options: LoadOptions, version: str,
-              old: Served | None) -> Served:
-        """`old` if it already serves this file with these options, else a network loaded
-        and checked for it, not yet served. Called holding the lock."""
-        if old is not None and (old.source, old.options) == (path, options):
+              old: Served | None, labels: Mapping[str, tuple[str, ...]] | None = None
+              ) -> Served:
+        """`old` if it already serves this file with these options and labels, else a
+        network loaded and checked for it, not yet served. Called holding the lock."""
+        labels = labels or {}
+        if old is not None and (old.source, old.options, old.labels) == (path, options, labels):
             return old
         network = self._new_network_name(name)
         self._loading.add(name)
@@ -321,7 +335,7 @@ class Catalog:
                         tuple((t.src, t.dst, t.bytes) for t in plan.transfers),
                         self.host.replicas(network), plan.mode,
                         tuple(dict.fromkeys((p.device, plan.device(p.device).backend)
-                                            for p in plan.partitions)))
+                                            for p in plan.partitions)), labels)
         self._by_network[network] = served
         return served
 

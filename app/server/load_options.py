@@ -95,6 +95,7 @@ class ConfigTensor:
     data_type: str | None
     dims: tuple[int, ...] | None  # None: not said
     reshape: tuple[int, ...] | None = None  # the model's shape, the client's being `dims`
+    label_filename: str | None = None  # an output's class labels, a file in the model's folder
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,11 @@ def _config_tensors(config: Mapping[str, Any]) -> tuple[ConfigTensor, ...]:
                     raise LoadOptionError(f"{what}: reshape must be {{shape: [...]}}, with dims")
                 reshape = _dims(reshape.get("shape", []), f"{what} reshape shape")
             data_type = entry.get("data_type")
+            labels = entry.get("label_filename")
+            if labels is not None and not isinstance(labels, str):
+                raise LoadOptionError(f"{what}: label_filename must be a file name")
             out.append(ConfigTensor(kind, entry["name"], None if data_type is None
-                                    else str(data_type), dims, reshape))
+                                    else str(data_type), dims, reshape, labels))
     return tuple(out)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -69,6 +70,10 @@ class _Triton:
         self.failures: defaultdict[tuple[str, str, str], int] = defaultdict(int)
         self.rejected: defaultdict[tuple[str, str, str], int] = defaultdict(int)
         self.pending: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self.last: dict[tuple[str, str], float] = {}  # wall seconds of the last answer
+        # (model, version, requests an execution held) -> [executions, compute seconds]
+        self.batches: defaultdict[tuple[str, str, int], list[float]] = defaultdict(
+            lambda: [0.0, 0.0])
 
     def collect(self) -> Iterator[Metric]:
         for name, text in _TRITON_COUNTERS:
@@ -174,6 +179,11 @@ class ServerMetrics:
                 sums["nv_inference_request_duration_us"][key] += ev["latency"] * 1e6
                 sums["nv_inference_queue_duration_us"][key] += ev["queue_wait"] * 1e6
                 sums["nv_inference_compute_infer_duration_us"][key] += ev["run_seconds"] * 1e6
+                t.last[key] = time.time() - (time.monotonic() - ev.ts)
+                size = max(1, ev.get("batch_size", 1))
+                batch = t.batches[(*key, size)]
+                batch[0] += 1 / size  # each of a batch's requests adds its share
+                batch[1] += ev["run_seconds"] / size
                 for src, dst, size in label[2]:
                     self.transfer.labels(key[0], src, dst).inc(size)
             elif kind == "request.failed":
@@ -196,7 +206,7 @@ class ServerMetrics:
         with self._lock:
             t = self._triton
             counts: list[dict[tuple, Any]] = [*t.sums.values(), t.pending, t.failures,
-                                               t.rejected]
+                                               t.rejected, t.last, t.batches]
             for count in counts:
                 for key in [k for k in count if k[:2] == (model, version)]:
                     del count[key]
@@ -206,6 +216,40 @@ class ServerMetrics:
         on the event loop, so it takes no lock (the fold may hold one for a while): only
         the loop writes these counts."""
         self._triton.rejected[(model, version, reason)] += 1
+
+    def model_stats(self, model: str, version: str) -> dict[str, Any]:
+        """Triton's statistics extension for one model version, from the same sums as
+        its `nv_inference_*` families. Prism times a request's partitions and copies as
+        one (`compute_infer`); input and output handling count with no time of their own."""
+        self.catch_up()
+        with self._lock:
+            t, key = self._triton, (model, version)
+            sums = {name: t.sums[name].get(key, 0.0) for name in t.sums}
+            failed = sum(n for k, n in [*t.failures.items(), *t.rejected.items()]
+                         if k[:2] == key)
+            batches = sorted((k[2], v) for k, v in t.batches.items() if k[:2] == key)
+            last = t.last.get(key)
+        ok = round(sums["nv_inference_request_success"])
+
+        def timed(count: float, micros: float = 0.0) -> dict[str, int]:
+            return {"count": round(count), "ns": round(micros * 1e3)}
+
+        return {"name": model, "version": version,
+                "last_inference": 0 if last is None else round(last * 1e3),
+                "inference_count": round(sums["nv_inference_count"]),
+                "execution_count": round(sums["nv_inference_exec_count"]),
+                "inference_stats": {
+                    "success": timed(ok, sums["nv_inference_request_duration_us"]),
+                    "fail": timed(failed), "queue": timed(ok, sums[
+                        "nv_inference_queue_duration_us"]),
+                    "compute_input": timed(ok),
+                    "compute_infer": timed(ok, sums["nv_inference_compute_infer_duration_us"]),
+                    "compute_output": timed(ok), "cache_hit": timed(0), "cache_miss": timed(0)},
+                "batch_stats": [{"batch_size": size, "compute_input": timed(runs),
+                                 "compute_infer": timed(runs, seconds * 1e6),
+                                 "compute_output": timed(runs)}
+                                for size, (runs, seconds) in batches],
+                "memory_usage": []}
 
     def render(self) -> bytes:
         self.catch_up()

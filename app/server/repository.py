@@ -11,11 +11,13 @@ path, so neither `..`, an absolute path nor a link out of the repository reaches
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.server import pbtxt
+from app.server.load_options import ConfigTensor
 from runtime.errors import NetworkNotFoundError, PrismError
 
 FILES = ("model.onnx", "model.prism")
@@ -77,6 +79,23 @@ class ModelRepository:
             if path.is_file() and self._inside(path):
                 return path.resolve()
         return None
+
+    def labels(self, name: str, tensors: Iterable[ConfigTensor]) -> dict[str, tuple[str, ...]]:
+        """Output -> its class labels, one a line of the file its configuration's
+        `label_filename` names in the model's folder (Triton's classification extension)."""
+        out = {}
+        for tensor in tensors:
+            if tensor.label_filename is None:
+                continue
+            path = self.root / name / tensor.label_filename
+            if not self._inside(path):
+                raise RepositoryError(f"{path} leads out of the model repository")
+            try:
+                out[tensor.name] = tuple(path.read_text(encoding="utf-8").splitlines())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise RepositoryError(f"model {name!r}: cannot read the labels of output "
+                                      f"{tensor.name!r}: {exc}") from None
+        return out
 
     def _inside(self, path: Path) -> bool:
         return path.resolve().is_relative_to(self.root)

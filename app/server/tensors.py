@@ -15,7 +15,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ class InferRequest:
     priority: int
     timeout: float | None  # seconds
     id: str | None = None
+    classes: dict[str, int] = field(default_factory=dict)  # output -> classes asked for
 
 
 def parse_infer(body: bytes, header_length: str | None, inputs: Sequence[InputSpec]
@@ -124,7 +125,7 @@ def _request(header: dict, binary: memoryview) -> InferRequest:
         if key.startswith("triton_"):
             raise TensorError(f"parameter {key!r}: keys starting with 'triton_' are reserved")
     binary_default = _flag(params, "binary_data_output", "request")
-    outputs = None
+    outputs, classes = None, {}
     if header.get("outputs") is not None:
         if not isinstance(header["outputs"], list):
             raise TensorError("'outputs' must be a list")
@@ -134,7 +135,7 @@ def _request(header: dict, binary: memoryview) -> InferRequest:
                 raise TensorError(f"outputs[{i}] must be an object with a 'name'")
             out_params = _parameters(out.get("parameters"), f"output {out['name']!r}")
             if "classification" in out_params:
-                raise TensorError("the classification extension is not supported")
+                classes[out["name"]] = _count(out_params["classification"], out["name"])
             flag = out_params.get("binary_data", binary_default)
             if not isinstance(flag, bool):
                 raise TensorError(f"output {out['name']!r}: 'binary_data' must be a boolean")
@@ -145,7 +146,14 @@ def _request(header: dict, binary: memoryview) -> InferRequest:
     timeout_us = _whole(params, "timeout")
     return InferRequest(feeds, outputs, binary_default,
                         _whole(params, "priority") or DEFAULT_PRIORITY,
-                        timeout_us / 1e6 if timeout_us else None, request_id)
+                        timeout_us / 1e6 if timeout_us else None, request_id, classes)
+
+
+def _count(value: Any, output: str) -> int:
+    if type(value) is not int or value < 1:
+        raise TensorError(f"output {output!r}: 'classification' must be a whole number >= 1, "
+                          f"got {value!r}")
+    return value
 
 
 def _parameters(value: Any, where: str) -> dict:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -386,6 +387,102 @@ def test_a_classifiers_zipmap_is_served_as_json_text_per_row(client, server):
         shutil.rmtree(folder.parent)
 
 
+def _top(values: np.ndarray, count: int, labels: list[str]) -> list[str]:
+    """Triton's classification text of one row: value to six decimals, index, label."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))[:count]
+    return [f"{values[i]:f}:{i}" + (f":{labels[i]}" if i < len(labels) else "") for i in order]
+
+
+def test_classification_gives_the_top_classes_as_triton_does(client, server):
+    """tritonclient's `class_count`: per batch row for a batching model, labelled from
+    the configuration's label_filename (one label fewer than classes: the last goes
+    without); over the whole tensor for a model that does not batch. Was refused."""
+    url, state = server
+    assert "classification" in client.get_server_metadata()["extensions"]
+    rng = np.random.default_rng()
+    folder = state.catalog.repository.root / "scores"
+    (folder / "1").mkdir(parents=True)
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [4, 6],
+                                 rng.standard_normal(24).astype(np.float32).tolist())
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"])], "scores",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 6])],
+        [weights]), opset_imports=[helper.make_opsetid("", 17)]), folder / "1" / "model.onnx")
+    labels = [f"kind {i}" for i in range(5)]
+    (folder / "names.txt").write_text("\n".join(labels) + "\n")
+    (folder / "config.pbtxt").write_text(
+        'max_batch_size: 4\noutput [ { name: "scores" data_type: TYPE_FP32 dims: [ 6 ] '
+        'label_filename: "names.txt" } ]\n')
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    try:
+        client.load_model("scores")
+        want = _in_process(state, "scores", {"x": x})["scores"]
+        for binary in (False, True):
+            tensor = triton.InferInput("x", [3, 4], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            got = client.infer("scores", [tensor], outputs=[triton.InferRequestedOutput(
+                "scores", binary_data=binary, class_count=4)]).as_numpy("scores")
+            assert got.shape == (3, 4)
+            assert [[v.decode() if binary else v for v in row] for row in got] == \
+                [_top(row, 4, labels) for row in want]
+    finally:
+        client.unload_model("scores")
+        shutil.rmtree(folder)
+    feeds = _feeds(state, "mlp", rows=2)
+    logits = _in_process(state, "mlp", feeds)["logits"]
+    tensor = triton.InferInput("x", list(feeds["x"].shape), "FP32")
+    tensor.set_data_from_numpy(feeds["x"])
+    got = client.infer("mlp", [tensor], outputs=[triton.InferRequestedOutput(
+        "logits", binary_data=False, class_count=50)]).as_numpy("logits")
+    assert got.tolist() == _top(logits.ravel(), 50, [])  # mlp does not batch: one list
+    body = {"inputs": [{"name": "x", "shape": list(feeds["x"].shape), "datatype": "FP32",
+                        "data": feeds["x"].ravel().tolist()}],
+            "outputs": [{"name": "logits", "parameters": {"classification": 0}}]}
+    status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", body))
+    assert status == 400 and "'classification' must be a whole number >= 1" in message
+
+
+def test_statistics_count_what_ran_as_tritons_extension_does(client, server):
+    """tritonclient's get_inference_statistics (perf_analyzer reads it): 404 before."""
+    url, state = server
+    assert "statistics" in client.get_server_metadata()["extensions"]
+    folder = state.catalog.repository.root / "counted"
+    shutil.copytree(state.catalog.repository.root / "mlp", folder)
+    feeds = _feeds(state, "mlp")
+    tensor = triton.InferInput("x", list(feeds["x"].shape), "FP32")
+    tensor.set_data_from_numpy(feeds["x"])
+    runs = int(np.random.default_rng().integers(3, 9))
+    try:
+        client.load_model("counted")
+        for _ in range(runs):
+            client.infer("counted", [tensor])
+        bad = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32",
+                           "data": [0.0] * 3}]}
+        assert error_of(call(f"{url}/v2/models/counted/infer", "POST", bad))[0] == 400
+        [stats] = client.get_inference_statistics("counted")["model_stats"]
+        assert (stats["name"], stats["version"]) == ("counted", "1")
+        done = stats["inference_stats"]
+        assert done["success"]["count"] == done["queue"]["count"] == runs
+        assert done["compute_infer"]["count"] == runs and done["fail"]["count"] == 1
+        assert done["success"]["ns"] >= done["compute_infer"]["ns"] > 0
+        assert stats["inference_count"] == stats["execution_count"] == runs
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] \
+            == [(1, runs)]
+        assert abs(stats["last_inference"] / 1e3 - time.time()) < 60
+        assert done["success"]["count"] == metric(url, "nv_inference_request_success",
+                                                  model="counted")
+        assert client.get_inference_statistics("counted", "1")["model_stats"] == [stats]
+        every = client.get_inference_statistics()["model_stats"]
+        assert {(m["name"], m["version"]) for m in every} == {
+            (s.name, s.version) for s in state.catalog.served()}
+        with pytest.raises(InferenceServerException, match="nope"):
+            client.get_inference_statistics("nope")
+    finally:
+        client.unload_model("counted")
+        shutil.rmtree(folder)
+
+
 @pytest.mark.parametrize(("said", "words"), [
     ({"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, 256]}]},
      "config input 'INPUT0': mlp has no such input (its inputs: x)"),
@@ -510,6 +607,10 @@ def test_load_parameters_reload_beside_the_old_network(server):
     ("mlp", {"replicas": "lots"}, 400, "replicas"),
     ("mlp", {"bogus": 1}, 400, "bogus"),
     ("mlp", {"version": "9"}, 404, "version"),
+    ("mlp", {"config": json.dumps({"output": [{"name": "logits", "label_filename":
+                                               "../../outside/model.onnx"}]})}, 400, "leads out"),
+    ("mlp", {"config": json.dumps({"output": [{"name": "logits", "label_filename":
+                                               "labels.txt"}]})}, 400, "labels of output"),
 ])
 def test_loads_stay_inside_the_repository(server, name, params, status, part):
     url, state = server

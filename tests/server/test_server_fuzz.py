@@ -122,7 +122,8 @@ def _malformed(rng: random.Random) -> tuple[str, str, bytes | None, dict]:
     if kind == 7:  # outputs asked for wrongly
         outputs = rng.choice([[{"name": "nope"}], [{}], "logits", [{"name": "logits",
                               "parameters": {"binary_data": 1}}],
-                              [{"name": "logits", "parameters": {"classification": 3}}]])
+                              [{"name": "logits", "parameters": {"classification": 0}}],
+                              [{"name": "logits", "parameters": {"classification": "3"}}]])
         body = {"inputs": [dict(good, data=[0.0] * 256)], "outputs": outputs}
         return "POST", infer, json.dumps(body).encode(), {}
     method, path = rng.choice([("GET", infer), ("DELETE", "/v2"), ("POST", "/v2/health/live"),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from app.server.classify import top_classes
 from app.server.load_options import LoadOptionError, load_options
 from app.server.pbtxt import ConfigError, parse
 from app.server.tensors import (
@@ -183,3 +184,18 @@ def test_a_large_json_body_parses_within_a_few_times_its_size():
         tracemalloc.stop()
     np.testing.assert_array_equal(request.feeds["x"], x)
     assert peak < 4 * len(body), f"{peak / len(body):.1f}x the body"
+
+
+def test_top_classes_break_ties_by_index_and_take_triton_types():
+    """Equal values keep index order; unsigned values sort as they are (a negation would
+    wrap them); an empty batch gives no rows; FP16 and BYTES are refused, as Triton does."""
+    scores = np.array([[3, 250, 3, 0], [7, 7, 7, 9]], np.uint8)
+    assert top_classes("s", scores, 3, True, ["a", "b"]).tolist() == [
+        ["250:1:b", "3:0:a", "3:2"], ["9:3", "7:0:a", "7:1:b"]]
+    assert top_classes("s", scores, 2, False).tolist() == ["250:1", "9:7"]
+    rng = np.random.default_rng()
+    values = rng.standard_normal((0, 5)).astype(np.float32)
+    assert top_classes("s", values, 2, True).shape == (0, 2)
+    for bad in (np.zeros(3, np.float16), np.array(["x"], dtype=object)):
+        with pytest.raises(TensorError, match=r"'s' is (FP16|BYTES): classification takes"):
+            top_classes("s", bad, 1, False)

@@ -11,7 +11,8 @@ from app.server.routes.body import json_response
 from app.server.state import ServerState
 from runtime.versions import DISTRIBUTION, installed
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "parameters",
+              "statistics"]
 
 
 def routes(state: ServerState) -> list[BaseRoute]:

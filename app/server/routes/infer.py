@@ -70,6 +70,8 @@ class Infer:
             except NetworkNotFoundError:
                 served, outputs = await self._after_reload(served, version, parsed, large)
             outputs = on_the_wire(served.to_client(outputs))
+            if parsed.classes:
+                outputs = served.classified(outputs, parsed.classes)
         except Exception as exc:
             if isinstance(exc, TensorError | InvalidInputError | QueueFullError):
                 reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"

@@ -1,5 +1,7 @@
-"""Model metadata, readiness and configuration: `GET /v2/models/{m}[/versions/{v}]`,
-`.../ready` and `.../config` (Triton's model configuration, as JSON)."""
+"""Model metadata, readiness, configuration and statistics: `GET
+/v2/models/{m}[/versions/{v}]`, `.../ready`, `.../config` (Triton's model configuration,
+as JSON) and `.../stats` (Triton's statistics extension; `GET /v2/models/stats`: every
+model served)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,20 @@ def routes(state: ServerState) -> list[BaseRoute]:
             return error_response(400, f"model not ready: {first_line(exc)}")
         return Response()
 
-    return [Route(MODEL, metadata), Route(VERSION, metadata),
+    async def stats(request: Request) -> Response:
+        params = request.path_params
+        if "model" not in params:
+            chosen = state.catalog.served()
+        elif "version" in params:
+            chosen = [served(request)]
+        else:
+            state.catalog.get(params["model"])  # 404 for a model not served
+            chosen = [s for s in state.catalog.served() if s.name == params["model"]]
+        return json_response({"model_stats": [
+            state.metrics.model_stats(s.name, s.version)
+            for s in sorted(chosen, key=lambda s: (s.name, s.version.zfill(20)))]})
+
+    return [Route("/v2/models/stats", stats), Route(f"{MODEL}/stats", stats),
+            Route(f"{VERSION}/stats", stats), Route(MODEL, metadata), Route(VERSION, metadata),
             Route(f"{MODEL}/ready", ready), Route(f"{VERSION}/ready", ready),
             Route(f"{MODEL}/config", config), Route(f"{VERSION}/config", config)]
