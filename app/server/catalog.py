@@ -71,6 +71,11 @@ class Served:
     devices: tuple[tuple[str, str], ...] = ()  # (name, backend) of the devices it runs on
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # output -> classes
 
+    @functools.cached_property
+    def rows_uncounted(self) -> bool:
+        """Does its configuration batch without the host's batcher, which counts rows?"""
+        return self.options.max_batch_size > 0 and not self.options.dynamic_batching
+
     @property
     def platform(self) -> str:
         return "prism_bundle" if self.source.suffix == ".prism" else "onnxruntime_onnx"

@@ -444,12 +444,15 @@ def test_classification_gives_the_top_classes_as_triton_does(client, server):
 
 
 def test_statistics_count_what_ran_as_tritons_extension_does(client, server):
-    """tritonclient's get_inference_statistics (perf_analyzer reads it): 404 before."""
+    """tritonclient's get_inference_statistics (perf_analyzer reads it): 404 before. The
+    configuration batches with Triton's default scheduler (no dynamic batcher), so each
+    request's rows are inferences: they counted one a request."""
     url, state = server
     assert "statistics" in client.get_server_metadata()["extensions"]
     folder = state.catalog.repository.root / "counted"
     shutil.copytree(state.catalog.repository.root / "mlp", folder)
-    feeds = _feeds(state, "mlp")
+    (folder / "config.pbtxt").write_text("max_batch_size: 8\n")
+    feeds = _feeds(state, "mlp", rows=3)
     tensor = triton.InferInput("x", list(feeds["x"].shape), "FP32")
     tensor.set_data_from_numpy(feeds["x"])
     runs = int(np.random.default_rng().integers(3, 9))
@@ -466,7 +469,8 @@ def test_statistics_count_what_ran_as_tritons_extension_does(client, server):
         assert done["success"]["count"] == done["queue"]["count"] == runs
         assert done["compute_infer"]["count"] == runs and done["fail"]["count"] == 1
         assert done["success"]["ns"] >= done["compute_infer"]["ns"] > 0
-        assert stats["inference_count"] == stats["execution_count"] == runs
+        assert (stats["inference_count"], stats["execution_count"]) == (3 * runs, runs)
+        assert metric(url, "nv_inference_count", model="counted") == 3 * runs
         assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] \
             == [(1, runs)]
         assert abs(stats["last_inference"] / 1e3 - time.time()) < 60

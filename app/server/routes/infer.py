@@ -77,6 +77,8 @@ class Infer:
                 reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
                 self.metrics.rejected(served.name, served.version, reason)
             raise in_public(exc, served.name) from None
+        if served.rows_uncounted and (first := next(iter(parsed.feeds.values()))).ndim:
+            self.metrics.rows(served.name, served.version, len(first))
         size = sum(a.nbytes for a in outputs.values())
         content, json_length = await maybe_offload(size, encode_response, served.name,
                                                    served.version, parsed, outputs)
