@@ -7,8 +7,9 @@ from a TOML file, paths): `[batch, 256]` or `[/x]` must not be read as markup, n
 
 from __future__ import annotations
 
-from rich.console import Console, RenderableType
-from rich.measure import Measurement
+import os
+
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -18,20 +19,18 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-UNBOUNDED = 100_000  # columns to measure a renderable's natural width in
+UNBOUNDED = 100_000  # columns of a console with no edge
 
 
 def plain_console(*, stderr: bool = False, width: int | None = None) -> Console:
-    return Console(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
-
-
-def fit_width(console: Console, renderable: RenderableType) -> None:
-    """Widen a console that is not a terminal (a pipe, a file, a container's log) to what
-    `renderable` needs, so a table is not cut to the 80 columns Rich assumes there."""
-    if console.is_terminal:
-        return
-    need = Measurement.get(console, console.options.update_width(UNBOUNDED), renderable)
-    console.width = max(console.width, need.maximum)
+    """A console printing text as written. One that is not a terminal (a pipe, a file, a
+    container's log) and is given no width (nor COLUMNS) has no edge: Rich would assume
+    80 columns there, cutting a plan's cells to "weigh…" and wrapping lines a reader
+    greps."""
+    console = Console(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
+    if width is None and not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = UNBOUNDED
+    return console
 
 
 def progress_on(console: Console, *more: ProgressColumn, quiet: bool = False,

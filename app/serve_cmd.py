@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.arguments import output_file, writing
-from app.console import fit_width, plain_console, progress_on
+from app.console import plain_console, progress_on
 from app.server.app import create_app
 from app.server.load_options import load_options
 from app.server.protocol import Limits
@@ -70,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
                 "Serving the Open Inference Protocol on ", (url(sock), "bold"),
                 " (/v2, /metrics)", "" if token else ", no token",
                 "; Ctrl-C or SIGTERM stops it."))
-            fit_width(console, started)
             serving = server(create_app(state), limits, _stopping(state))
             with serving.capture_signals():  # from the moment it says it serves
                 console.print(started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import subprocess
@@ -309,6 +310,28 @@ def test_text_inputs_saved_as_numpy_strings_run(capsys, tmp_path):
     line = one_line_error(capsys, ["run", str(model), "--devices", "cpu:1", "--inputs",
                                    str(path)])
     assert "object arrays" in line and "no dtype=object" in line, line
+
+
+def test_tables_into_a_pipe_keep_every_cell_and_line_whole(tmp_path):
+    """Rich takes a pipe to be 80 columns wide: `prism partition > plan.txt` cut cells to
+    "weigh…" and long tensor names, and wrapped the lines under the tables."""
+    long = "/encoder/layer.0/attention/self/query/MatMul_output_" + "x" * 60
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], [long], name="first"),
+         helper.make_node("Neg", [long], ["y"], name="second")], "long_names",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
+    model, notes = tmp_path / "long.onnx", tmp_path / "split.toml"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    notes.write_text('[nodes]\nfirst = "cpu0"\nsecond = "cpu1"\n')
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run([str(PRISM), "partition", str(model), "--devices", "cpu:2",
+                           "--annotate", str(notes)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert long in done.stdout and "…" not in done.stdout, done.stdout
+    assert any(line.startswith("bottleneck: ") and line.rstrip().endswith("per request")
+               for line in done.stdout.splitlines()), done.stdout
 
 
 def test_version_names_prism_and_its_dependencies(capsys):
