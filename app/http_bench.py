@@ -27,8 +27,9 @@ from rich import box
 from rich.table import Table
 
 from app.console import plain_console, progress_on
-from app.server.tensors import DTYPES
+from app.server.tensors import DTYPES, to_bytes
 from runtime.errors import PrismError
+from runtime.inputs import InputSpec, random_feeds
 from runtime.units import human_seconds
 
 REQUEST_TIMEOUT = 60.0  # seconds one request may take before it counts as failed
@@ -143,22 +144,19 @@ async def _level(session: aiohttp.ClientSession, model_url: str,
 
 
 def _request(metadata: dict, rng: np.random.Generator) -> tuple[bytes, dict]:
-    """One binary request of random inputs (variable dimensions as 1), all outputs binary."""
+    """One binary request of random inputs as the host's own load draws them
+    (`random_feeds`: variable dimensions as 1), all outputs binary."""
     described, blobs = [], []
     for spec in metadata["inputs"]:
-        shape = [d if d >= 0 else 1 for d in spec["shape"]]
         dtype = DTYPES.get(spec["datatype"])
-        if dtype is None or dtype.kind == "O":
+        if dtype is None:
             raise PrismError(f"input {spec['name']!r} is {spec['datatype']}: the load "
-                             f"generator draws numeric inputs only")
-        if dtype.kind == "f":
-            array = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b":
-            array = rng.random(shape) < 0.5
-        else:
-            array = rng.integers(0, 16, shape).astype(dtype)
-        blob = array.astype(dtype.newbyteorder("<"), copy=False).tobytes()
-        described.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
+                             f"generator draws none")
+        dims = tuple(d if d >= 0 else None for d in spec["shape"])
+        array = random_feeds([InputSpec(spec["name"], dtype, dims)], rng)[spec["name"]]
+        blob = to_bytes(array)
+        described.append({"name": spec["name"], "shape": list(array.shape),
+                          "datatype": spec["datatype"],
                           "parameters": {"binary_data_size": len(blob)}})
         blobs.append(blob)
     header = orjson.dumps({"inputs": described, "parameters": {"binary_data_output": True}})

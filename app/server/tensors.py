@@ -335,7 +335,7 @@ def encode_response(model: str, version: str, request: InferRequest,
         entry: dict[str, Any] = {"name": name, "datatype": datatype(array.dtype),
                                  "shape": list(array.shape)}
         if wanted[name] if wanted is not None else request.binary_default:
-            blob = _to_bytes(array)
+            blob = to_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -379,7 +379,9 @@ def _json_data(array: np.ndarray) -> Any:
     return array.ravel()  # orjson writes numpy arrays itself
 
 
-def _to_bytes(array: np.ndarray) -> bytes:
+def to_bytes(array: np.ndarray) -> bytes:
+    """A tensor's binary data: little-endian values, or BYTES elements each a 4-byte
+    length then the text."""
     if array.dtype.kind not in "OUS":
         return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
     parts: list[bytes] = []

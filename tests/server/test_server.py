@@ -825,6 +825,30 @@ def test_bench_url_reports_levels_and_the_servers_split(server):
         assert lv.server["queue_us"] + lv.server["compute_us"] <= lv.server["request_us"] * 1.01
 
 
+def test_bench_url_draws_text_inputs(client, server):
+    """A model reading text (a LabelEncoder): `prism bench --url` refused it ("draws
+    numeric inputs only"); it draws inputs as the host's own load does now."""
+    import asyncio
+
+    url, state = server
+    folder = state.catalog.repository.root / "encoder" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("LabelEncoder", ["color"], ["code"], domain="ai.onnx.ml",
+                          keys_strings=["x", "y"], values_int64s=[7, 8], default_int64=-1)],
+        "encoder", [helper.make_tensor_value_info("color", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("code", TensorProto.INT64, ["n"])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 2)]),
+        folder / "model.onnx")
+    try:
+        client.load_model("encoder")
+        [level] = asyncio.run(bench(url, "encoder", [2], 20))
+        assert level.requests == 20 and level.errors == 0, level.first_error
+    finally:
+        client.unload_model("encoder")
+        shutil.rmtree(folder.parent)
+
+
 def test_a_load_runs_off_the_event_loop(server):
     """While a model loads, the server keeps answering."""
     url, state = server
