@@ -159,7 +159,7 @@ def _table(state: ServerState) -> Table:
         plan = state.host.plan(served.network)
         batch = served.options.max_batch_size
         table.add_row(served.name, served.version, str(len(plan.partitions)),
-                      ", ".join(dict.fromkeys(p.device for p in plan.partitions)),
+                      ", ".join(name for name, _ in served.devices),
                       human_bytes(sum(p.weight_bytes for p in plan.partitions)),
                       f"max {batch}" if batch else "off", str(state.host.replicas(served.network)),
                       str(served.source))

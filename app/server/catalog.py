@@ -339,8 +339,9 @@ class Catalog:
                         _infos(graph, graph.outputs),
                         tuple((t.src, t.dst, t.bytes) for t in plan.transfers),
                         self.host.replicas(network), plan.mode,
-                        tuple(dict.fromkeys((p.device, plan.device(p.device).backend)
-                                            for p in plan.partitions)), labels)
+                        tuple(dict.fromkeys((d, self.host.devices[d].config.backend)
+                                            for placed in self.host.placements(network)
+                                            for d in placed.values())), labels)
         self._by_network[network] = served
         return served
 

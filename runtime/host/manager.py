@@ -147,6 +147,11 @@ class HostManager:
     def plan(self, name: str) -> Plan:
         return self._slots.network(name).loaded.plan
 
+    def placements(self, name: str) -> list[dict[str, str]]:
+        """Per replica (the plan's own first), partition -> the device that runs it."""
+        return [{lp.partition.name: lp.device.name for lp in replica}
+                for replica in self._slots.network(name).loaded.loaded]
+
     def graph(self, name: str) -> Graph:
         """The network's graph (a bundle's is loaded from it on the first call)."""
         return self._slots.network(name).loaded.graph

@@ -600,6 +600,34 @@ def test_load_parameters_reload_beside_the_old_network(server):
     assert state.catalog.get("transformer").network == after.network
 
 
+def test_a_replicated_models_config_names_every_device_and_loads_back(server):
+    """The configuration named only the plan's devices ("cpu0") beside two instances, so
+    loading it back asked for two replicas on one device and failed."""
+    url, state = server
+    folder = state.catalog.repository.root / "twice"
+    shutil.copytree(state.catalog.repository.root / "mlp", folder)
+    try:
+        status, _, _ = call(f"{url}/v2/repository/models/twice/load", "POST",
+                            {"parameters": {"replicas": 2}})
+        assert status == 200
+        network = state.catalog.get("twice").network
+        placed = state.host.placements(network)
+        assert len(placed) == 2 and placed[0].keys() == placed[1].keys()
+        assert {d for p in placed for d in p.values()} == {"cpu0", "cpu1"}
+        assert [{p.name: p.device for p in state.host.plan(network).partitions}] == placed[:1]
+        status, _, body = call(f"{url}/v2/models/twice/config")
+        config = json.loads(body)
+        assert config["parameters"]["devices"]["string_value"] == "cpu0,cpu1"
+        assert config["instance_group"][0]["count"] == 2
+        status, _, body = call(f"{url}/v2/repository/models/twice/load", "POST",
+                               {"parameters": {"config": json.dumps(config)}})
+        assert status == 200, body
+        assert state.host.replicas(state.catalog.get("twice").network) == 2
+    finally:
+        call(f"{url}/v2/repository/models/twice/unload", "POST")
+        shutil.rmtree(folder)
+
+
 @pytest.mark.parametrize("name, params, status, part", [
     ("..", {}, 400, "plain name"),
     (".hidden", {}, 400, "plain name"),
