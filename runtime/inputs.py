@@ -398,8 +398,8 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
             feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng)
-        elif dtype.kind == "b":
-            feeds[spec.name] = rng.random(shape) < 0.5
+        elif dtype.kind == "b":  # an array even at shape (): numpy gives a scalar there
+            feeds[spec.name] = np.asarray(rng.random(shape) < 0.5)
         else:
             feeds[spec.name] = np.full(shape, "x", dtype=object) if dtype.kind in "OUS" else \
                 np.zeros(shape, dtype)

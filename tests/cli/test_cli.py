@@ -334,6 +334,43 @@ def test_tables_into_a_pipe_keep_every_cell_and_line_whole(tmp_path):
                for line in done.stdout.splitlines()), done.stdout
 
 
+def test_check_compares_a_random_output_by_dtype_and_shape(capsys, tmp_path):
+    """onnxruntime gives a RandomNormalLike other values each run, so --check failed on
+    every model that samples ("largest error 1.71"); its other outputs are still compared
+    by value, and so is a random op inside a branch found."""
+    f = TensorProto.FLOAT
+    branch = helper.make_graph([helper.make_node("RandomUniformLike", ["x"], ["u"])], "then",
+                               [], [helper.make_tensor_value_info("u", f, ["n", 4])])
+    plain = helper.make_graph([helper.make_node("Identity", ["x"], ["v"])], "else", [],
+                              [helper.make_tensor_value_info("v", f, ["n", 4])])
+    graph = helper.make_graph(
+        [helper.make_node("RandomNormalLike", ["x"], ["noise"]),
+         helper.make_node("Add", ["x", "noise"], ["noisy"]),
+         helper.make_node("Relu", ["x"], ["kept"]),
+         helper.make_node("If", ["flag"], ["picked"], then_branch=branch, else_branch=plain)],
+        "sampler", [helper.make_tensor_value_info("x", f, ["n", 4]),
+                    helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(t, f, ["n", 4]) for t in ("noisy", "kept", "picked")])
+    model = tmp_path / "sampler.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    assert app.run_cmd.random_outputs(load_graph(str(model))) == {
+        "noisy": "RandomNormalLike", "picked": "RandomUniformLike"}
+    assert main(["run", str(model), "--devices", "cpu:2", "--requests", "6", "--check"]) == 0
+    assert "noisy comes from RandomNormalLike: its dtype and shape compared only" in \
+        capsys.readouterr().out
+    check = app.run_cmd.OutputCheck(load_graph(str(model)))
+    x = np.random.default_rng().standard_normal((3, 4)).astype(np.float32)
+    feeds = {"x": x, "flag": np.asarray(False)}
+    answer = {"noisy": x + 9, "kept": np.maximum(x, 0), "picked": x}
+    check(feeds, answer, None, 0.0)
+    assert check.mismatch is None and check.compared == 1
+    check(feeds, {**answer, "noisy": x[:2]}, None, 0.0)  # a random output of another shape
+    assert "'noisy'" in (check.mismatch or "")
+    check = app.run_cmd.OutputCheck(load_graph(str(model)))
+    check(feeds, {**answer, "kept": x}, None, 0.0)  # values still count where not random
+    assert "'kept'" in (check.mismatch or "")
+
+
 def test_version_names_prism_and_its_dependencies(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
