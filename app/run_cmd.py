@@ -23,6 +23,7 @@ from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.errors import InvalidInputError, PrismError, first_line
+from runtime.fold import RANDOM_OPS
 from runtime.graph import Graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, check_feeds, input_specs, npz_problem
@@ -72,11 +73,6 @@ def difference(got: object, want: object) -> tuple[float, str | None]:
     rtol, atol = tolerance(want.dtype)
     same = np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     return err, None if same else f"largest error {err:.3g}"
-
-
-# Ops whose values differ run to run; Dropout only when told it trains
-RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform",
-                        "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
 def random_outputs(graph: Graph) -> dict[str, str]:

@@ -37,8 +37,10 @@ from runtime.large import inferable
 
 FOLD_GROWTH = 2.0  # folded constants are at most this many times the constants before...
 FOLD_SLACK = 64 << 10  # ... plus this many bytes (shapes and scales of a weightless model)
-NEVER_FOLDED = frozenset({"DequantizeLinear", "RandomNormal", "RandomUniform",
-                          "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
+# Ops whose values differ run to run (Dropout too, when told it trains)
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                        "RandomUniformLike", "Multinomial", "Bernoulli"})
+NEVER_FOLDED = RANDOM_OPS | {"DequantizeLinear"}
 _DOMAINS = ("", "ai.onnx")
 
 
