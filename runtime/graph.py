@@ -126,8 +126,15 @@ class Graph:
         return tensor in self.initializers
 
     def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
-        """name -> its declared dimensions (symbolic names kept), None when unknown."""
-        return {n: self.tensors[n].dims if n in self.tensors else None for n in names}
+        """name -> its declared dimensions (symbolic names kept), None when unknown. A
+        sequence of maps (a classifier's ZipMap: one map a row) has one, `rows`."""
+        return {n: ("rows",) if self._map_per_row(n) else self.tensors[n].dims
+                if n in self.tensors else None for n in names}
+
+    def _map_per_row(self, name: str) -> bool:
+        kind = self.types.get(name)
+        return kind is not None and kind.WhichOneof("value") == "sequence_type" and \
+            kind.sequence_type.elem_type.WhichOneof("value") == "map_type"
 
     def tensor_bytes(self, tensor: str) -> int:
         info = self.tensors.get(tensor)

@@ -66,9 +66,11 @@ def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
 
 
 def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dict]:
+    """Each member's rows of every output (a list, a ZipMap's maps, sliced alike)."""
     if len(outputs) == 1 and all(m.rows == 1 for m in members):  # the usual case, fast
         ((name, value),) = outputs.items()
-        return [{name: row} for row in value[:, None]]  # views, made in C: half the time
+        if type(value) is np.ndarray:
+            return [{name: row} for row in value[:, None]]  # views, made in C: half the time
     parts, start = [], 0
     for m in members:
         end = start + m.rows
@@ -78,11 +80,13 @@ def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dic
 
 
 def _rows_problem(batch: Request, outputs: Mapping[str, np.ndarray]) -> ExecutionError | None:
-    """Each output must have a row per row fed, or splitting it back would be wrong."""
+    """Each output must have a row per row fed (an array, or a list of a row's maps), or
+    splitting it back would be wrong, or fail with its members never answered."""
     for name, value in outputs.items():
-        if len(value) != batch.rows:
+        rows = len(value) if isinstance(value, np.ndarray | list) and np.ndim(value) else None
+        if rows != batch.rows:
             return ExecutionError(f"a batch of {batch.rows} rows to {batch.network} came "
-                                  f"back with {len(value)} rows of {name!r}")
+                                  f"back with {'no' if rows is None else rows} rows of {name!r}")
     return None
 
 

@@ -16,11 +16,13 @@ from collections import Counter
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import (
+    ExecutionError,
     InvalidInputError,
     PrismError,
     QueueFullError,
@@ -30,6 +32,7 @@ from runtime.executor.requests import Request, RequestQueue
 from runtime.host import HostManager
 from runtime.host.batching import Batcher, BatchingConfig, alike_but_first
 from runtime.inputs import InputSpec, ValueType
+from tests.support.classifiers import zipmap_classifier
 from tests.support.fakes import FakeDevice, FaultySim, Gate, inject_marked
 from tests.support.hosts import faked
 from tests.support.serving import (
@@ -341,6 +344,62 @@ def test_model_without_dynamic_batch_dimension_is_refused(model, tensor):
         assert all(m.used_bytes == 0 for m in host.devices.values())
         host.add_network("t", model)  # the name is free and the model loads unbatched
         assert host.networks() == ["t"]
+
+
+def test_a_classifiers_maps_batch_one_a_row_and_other_sequences_are_refused():
+    """A ZipMap's sequence has one map a row (skl2onnx's default classifier): it batches,
+    each request getting its rows' maps back. It was refused ("has no shape"). A sequence
+    of tensors need not follow the rows, so it still is."""
+    rng = np.random.default_rng()
+    model = zipmap_classifier(rng)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    with HostManager(parse_devices("cpu:2")) as host:
+        events = Events(host, kinds=("request.started",))
+        host.add_network("c", model, batching={"max_batch_size": 8, "max_queue_delay_ms": 50})
+        xs = [rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32)
+              for _ in range(16)]
+        futures = [host.run("c", {"x": x}) for x in xs]
+        for x, future in zip(xs, futures, strict=True):
+            got, (labels, maps) = future.result(WAIT), session.run(None, {"x": x})
+            np.testing.assert_array_equal(got["label"], labels)
+            assert [list(m) for m in got["probabilities"]] == [list(m) for m in maps]
+            np.testing.assert_allclose([list(m.values()) for m in got["probabilities"]],
+                                       [list(m.values()) for m in maps], rtol=1e-6)
+        assert poll(lambda: len(events.of("request.started", "c")) == 16)
+        assert max(e["batch_size"] for e in events.of("request.started", "c")) > 1
+        del model.graph.output[0]  # the maps alone, a row a request: the split's fast path
+        host.add_network("maps", model, batching={"max_batch_size": 8,
+                                                  "max_queue_delay_ms": 50})
+        futures = [host.run("maps", {"x": x[:1]}) for x in xs]
+        for x, future in zip(xs, futures, strict=True):
+            [want] = session.run(["probabilities"], {"x": x[:1]})
+            assert [list(m) for m in future.result(WAIT)["probabilities"]] == \
+                [list(m) for m in want]
+        f = TensorProto.FLOAT
+        listed = helper.make_model(helper.make_graph(
+            [helper.make_node("SequenceConstruct", ["x", "x"], ["both"])], "listed",
+            [helper.make_tensor_value_info("x", f, ["n", 4])],
+            [helper.make_tensor_sequence_value_info("both", f, None)]),
+            opset_imports=[helper.make_opsetid("", 17)])
+        with pytest.raises(PrismError, match="output 'both' has no shape"):
+            host.add_network("listed", listed, batching={"max_batch_size": 8})
+
+
+def test_a_batch_output_that_does_not_split_by_rows_fails_each_member():
+    """A device giving a map where the maps of each row belong (the output check only
+    looks for a sequence) killed the batcher's thread on the split: no member ever ended."""
+    rng = np.random.default_rng()
+    with faked("cpu:1") as host:
+        host.add_network("c", zipmap_classifier(rng),
+                         batching={"max_batch_size": 8, "max_queue_delay_ms": 20})
+        host.devices["cpu0"].mangle = lambda call, feeds, outputs: {
+            **outputs, "probabilities": dict(enumerate(outputs["probabilities"]))}
+        futures = [host.run("c", {"x": rng.standard_normal((2, 4)).astype(np.float32)})
+                   for _ in range(6)]
+        for future in futures:
+            error = future.exception(WAIT)
+            assert isinstance(error, ExecutionError) and "'probabilities'" in str(error)
 
 
 @pytest.mark.parametrize("config", [{"max_batch_size": 0}, {"max_queue_delay_ms": -1},
