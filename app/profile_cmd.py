@@ -9,9 +9,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rich.progress import (
-    TaskID,
-)
+from rich.progress import TaskID
 
 from app.console import plain_console, progress_on
 from runtime.graph import Graph, load_graph
