@@ -35,7 +35,12 @@ def too_large(model: onnx.ModelProto) -> bool:
     `ROOM` for the rest (names, nodes, attributes), reach 2 GB."""
     constants = (a.t for n in model.graph.node for a in n.attribute
                  if a.type == onnx.AttributeProto.TENSOR)
-    held = sum(tensor_bytes(t) for t in (*model.graph.initializer, *constants))
+    return past_limit(sum(tensor_bytes(t) for t in (*model.graph.initializer, *constants)))
+
+
+def past_limit(held: int) -> bool:
+    """Would a model holding `held` bytes of tensors not serialize (with `ROOM` for the
+    rest)?"""
     return held >= LIMIT - ROOM
 
 

@@ -49,6 +49,8 @@ from runtime.types import Outputs, RunDone, Tag
 if TYPE_CHECKING:
     import onnx
 
+    from runtime.devices.external import Held
+
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
@@ -76,12 +78,14 @@ class Program:
 
     @classmethod
     def of(cls, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
-           est_seconds: float = 0.0) -> Program:
+           est_seconds: float = 0.0, held: Held | None = None) -> Program:
+        """`held`: the weights already held beside `model` as it was made (`extract`)."""
         from runtime.devices.external import serialized  # onnx: not for a bundle's host
 
-        data, held = serialized(model)  # past 2 GB its weights held beside it
+        data, files = serialized(model)  # past 2 GB its weights held beside it
         return cls(data, frozenset(n.op_type for n in model.graph.node), int(weight_bytes),
-                   int(activation_bytes), est_seconds, model.graph.name, held)
+                   int(activation_bytes), est_seconds, model.graph.name,
+                   {**files, **(held.files if held is not None else {})})
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,14 @@ made, for a model too large to serialize with its weights in it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.large import shell, tensor_bytes, too_large, typed_only
+from runtime.large import past_limit, shell, tensor_bytes, too_large, typed_only
 
 
 def inline_external(model: onnx.ModelProto, files: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -42,38 +42,59 @@ def pointed(tensor: onnx.TensorProto, location: str, offset: int, length: int
     return tensor
 
 
-IN_MEMORY = "prism-held.bin"  # the file a model past 2 GB names its weights in
-HELD_MIN = 1 << 10  # an initializer of this many bytes or more goes there (as in a bundle)
-HOLD_FROM = 64 << 20  # a model with this many bytes of such weights holds them there
+IN_MEMORY = "prism-held"  # held weights are in-memory files IN_MEMORY.0, IN_MEMORY.1, ...
+HELD_MIN = 1 << 10  # an initializer of this many bytes or more is held (as in a bundle)
+HOLD_FROM = 64 << 20  # a model with this many bytes of such weights holds them
 
 
-def serialized(model: onnx.ModelProto, location: str = IN_MEMORY
-               ) -> tuple[bytes, dict[str, np.ndarray]]:
+def holdable(init: onnx.TensorProto) -> bool:
+    """Could the initializer be held beside its model? Text never is: ONNX keeps no text
+    in external data."""
+    return (tensor_bytes(init) >= HELD_MIN and init.data_location != onnx.TensorProto.EXTERNAL
+            and init.data_type != onnx.TensorProto.STRING)
+
+
+def _raw(init: onnx.TensorProto) -> bytes:
+    return init.raw_data or numpy_helper.to_array(init).tobytes()
+
+
+class Held:
+    """Weights held beside a model as it is made: each holdable one becomes its name, type
+    and dims, its data an in-memory file of its own (`files`, name -> bytes), a view of
+    the bytes protobuf hands out: no copy of it beside that one."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def over(cls, weights: Iterable[onnx.TensorProto]) -> Held | None:
+        """Holding for a model of these weights, None for one that keeps them inside: from
+        HOLD_FROM bytes of holdable weights, or past protobuf's 2 GB."""
+        weights = list(weights)
+        held = sum(tensor_bytes(t) for t in weights if holdable(t))
+        return cls() if held >= HOLD_FROM or past_limit(sum(map(tensor_bytes, weights))) \
+            else None
+
+    def take(self, init: onnx.TensorProto) -> onnx.TensorProto:
+        if not holdable(init):
+            return init
+        location = f"{IN_MEMORY}.{len(self.files)}"
+        data = self.files[location] = np.frombuffer(_raw(init), np.uint8)
+        return pointed(typed_only(init), location, 0, data.size)
+
+
+def serialized(model: onnx.ModelProto) -> tuple[bytes, dict[str, np.ndarray]]:
     """The model's bytes, and the files they name as external data, held in memory: what
     `session_options` hands onnxruntime. Past protobuf's 2 GB, or from HOLD_FROM bytes of
-    weights, each initializer of HELD_MIN bytes or more moves to one such file (as a
-    bundle's weights.bin): a model of any size loads, and a large one loads faster (a
-    100 MB ResNet-50 serializes and loads in 0.08 s against 0.21 s, a gigabyte in 3 s
-    against 7-11 s: neither protobuf nor onnxruntime parses the weights)."""
-    held = [t for t in model.graph.initializer if tensor_bytes(t) >= HELD_MIN
-            and t.data_location != onnx.TensorProto.EXTERNAL
-            and t.data_type != onnx.TensorProto.STRING]  # text is never external data
-    if sum(tensor_bytes(t) for t in held) < HOLD_FROM and not too_large(model):
+    weights, each holdable initializer is held (`Held`): a model of any size loads, and a
+    large one loads faster (a 100 MB ResNet-50 serializes and loads in 0.08 s against
+    0.21 s, a gigabyte in 3 s against 7-11 s: neither protobuf nor onnxruntime parses the
+    weights)."""
+    held = Held.over(model.graph.initializer)
+    if held is None and not too_large(model):
         return model.SerializeToString(), {}
-    blob = np.empty(sum(tensor_bytes(t) for t in held), np.uint8)
-    at: dict[str, tuple[int, int]] = {}
-    offset = 0
-    for init in held:
-        data = np.frombuffer(init.raw_data or numpy_helper.to_array(init).tobytes(), np.uint8)
-        blob[offset:offset + data.size] = data
-        at[init.name] = (offset, data.size)
-        offset += data.size
-
-    def outside(init: onnx.TensorProto) -> onnx.TensorProto:
-        return init if init.name not in at else pointed(typed_only(init), location,
-                                                         *at[init.name])
-
-    return shell(model, outside, HELD_MIN).SerializeToString(), {location: blob}
+    held = held or Held()
+    return shell(model, held.take, HELD_MIN).SerializeToString(), held.files
 
 
 def save(model: onnx.ModelProto, path: str | Path) -> bool:
@@ -84,7 +105,13 @@ def save(model: onnx.ModelProto, path: str | Path) -> bool:
     if not too_large(model):
         onnx.save(model, str(path))
         return False
-    data, held = serialized(model, f"{path.name}.data")
-    path.write_bytes(data)
-    held[f"{path.name}.data"].tofile(path.with_name(f"{path.name}.data"))
+    location = f"{path.name}.data"
+    with open(path.with_name(location), "wb") as data:
+        def written(init: onnx.TensorProto) -> onnx.TensorProto:
+            if not holdable(init):
+                return init
+            offset, size = data.tell(), data.write(_raw(init))
+            return pointed(typed_only(init), location, offset, size)
+
+        path.write_bytes(shell(model, written, HELD_MIN).SerializeToString())
     return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import onnx
 
+from runtime.devices.external import Held
 from runtime.devices.ort.sessions import stamped
 from runtime.errors import ProvisionError
 from runtime.graph import Graph
@@ -29,12 +30,19 @@ def _value_info(graph: Graph, partition: Partition, tensor: str, *, required: bo
     return info
 
 
-def extract(graph: Graph, partition: Partition) -> onnx.ModelProto:
-    """A self-contained model running `partition`'s nodes, in order, on its inputs."""
+def weights_of(graph: Graph, partition: Partition) -> list[onnx.TensorProto]:
+    """The initializers `partition`'s model holds: its own, and those its nodes read."""
+    weights = dict.fromkeys(partition.weights)
+    weights.update(dict.fromkeys(t for n in partition.nodes for t in graph.node(n).reads
+                                 if graph.is_weight(t)))
+    return [graph.initializers[w] for w in weights]
+
+
+def extract(graph: Graph, partition: Partition, held: Held | None = None) -> onnx.ModelProto:
+    """A self-contained model running `partition`'s nodes, in order, on its inputs;
+    `held`: its weights held beside it as it is made, none of them copied into it."""
     source = graph.model
     nodes = [graph.node(n) for n in partition.nodes]
-    weights = dict.fromkeys(partition.weights)
-    weights.update(dict.fromkeys(t for n in nodes for t in n.reads if graph.is_weight(t)))
     protos = [source.graph.node[n.index] for n in nodes]
     # A partition whose results nobody reads (dead nodes) still needs an output to load.
     outputs = partition.outputs or tuple(t for n in nodes for t in n.writes)
@@ -45,7 +53,8 @@ def extract(graph: Graph, partition: Partition) -> onnx.ModelProto:
     sub.node.extend(protos)
     sub.input.extend(_value_info(graph, partition, t, required=True) for t in partition.inputs)
     sub.output.extend(_value_info(graph, partition, t, required=False) for t in outputs)
-    sub.initializer.extend(graph.initializers[w] for w in weights)
+    weights = weights_of(graph, partition)
+    sub.initializer.extend(weights if held is None else map(held.take, weights))
     model.opset_import.extend(source.opset_import)
     model.functions.extend(source.functions)
     return stamped(model)

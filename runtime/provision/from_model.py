@@ -16,11 +16,12 @@ from typing import Any
 import onnx
 
 from runtime.devices.device import Device, Program
+from runtime.devices.external import Held
 from runtime.executor.executor import Executor, LoadedPartition
 from runtime.graph import Graph, load_graph
 from runtime.inputs import Signature, signature
 from runtime.partition.measure import calibration_feeds, refined
-from runtime.partition.plan import Plan
+from runtime.partition.plan import Partition, Plan
 from runtime.partition.planning import (
     CostsSpec,
     PartitionSpec,
@@ -30,7 +31,7 @@ from runtime.partition.planning import (
     same_assignment,
 )
 from runtime.partition.replicas import further, twin_maps
-from runtime.partition.submodel import extract
+from runtime.partition.submodel import extract, weights_of
 from runtime.provision.calibrate import ROUNDS, bounded, loaded_medians
 from runtime.provision.hops import device_hops
 from runtime.provision.network import (
@@ -50,11 +51,17 @@ Placed = tuple[tuple[tuple[LoadedPartition, ...], ...], tuple[Executor, ...]]
 
 
 def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
-    """partition name -> its program: the sub-model, its weights, the device's arena (the
-    peak of its memory plan) and the stage time a modelled device is held for."""
+    """partition name -> its program: the sub-model, its weights (large ones held beside
+    it as it is made: not copied into it first), the device's arena (the peak of its
+    memory plan) and the stage time a modelled device is held for."""
     with one_line_errors(plan.network):
-        return {p.name: Program.of(extract(graph, p), p.weight_bytes, plan.arenas[p.device],
-                                   p.stage_seconds) for p in plan.partitions}
+        return {p.name: _program(graph, p, plan.arenas[p.device]) for p in plan.partitions}
+
+
+def _program(graph: Graph, partition: Partition, arena: int) -> Program:
+    held = Held.over(weights_of(graph, partition))
+    return Program.of(extract(graph, partition, held), partition.weight_bytes, arena,
+                      partition.stage_seconds, held)
 
 
 def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,

@@ -25,6 +25,7 @@ from runtime.devices.ort.sessions import cpu_session, loadable
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition.submodel import extract
+from runtime.provision.from_model import programs
 
 WIDTH, LAYERS = 128, 6  # 64 KB a weight
 
@@ -80,9 +81,10 @@ def test_past_the_limit_a_model_loads_plans_runs_and_checks_with_its_weights_bes
         got = host.run("mlp", feeds).result(30)
         np.testing.assert_allclose(got["r5"], want[0], rtol=1e-5, atol=1e-6)
         part = plan.partitions[0]
-        program = Program.of(extract(graph, part), part.weight_bytes, part.activation_bytes)
-        held = program.external[external.IN_MEMORY]
-        assert held.nbytes == part.weight_bytes and len(program.model) < part.weight_bytes / 10
+        for program in (Program.of(extract(graph, part), part.weight_bytes, 0),
+                        programs(graph, plan)[part.name]):  # held as extracted
+            assert sum(f.nbytes for f in program.external.values()) == part.weight_bytes
+            assert len(program.model) < part.weight_bytes / 10
     whole = cpu_session(loadable(graph.model))  # what `prism run --check` compares with
     np.testing.assert_allclose(whole.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
 
@@ -94,7 +96,7 @@ def test_from_hold_from_bytes_of_weights_a_model_holds_them_beside_it(model, mon
     monkeypatch.setattr(external, "HOLD_FROM", 200 << 10)  # below the model's 384 KB
     data, held = external.serialized(graph.model)
     weights = sum(numpy_helper.to_array(t).nbytes for t in graph.model.graph.initializer)
-    assert held[external.IN_MEMORY].nbytes == weights and len(data) < weights / 10
+    assert sum(f.nbytes for f in held.values()) == weights and len(data) < weights / 10
     rng = np.random.default_rng()
     feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -117,10 +119,12 @@ def test_onnxruntime_copies_weights_held_in_memory_so_nothing_keeps_them(monkeyp
     monkeypatch.setattr(external, "HOLD_FROM", 0)
     data, held = external.serialized(helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17)]))
+    held = {name: file.copy() for name, file in held.items()}  # writable, to zero below
     session = cpu_session(data, external=held)
     x = rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + weight)
-    held[external.IN_MEMORY][:] = 0
+    for file in held.values():
+        file[:] = 0
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + weight)
 
 
@@ -168,7 +172,7 @@ def test_text_stays_inside_a_model_whose_weights_are_held_beside_it(monkeypatch)
     monkeypatch.setattr(external, "HOLD_FROM", 0)
     data, held = external.serialized(helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17)]))
-    assert held[external.IN_MEMORY].nbytes == weight.nbytes
+    assert [f.nbytes for f in held.values()] == [weight.nbytes]
     x = np.ones((1, WIDTH), np.float32)
     got_words, got_y = cpu_session(data, external=held).run(None, {"x": x})
     assert list(got_words) == list(words)
