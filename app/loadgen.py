@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from runtime.devices.ort.sessions import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import PrismError, QueueFullError
 from runtime.graph import Graph
 from runtime.host import HostManager
@@ -288,7 +288,7 @@ def plain_onnxruntime(graph: Graph, clients: int, requests: int, threads: int = 
                       bindings: Mapping[str, int] | None = None) -> tuple[float, list[float]]:
     """The baseline: one plain onnxruntime session on the whole model, fed by `clients`
     threads (onnxruntime releases the GIL while it runs). Returns (requests/s, latencies)."""
-    session = cpu_session(loadable(graph.model), threads=threads)
+    session = cpu_session(graph.model, threads=threads, stamp=True)
     rng = np.random.default_rng()
     pool = feed_pool(input_specs(graph), rng, bindings)
     count = iter(range(requests))

@@ -21,7 +21,7 @@ from app.console import plain_console, progress_on
 from app.loadgen import LoadGenerator, LoadStats
 from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
-from runtime.devices.ort.sessions import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import InvalidInputError, PrismError, first_line
 from runtime.fold import RANDOM_OPS
 from runtime.graph import Graph
@@ -94,7 +94,7 @@ class OutputCheck:
     a random op by its dtype and shape alone)."""
 
     def __init__(self, graph: Graph) -> None:
-        self.session = cpu_session(loadable(graph.model))
+        self.session = cpu_session(graph.model, stamp=True)
         self.random = random_outputs(graph)
         self.names = [o.name for o in self.session.get_outputs()]
         self.lock = threading.Lock()

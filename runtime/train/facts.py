@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from runtime.devices.ort.sessions import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import ProvisionError, TrainingError, first_line
 
 Shape = tuple[int, ...]
@@ -84,7 +84,7 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[s
 
     names = [o.name for o in model.graph.output]
     try:  # quiet: a failure is this function's one-line error, not onnxruntime's log
-        session = cpu_session(loadable(model), os.cpu_count() or 1)
+        session = cpu_session(model, os.cpu_count() or 1, stamp=True)
     except ProvisionError:
         session = None
     try:

@@ -21,7 +21,7 @@ import runtime.large as large
 from app.cli import main
 from runtime.devices import parse_devices
 from runtime.devices.device import Program
-from runtime.devices.ort.sessions import cpu_session, loadable
+from runtime.devices.ort.sessions import cpu_session
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition.submodel import extract
@@ -85,7 +85,7 @@ def test_past_the_limit_a_model_loads_plans_runs_and_checks_with_its_weights_bes
                         programs(graph, plan)[part.name]):  # held as extracted
             assert sum(f.nbytes for f in program.external.values()) == part.weight_bytes
             assert len(program.model) < part.weight_bytes / 10
-    whole = cpu_session(loadable(graph.model))  # what `prism run --check` compares with
+    whole = cpu_session(graph.model, stamp=True)  # what `prism run --check` compares with
     np.testing.assert_allclose(whole.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
 
 

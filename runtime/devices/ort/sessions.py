@@ -27,11 +27,14 @@ OLDEST_IR = 7
 
 
 def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1,
-                external: Mapping[str, np.ndarray] | None = None) -> ort.InferenceSession:
+                external: Mapping[str, np.ndarray] | None = None, stamp: bool = False
+                ) -> ort.InferenceSession:
     """An onnxruntime CPU session of a model (or its serialized bytes; `external`: the
     files it names as external data, in memory); any failure becomes a one-line
-    ProvisionError."""
-    data, held = (model, {}) if isinstance(model, bytes) else serialized(model)
+    ProvisionError. `stamp`: made `loadable` first, on the copy serialized (so a model
+    past 2 GB is not copied whole for it)."""
+    data, held = (model, {}) if isinstance(model, bytes) else serialized(
+        model, stamped if stamp else None)
     try:
         return new_session(data, threads, {**held, **(external or {})})
     except Exception as exc:
