@@ -10,14 +10,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 UNBOUNDED = 100_000  # columns of a console with no edge
 
@@ -33,11 +26,11 @@ def plain_console(*, stderr: bool = False, width: int | None = None) -> Console:
     return console
 
 
-def progress_on(console: Console, *more: ProgressColumn, quiet: bool = False,
-                 transient: bool = True, description: str = "{task.description}") -> Progress:
-    """A bar of (description, bar, done/total, `more`, elapsed) on `console`, drawn only on
-    a terminal: elsewhere (a pipe, a log) rich leaves an empty line where it was, above
+def progress_on(console: Console, quiet: bool = False,
+                description: str = "{task.description}") -> Progress:
+    """A transient bar of (description, bar, done/total, elapsed) on `console`, drawn only
+    on a terminal: elsewhere (a pipe, a log) rich leaves an empty line where it was, above
     the CLI's one error line."""
     return Progress(TextColumn(description, markup=False), BarColumn(), MofNCompleteColumn(),
-                    *more, TimeElapsedColumn(), console=console, transient=transient,
+                    TimeElapsedColumn(), console=console, transient=True,
                     disable=quiet or not console.is_terminal)

@@ -25,16 +25,13 @@ POLL = 0.1  # seconds between looks at the host's events while it loads
 
 @contextmanager
 def measuring(console: Console) -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback `(what, done, total)`; the bar starts with the first report (a
-    load that measures nothing prints nothing), on a terminal only (elsewhere a transient
-    bar shows nothing but the empty line Rich leaves when it stops)."""
+    """A progress callback `(what, done, total)`; the bar (`progress_on`: on a terminal
+    only) starts with the first report, so a load that measures nothing prints nothing."""
     bar: Progress | None = None
     task = None
 
     def report(what: str, done: int, total: int) -> None:
         nonlocal bar, task
-        if not console.is_terminal:
-            return
         if bar is None:
             bar = progress_on(console)
             bar.start()

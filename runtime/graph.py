@@ -300,12 +300,12 @@ def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
             yield from attr.graphs
 
 
-def _body_ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
-    """(domain, op type) of every node of a subgraph, those of its own subgraphs too."""
+def body_ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
+    """(domain, op type) of every node of a graph (a model's or a subgraph), its subgraphs' too."""
     for node in graph.node:
         yield node.domain, node.op_type
         for sub in subgraphs(node):
-            yield from _body_ops(sub)
+            yield from body_ops(sub)
 
 
 def _outer_reads(graph: onnx.GraphProto) -> list[str]:
@@ -448,7 +448,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         reads = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]
         outer = tuple(dict.fromkeys(r for r in reads if r not in proto.input))
         attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
-        body = tuple(dict.fromkeys(op for sub in subgraphs(proto) for op in _body_ops(sub)))
+        body = tuple(dict.fromkeys(op for sub in subgraphs(proto) for op in body_ops(sub)))
         nodes.append(Node(proto.name, proto.op_type, proto.domain, tuple(proto.input),
                           tuple(proto.output), attrs, outer, i, body))
     opsets = {op.domain or "": op.version for op in model.opset_import}

@@ -83,7 +83,8 @@ def _rows_problem(batch: Request, outputs: Mapping[str, np.ndarray]) -> Executio
     """Each output must have a row per row fed (an array, or a list of a row's maps), or
     splitting it back would be wrong, or fail with its members never answered."""
     for name, value in outputs.items():
-        rows = len(value) if isinstance(value, np.ndarray | list) and np.ndim(value) else None
+        rows = len(value) if type(value) is list or (
+            type(value) is np.ndarray and value.ndim) else None
         if rows != batch.rows:
             return ExecutionError(f"a batch of {batch.rows} rows to {batch.network} came "
                                   f"back with {'no' if rows is None else rows} rows of {name!r}")

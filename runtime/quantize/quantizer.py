@@ -34,7 +34,7 @@ import onnx.version_converter
 
 from runtime.devices.external import save
 from runtime.errors import ModelLoadError
-from runtime.graph import Graph, default_opset, external_data, load_graph, subgraphs
+from runtime.graph import Graph, body_ops, default_opset, external_data, load_graph
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
 from runtime.quantize.narrow import slow_in_int8
@@ -225,13 +225,7 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
 def _has_work(model: onnx.ModelProto, ops: Sequence[str]) -> None:
     """QuantizeError, before any calibration run, for a model with no node of a type
     onnxruntime quantizes (a scikit-learn forest): its profile would hold no range."""
-    def walk(graph: onnx.GraphProto) -> Iterator[str]:
-        for node in graph.node:
-            yield node.op_type
-            for sub in subgraphs(node):
-                yield from walk(sub)
-
-    present = sorted(set(walk(model.graph)))
+    present = sorted({op for _, op in body_ops(model.graph)})
     if not set(ops) & set(present):
         raise QuantizeError(f"{model.graph.name or 'the model'} has nothing to quantize: none "
                             f"of its ops ({', '.join(present[:8])}{', ...' * (len(present) > 8)}) "
