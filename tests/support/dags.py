@@ -359,6 +359,18 @@ def consumer_names(graph: Graph) -> dict[str, set[str]]:
     return out
 
 
+def distinct_orderings(devices: Sequence[DeviceConfig], m: int | None = None
+                       ) -> Iterator[tuple[DeviceConfig, ...]]:
+    """Every sequence of the devices (or of m of them) but twins' swaps: a device's name
+    changes nothing a split depends on, and eight alike devices have 40,320 orders."""
+    seen = set()
+    for perm in itertools.permutations(devices, m):
+        kind = tuple(replace(d, name="twin") for d in perm)
+        if kind not in seen:
+            seen.add(kind)
+            yield perm
+
+
 class Reference:
     """Time, memory and feasibility of node groups, straight from the definitions."""
 
@@ -461,7 +473,7 @@ class Reference:
     def fewest(self, order: Sequence[str], devices: Sequence[DeviceConfig]) -> int | None:
         """The fewest devices, in any sequence, whose segments cover `order`; None if none."""
         for m in range(1, len(devices) + 1):
-            if any(self.feasible(order, perm) for perm in itertools.permutations(devices, m)):
+            if any(self.feasible(order, perm) for perm in distinct_orderings(devices, m)):
                 return m
         return None
 
@@ -515,11 +527,8 @@ class Reference:
                      brute: bool = True) -> float | None:
         """The least bottleneck over every sequence of the devices: `brute_force` (or
         `exact_dp`) on each of their distinct orderings, twins counted once."""
-        kinds = {}
-        for perm in itertools.permutations(devices):
-            kinds.setdefault(tuple(replace(d, name="twin") for d in perm), perm)
         found = [t for t in ((self.brute_force if brute else self.exact_dp)(order, perm)
-                             for perm in kinds.values()) if t is not None]
+                             for perm in distinct_orderings(devices)) if t is not None]
         return min(found, default=None)
 
     def exact_dp(self, order: Sequence[str], devices: Sequence[DeviceConfig]) -> float | None:
