@@ -13,8 +13,10 @@ Values come from onnx's reference evaluator, one node at a time (an `Identity` i
 renamed copy), so a node it cannot evaluate stays a node and nothing else is lost. What
 is never folded: `DequantizeLinear` (a quantized weight stays int8 until the fused
 kernel reads it, as onnxruntime keeps it), random ops, nodes with subgraphs, ops of
-other domains, initializers a caller may override (listed as graph inputs), nodes
-writing a graph output, and a node whose output size shape inference cannot bound.
+other domains, nodes writing a graph output, and a node whose output size shape
+inference cannot bound. An initializer a graph also lists as an input (older exporters
+list every weight) is a constant all the same: onnxruntime lets a caller override one
+(IR 4 on), Prism never does (`Graph.inputs` leaves it out), so such weights fold too.
 
 Memory is bounded: the network's constants after folding never exceed `FOLD_GROWTH`
 times what they were (initializers and `Constant` values) plus `FOLD_SLACK`. When the
@@ -131,8 +133,7 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldReport]
     """The model with every foldable constant-only node replaced by initializers, and what
     was done. The model is returned as it was when there is nothing to fold."""
     g = model.graph
-    overridable = {i.name for i in g.input}
-    inits = {t.name: t for t in g.initializer if t.name not in overridable}
+    inits = {t.name: t for t in g.initializer}
     outputs = {o.name for o in g.output}
     opsets = {op.domain or "": op.version for op in model.opset_import}
     candidates = [i for i, n in enumerate(g.node) if _candidate(n, outputs)]
@@ -169,7 +170,7 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldReport]
     if not folded:
         return model, FoldReport(kept=kept)
     keep = _within_budget(g, folded, producer, values, inits, budget, kept)
-    return _rewritten(model, folded, keep, producer, values, overridable), FoldReport(
+    return _rewritten(model, folded, keep, producer, values), FoldReport(
         tuple(g.node[i].name for i in folded if i not in keep), kept, constant_bytes,
         _constant_bytes_after(g, folded, keep, producer, values, inits))
 
@@ -227,8 +228,7 @@ def _within_budget(g: onnx.GraphProto, folded: dict[int, None], producer: dict[s
 
 
 def _rewritten(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
-               producer: dict[str, int], values: dict[str, np.ndarray],
-               overridable: set[str]) -> onnx.ModelProto:
+               producer: dict[str, int], values: dict[str, np.ndarray]) -> onnx.ModelProto:
     g = model.graph
     reads = _live_reads(g, folded, keep) | {o.name for o in g.output}
     out = onnx.ModelProto()
@@ -236,8 +236,11 @@ def _rewritten(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
     del out.graph.node[:]
     out.graph.node.extend(n for i, n in enumerate(g.node) if i not in folded or i in keep)
     del out.graph.initializer[:]
-    out.graph.initializer.extend(t for t in g.initializer
-                                 if t.name in overridable or t.name in reads)
+    out.graph.initializer.extend(t for t in g.initializer if t.name in reads)
+    dropped = {t.name for t in g.initializer if t.name not in reads}
+    if any(i.name in dropped for i in g.input):  # listed as an input: gone with it
+        del out.graph.input[:]
+        out.graph.input.extend(i for i in g.input if i.name not in dropped)
     out.graph.initializer.extend(numpy_helper.from_array(values[t], t)
                                  for t in _needed(g, folded, keep, producer))
     return out

@@ -30,6 +30,37 @@ def depth_first_order(graph: Graph) -> list[str]:
     return order
 
 
+def constants_where_read(graph: Graph, order: list[str]) -> list[str]:
+    """`order` with each node computed from weights alone (a constant the fold's bound kept
+    as work, a quantized weight's DequantizeLinear) moved to just before its first reader:
+    it then lands in its reader's partition, not the first, whose device would send its
+    output on every request. Moving one shortens its output's life and nothing else."""
+    position = {name: i for i, name in enumerate(order)}
+    constant: set[str] = set()
+    for name in order:  # topological: a node's producers come first
+        if all(graph.is_weight(t) or graph.producer.get(t) in constant
+               for t in graph.node(name).reads):
+            constant.add(name)
+    if not constant:
+        return order
+    moved: list[str] = []
+    placed: set[str] = set()
+    for name in [*(n for n in order if n not in constant), *order]:  # unread ones last
+        stack = [name]
+        while stack:  # post-order: a node's constant producers first, in model order
+            top = stack[-1]
+            waiting = sorted((p for p in graph.dag.predecessors(top)
+                              if p in constant and p not in placed), key=position.__getitem__)
+            if waiting:
+                stack.extend(reversed(waiting))
+                continue
+            stack.pop()
+            if top not in placed:
+                placed.add(top)
+                moved.append(top)
+    return moved
+
+
 def cut_bytes(graph: Graph, order: list[str]) -> np.ndarray:
     """cut[i] = bytes of activations made before position i and read at or after it."""
     position = {name: i for i, name in enumerate(order)}
@@ -46,7 +77,8 @@ def cut_bytes(graph: Graph, order: list[str]) -> np.ndarray:
 
 def choose_order(graph: Graph) -> tuple[list[str], str]:
     """The candidate order whose cuts carry the fewest bytes on average, and why."""
-    candidates = {"model order": model_order(graph), "depth-first order": depth_first_order(graph)}
+    candidates = {"model order": constants_where_read(graph, model_order(graph)),
+                  "depth-first order": constants_where_read(graph, depth_first_order(graph))}
     means = {k: float(cut_bytes(graph, v).mean()) if v else 0.0 for k, v in candidates.items()}
     best = min(means, key=lambda k: (means[k], k != "model order"))
     detail = ", ".join(f"{k} {v / 1e3:.1f} KB" for k, v in means.items())

@@ -123,6 +123,39 @@ def test_a_fold_that_would_inflate_memory_past_the_bound_keeps_its_node():
     np.testing.assert_array_equal(_ort(kept, x)[0], x["x"] + np.float32(1.5))
 
 
+def _made_weights(layers: int, width: int = 256) -> onnx.ModelProto:
+    """x @ w0 @ w1 ...: each weight a ConstantOfShape of a tiny shape, all of them first
+    in the file and not in the order they are read (as in onnx's light model-zoo models):
+    past the fold's bound, so they stay nodes."""
+    shape = numpy_helper.from_array(np.array([width, width], np.int64), "shape")
+    fills = [helper.make_node("ConstantOfShape", ["shape"], [f"w{i}"], name=f"fill{i}",
+                              value=numpy_helper.from_array(np.array([1 / width], np.float32)))
+             for i in reversed(range(layers))]
+    matmuls = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"], name=f"mm{i}")
+               for i in range(layers)]
+    x = helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", width])
+    y = helper.make_tensor_value_info(f"h{layers}", TensorProto.FLOAT, ["N", width])
+    return helper.make_model(helper.make_graph(fills + matmuls, "made", [x], [y], [shape]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_constant_the_bound_keeps_runs_in_the_partition_that_reads_it():
+    """Not in the first partition, whose device would send it on every request."""
+    model = _made_weights(8)
+    graph = load_graph(model)
+    assert len(graph.folded.kept) == 8
+    devices = parse_devices("sim:4")
+    plan = partition(graph, devices)
+    assert len(plan.partitions) > 1
+    assert not [t.tensor for t in plan.transfers if t.tensor.startswith("w")]
+    home = {n: p.name for p in plan.partitions for n in p.nodes}
+    assert all(home[f"fill{i}"] == home[f"mm{i}"] for i in range(8))
+    x = {"h0": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
+    with HostManager(devices) as host:
+        host.add_network("made", model)
+        np.testing.assert_allclose(host.infer("made", x)["h8"], _ort(model, x)[0], rtol=1e-5)
+
+
 def test_a_weight_read_through_several_copies_is_bounded_by_the_growth_factor():
     """Three scaled copies of one weight would make 3x its bytes: folded nodes stay nodes,
     the one growing memory most first, until the constants are within FOLD_GROWTH."""
@@ -163,14 +196,22 @@ def test_dequantize_and_random_ops_are_never_folded(op):
     assert report.nodes == () and folded is model
 
 
-def test_an_initializer_a_caller_may_override_is_not_a_constant():
+@pytest.mark.parametrize("ir_version", [3, onnx.IR_VERSION])
+def test_weights_an_old_exporter_lists_as_inputs_fold_like_any_other(ir_version):
+    """Older exporters list every initializer as a graph input too. Prism takes no feed
+    for one (onnxruntime takes none either before IR 4), so they are constants: left
+    unfolded, a weight made from them would cross devices on every request."""
     model = identity_weights_chain()
-    b = next(t for t in model.graph.initializer if t.name == "b")
-    model.graph.input.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [WIDTH]))
+    model.ir_version = ir_version
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                             for t in model.graph.initializer)
     graph = load_graph(model)
-    assert "b_identity" not in graph.folded.nodes and "w1_identity" in graph.folded.nodes
-    assert graph.node("b_identity").reads == ("b",)
-    assert numpy_helper.to_array(b).shape == (WIDTH,)
+    assert set(graph.folded.nodes) == set(load_graph(identity_weights_chain()).folded.nodes)
+    assert graph.inputs == ["x"]
+    assert [i.name for i in graph.model.graph.input] == ["x"]  # unread weights went too
+    x = feeds(3)
+    for got, want in zip(_ort(graph.model, x), _ort(model, x), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_folding_can_be_turned_off():
