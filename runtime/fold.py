@@ -14,9 +14,9 @@ renamed copy), so a node it cannot evaluate stays a node and nothing else is los
 is never folded: `DequantizeLinear` (a quantized weight stays int8 until the fused
 kernel reads it, as onnxruntime keeps it), random ops, nodes with subgraphs, ops of
 other domains, nodes writing a graph output, and a node whose output size shape
-inference cannot bound. An initializer a graph also lists as an input (older exporters
-list every weight) is a constant all the same: onnxruntime lets a caller override one
-(IR 4 on), Prism never does (`Graph.inputs` leaves it out), so such weights fold too.
+inference cannot bound. Every initializer is a constant: Prism takes no feed for one,
+and `load_graph` takes any a graph lists among its inputs out of them first
+(`graph.unlist_initializers`).
 
 Memory is bounded: the network's constants after folding never exceed `FOLD_GROWTH`
 times what they were (initializers and `Constant` values) plus `FOLD_SLACK`. When the
@@ -237,10 +237,6 @@ def _rewritten(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
     out.graph.node.extend(n for i, n in enumerate(g.node) if i not in folded or i in keep)
     del out.graph.initializer[:]
     out.graph.initializer.extend(t for t in g.initializer if t.name in reads)
-    dropped = {t.name for t in g.initializer if t.name not in reads}
-    if any(i.name in dropped for i in g.input):  # listed as an input: gone with it
-        del out.graph.input[:]
-        out.graph.input.extend(i for i in g.input if i.name not in dropped)
     out.graph.initializer.extend(numpy_helper.from_array(values[t], t)
                                  for t in _needed(g, folded, keep, producer))
     return out

@@ -34,7 +34,14 @@ import onnx.version_converter
 
 from runtime.devices.external import save
 from runtime.errors import ModelLoadError
-from runtime.graph import Graph, body_ops, default_opset, external_data, load_graph
+from runtime.graph import (
+    Graph,
+    body_ops,
+    default_opset,
+    external_data,
+    load_graph,
+    unlist_initializers,
+)
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
 from runtime.quantize.narrow import slow_in_int8
@@ -168,8 +175,8 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs."""
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src = Path(tmp) / "in.onnx"
-        large = save(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)),
-                     str(src))
+        source = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        large = save(unlist_initializers(source), str(src))
         out = Path(tmp) / "prepared.onnx"
         try:
             _pre_process(src, out, large)

@@ -340,6 +340,33 @@ def quantize_stem(channels: int, narrow_float: bool = True, skip: bool = True
         return c.quantize(QuantizeOptions(narrow_float=narrow_float))
 
 
+def test_a_model_zoo_export_listing_its_weights_as_inputs_quantizes(tmp_path, capsys):
+    """IR 3, as the ONNX model zoo's older models are: every initializer also a graph
+    input, a weight made by ConstantOfShape. onnxruntime's optimizer folds that weight and
+    drops its shape, leaving an input nobody feeds, unless Prism takes the weights out of
+    the inputs first."""
+    model = stem_model(16)
+    g = model.graph
+    w1 = next(t for t in g.initializer if t.name == "w1")
+    g.initializer.remove(w1)
+    g.initializer.append(numpy_helper.from_array(np.array(w1.dims, np.int64), "w1_shape"))
+    g.node.insert(0, helper.make_node("ConstantOfShape", ["w1_shape"], ["w1"], name="fill",
+                                      value=numpy_helper.from_array(np.array([0.01], np.float32))))
+    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                   for t in g.initializer)
+    model.ir_version = 3
+    src, data, out = tmp_path / "zoo.onnx", tmp_path / "cal.npz", tmp_path / "zoo_int8.onnx"
+    onnx.save(model, str(src))
+    np.savez(data, image=rng().standard_normal((16, 16, 16, 16)).astype(np.float32))
+    assert main(["quantize", str(src), "--calibrate", str(data), "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["int8_nodes"] > 0
+    x = feeds_for(model, 4)
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("zoo", str(out))
+        np.testing.assert_allclose(host.infer("zoo", x)["out"], plain(model, x)["out"],
+                                   atol=0.05)
+
+
 @pytest.mark.parametrize("narrow_float", [True, False])
 def test_narrow_convolutions_stay_float_with_the_relu_and_pool_after_them(narrow_float):
     for channels in (MIN_CHANNELS - 1, MIN_CHANNELS):
