@@ -83,14 +83,21 @@ DEFAULTS = QuantizeOptions()
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """onnxruntime.quantization logs warnings (pre-processing advice) and prints progress."""
+    """onnxruntime.quantization logs warnings (pre-processing advice) and prints progress;
+    the sessions it makes log onnxruntime's own warnings and errors (a failure reaches the
+    caller as a QuantizeError). Its default logger goes back to onnxruntime's default,
+    warnings (it has no getter)."""
+    import onnxruntime
+
     level = logging.root.manager.disable
     logging.disable(logging.WARNING)
+    onnxruntime.set_default_logger_severity(4)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
         logging.disable(level)
+        onnxruntime.set_default_logger_severity(2)
 
 
 def _ort():
@@ -220,11 +227,15 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     with tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
         large = save(prepared, str(model_path))
-        calibrator = q.create_calibrator(model_path, ops, augmented_model_path=str(
-            Path(tmp) / "augmented.onnx"), calibrate_method=kind,
-            use_external_data_format=large)
-        calibrator.collect_data(_Reader(samples.even(), progress))
-        ranges = calibrator.compute_data()
+        try:
+            calibrator = q.create_calibrator(model_path, ops, augmented_model_path=str(
+                Path(tmp) / "augmented.onnx"), calibrate_method=kind,
+                use_external_data_format=large)
+            calibrator.collect_data(_Reader(samples.even(), progress))
+            ranges = calibrator.compute_data()
+        except Exception as exc:  # onnxruntime's own errors, in its own words
+            raise QuantizeError(f"onnxruntime's calibration of {prepared.graph.name or 'the model'}"
+                                f" failed: {' '.join(str(exc).split())[:300]}") from None
         q.save_tensors_data(ranges, Path(path))
     return len(ranges.data)
 

@@ -519,6 +519,27 @@ def test_a_model_with_nothing_to_quantize_is_told_so_in_exactly_one_line(tmp_pat
         assert "ZipMap" in err and "MatMul" not in out
 
 
+def test_a_calibration_run_onnxruntime_fails_is_told_in_one_line(tmp_path, capfd):
+    """The samples fit the inputs, but the model fails on them (here a Gather index out of
+    range): onnxruntime's message, in one line naming the model, not a traceback."""
+    table = numpy_helper.from_array(rng().standard_normal((3, 4)).astype(np.float32), "table")
+    w = numpy_helper.from_array(rng().standard_normal((4, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT64),
+             helper.make_node("Gather", ["table", "i"], ["g"]),
+             helper.make_node("MatMul", ["g", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "lookup", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["n"])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["n", 4])], [table, w])
+    model, data = tmp_path / "lookup.onnx", tmp_path / "rows.npz"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    np.savez(data, x=np.full(8, 1000 + rng().integers(0, 100), np.float32))
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(tmp_path / "o")]) == 1
+    out, err = capfd.readouterr()
+    assert err.count("\n") == 1 and err.startswith(
+        "prism: error: onnxruntime's calibration of lookup failed:"), err
+    assert "Traceback" not in out + err
+
+
 # -- models onnxruntime's pre-processing or per-channel QDQ trip on ----------------------------
 
 def conv_gemm_model(opset: int) -> onnx.ModelProto:
