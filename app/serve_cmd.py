@@ -129,7 +129,9 @@ def _wanted(models: list[str], repository: ModelRepository | None
             name, found = model, None
         else:
             where = f" nor a model in {repository.root}" if repository else ""
-            raise PrismError(f"MODEL {model!r} is not an .onnx or .prism file{where}")
+            hint = (f" (a folder: serve a model repository with --model-repository {model})"
+                    if path.is_dir() and repository is None else "")
+            raise PrismError(f"MODEL {model!r} is not an .onnx or .prism file{where}{hint}")
         if name in out:
             raise PrismError(f"two models are named {name!r}; serve one of them")
         out[name] = found

@@ -173,6 +173,7 @@ def test_ctrl_c_stops_the_process_cleanly(process):
     (["serve", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--host", "0.0.0.0"],
      "--token"),
     (["serve", "nope.onnx", "--devices", "cpu:1"], "nope.onnx"),
+    (["serve", str(SAMPLES_DIR), "--devices", "cpu:1"], f"--model-repository {SAMPLES_DIR}"),
     (["serve", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--model-repository",
       "/no/such/dir"], "not a directory"),
 ])
