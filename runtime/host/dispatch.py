@@ -290,21 +290,35 @@ class Dispatcher:
             replica.outstanding -= 1
         self.slots_used -= 1
         ready = []
+        now = time.monotonic()
         while self.queue.size and self.slots_used < self.max_active and not self.stopped:
             nxt = self.queue.pop()
             if nxt is not None and not nxt.ended:
                 net = self.networks[nxt.network]
                 assert net is not None
+                if nxt.deadline is not None and net.hopeless(nxt.deadline - now):
+                    ready.append(nxt)  # no slot: `_after_free` times it out
+                    continue
                 self.take_locked(nxt, net)
                 ready.append(nxt)
         self.wake()
         return ready
 
     def _after_free(self, ready: list[Request]) -> None:
+        """Start the requests `_free_locked` gave slots; time out those it found hopeless:
+        too little of their timeout left to run (under overload the oldest would each
+        start just in time to expire running, and every run be wasted)."""
         if self.bus.active:
             self.bus.publish("queue.depth", depth=self.queue.size, active=self.slots_used)
         for nxt in ready:
-            self.begin(nxt)
+            if nxt.slot:
+                self.begin(nxt)
+            else:
+                net = self.networks.get(nxt.network)
+                self.finish(nxt, None, RequestTimeoutError(
+                    f"request {nxt.id} to {nxt.network} timed out in the queue: "
+                    f"{max(0.0, nxt.deadline - time.monotonic()):.3g} s of its timeout "
+                    f"left, and its runs take {net.run_seconds if net else 0:.3g} s"))
         for batcher in self.batchers:
             batcher.slot_freed()
 
@@ -437,6 +451,8 @@ class Dispatcher:
                 self.deadlines.ended_locked(timed)
             net = self.networks.get(request.network)
             if net is not None:
+                if error is None and request.started_at and request.slot:
+                    net.ran(time.monotonic() - request.started_at)
                 net.running.difference_update(ended)
                 for _ in ended:
                     net.accepted.pop()

@@ -18,6 +18,9 @@ from runtime.provision.network import LoadedNetwork
 LeanRun = Callable[[Mapping[str, object], "float | None", int], "Future | None"]
 
 
+RUN_WEIGHT = 0.1  # each run's weight in the moving averages of its network's run time
+
+
 class ServedNetwork:
     """`loaded` and its serving state. Requests read `name`, `specs`, `check_feeds`,
     `replicas`, `timeout`, `batcher` and `lean_run` (here: one attribute each on the hot
@@ -29,7 +32,8 @@ class ServedNetwork:
     under the dispatcher's lock (runtime/host/learning.py)."""
 
     __slots__ = ("accepted", "batcher", "check_feeds", "lean_run", "lean_runs", "loaded", "name",
-                 "removing", "replicas", "running", "specs", "timeout")
+                 "removing", "replicas", "run_seconds", "run_spread", "running", "specs",
+                 "timeout")
 
     def __init__(self, loaded: LoadedNetwork, timeout: float,
                  batcher: Callable[[LoadedNetwork], Batcher],
@@ -43,8 +47,21 @@ class ServedNetwork:
         self.lean_runs: deque[None] = deque()
         self.running: set[Request] = set()
         self.removing = False
+        # moving averages of its queued requests' run (start to end) and of its deviation
+        self.run_seconds = self.run_spread = 0.0
         self.batcher = batcher(loaded) if loaded.batching is not None else None
         self.lean_run = lean_path(self)
+
+    def ran(self, seconds: float) -> None:
+        """A queued request ran `seconds`, start to end (under the dispatcher's lock)."""
+        miss = seconds - self.run_seconds
+        self.run_seconds += RUN_WEIGHT * miss
+        self.run_spread += RUN_WEIGHT * (abs(miss) - self.run_spread)
+
+    def hopeless(self, left: float) -> bool:
+        """Too little time `left` to run: less than its runs take, plus twice their spread
+        (most runs finish within that)."""
+        return left < self.run_seconds + 2 * self.run_spread
 
     @property
     def in_flight(self) -> int:

@@ -1,5 +1,6 @@
 """Requests waiting for a slot: priority then arrival order, a timeout while queued (it
-never runs) or while running, and a queued request cancelled."""
+never runs) or while running, one too late to run started never, and a queued request
+cancelled."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import numpy as np
 
 from runtime.errors import RequestTimeoutError
-from tests.support.hosts import Blocked, gated_toy, toy_expected, toy_feeds
+from tests.support.hosts import Blocked, faked, gated_toy, toy_chain, toy_expected, toy_feeds
 from tests.support.serving import WAIT, Events, idle, poll
 
 # -- priorities ------------------------------------------------------------------------------
@@ -76,6 +77,29 @@ def test_timeout_while_running():
         after = toy_feeds()
         np.testing.assert_allclose(host.run("toy", after).result(timeout=WAIT)["y"],
                                    toy_expected(after))
+        assert poll(lambda: idle(host))
+
+
+def test_an_overloaded_network_keeps_answering_within_its_timeout():
+    """Twice the requests its device runs, each with a 0.4 s timeout. Were the oldest
+    queued request started whatever its time left, each would start just in time to
+    expire running: every run wasted, none answered once the queue is full. Started only
+    with time to run, about half are answered, and every request still ends once."""
+    run_seconds, arrivals, timeout = 0.02, 0.01, 0.4
+    with faked("cpu:1", max_active=1, max_queue=1000) as host:
+        host.add_network("toy", toy_chain())
+        host.devices["cpu0"].fail = lambda call, feeds: time.sleep(run_seconds) or 0
+        start, sent = time.monotonic(), []
+        while (now := time.monotonic()) - start < 3.0:
+            sent.append((now - start, host.run("toy", toy_feeds(), timeout=timeout,
+                                               inline=False)))
+            time.sleep(arrivals)
+        late = [f for at, f in sent if at > 1.5]  # the queue is full by then
+        errors = [f.exception(timeout=WAIT) for f in late]
+        assert all(e is None or isinstance(e, RequestTimeoutError) for e in errors)
+        answered = sum(e is None for e in errors)
+        assert answered > 0.5 * len(late) * arrivals / run_seconds, (answered, len(late))
+        assert any("left" in str(e) for e in errors)  # refused before it ran
         assert poll(lambda: idle(host))
 
 
