@@ -11,7 +11,17 @@ from runtime.devices.config import DeviceConfig
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 DEFAULT_MODEL = SAMPLES / "cnn.onnx"
 DEFAULT_DEVICES = "cpu:2,sim:2:mem=256MB"
-DEFAULT_RATE = 150.0  # requests/s
+DEFAULT_RATE = 150.0  # requests/s, at most
+LOAD_SHARE = 0.7  # of what the plan says its replicas can answer, for a slower network
+
+
+def default_rate(bottleneck_seconds: float, replicas: int) -> float:
+    """The live load a dashboard runs when told none: DEFAULT_RATE, or LOAD_SHARE of what
+    the plan can answer when that is less (a heavy model of the user's own would else be
+    swamped, its queue full and most requests failing)."""
+    if bottleneck_seconds <= 0:
+        return DEFAULT_RATE
+    return round(min(DEFAULT_RATE, LOAD_SHARE * replicas / bottleneck_seconds), 1)
 
 
 def sample_models() -> dict[str, Path]:

@@ -22,7 +22,7 @@ from app.dashboard.source import (
     PartitionSteps,
     Status,
 )
-from app.defaults import DEFAULT_MODEL, DEFAULT_RATE, default_devices
+from app.defaults import DEFAULT_MODEL, DEFAULT_RATE, default_devices, default_rate
 from app.loadgen import LoadGenerator
 from runtime.bundle.contents import open_contents
 from runtime.bundle.reader import is_bundle
@@ -57,6 +57,7 @@ class LiveRuntime:
         self.mode = mode if is_bundle(self.model) else dashboard_mode(mode)  # a bundle: its own
         self.network = self.model.stem
         self.rate = rate if rate is not None or concurrency is not None else DEFAULT_RATE
+        self._rate_fits_plan = rate is None and concurrency is None  # until the user sets one
         self.concurrency = concurrency
         self.seed = seed
         self._generation = 0
@@ -90,6 +91,9 @@ class LiveRuntime:
                                 remap=remap if remap and model.resolve() == path else None)
 
     def _start_load(self, paused: bool = False) -> None:
+        if self._rate_fits_plan:
+            host = self._running()
+            self.rate = default_rate(self._plan.bottleneck_seconds, host.replicas(self.network))
         self.load = LoadGenerator(self._running(), self.network, rate=self.rate,
                                   concurrency=self.concurrency, seed=self.seed, timeout=10.0)
         if paused:
@@ -172,11 +176,13 @@ class LiveRuntime:
         if self.load is not None:
             self.load.scale(factor)
             self.rate, self.concurrency = self.load.rate, self.load.concurrency
+            self._rate_fits_plan = False
 
     def set_load(self, setting: LoadSetting) -> None:
         """A new rate or client count; switching open and closed loop starts a new
         generator (paused if the old one was)."""
         self.rate, self.concurrency = setting.rate, setting.clients
+        self._rate_fits_plan = False
         load = self.load
         if load is None:
             return

@@ -15,7 +15,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from app.dashboard import (
     DashboardModel,
@@ -27,7 +30,7 @@ from app.dashboard import (
 from app.dashboard.colors import NO_COLOR, PALETTE, UNASSIGNED
 from app.dashboard.model import MIN_RUNS
 from app.dashboard.source import MODES, PartitionSteps
-from app.defaults import DEFAULT_DEVICES, SAMPLES
+from app.defaults import DEFAULT_DEVICES, DEFAULT_RATE, LOAD_SHARE, SAMPLES
 from app.live import LiveRuntime
 from app.replay import Recording
 from app.sources import ENV_PREFIX, SourceSettings
@@ -313,6 +316,31 @@ def test_controls_change_the_embedded_runtime() -> None:
         assert model.poll().status.mode == "memory"
     finally:
         model.close()
+
+
+def test_a_network_slower_than_the_default_load_gets_a_load_it_can_answer(tmp_path: Path
+                                                                          ) -> None:
+    """A model of the user's own that answers fewer requests than DEFAULT_RATE runs under
+    LOAD_SHARE of what its plan answers, not under a load that fills its queue with
+    failures; a rate the user sets is theirs."""
+    rng = np.random.default_rng()
+    weights = [numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32),
+                                       f"w{i}") for i in range(4)]
+    nodes = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"]) for i in range(4)]
+    graph = helper.make_graph(nodes, "heavy", [helper.make_tensor_value_info(
+        "h0", TensorProto.FLOAT, ["n", 512])], [helper.make_tensor_value_info(
+            "h4", TensorProto.FLOAT, ["n", 512])], weights)
+    path = tmp_path / "heavy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    live = LiveRuntime(path, "sim:1:flops=100M", start_load=False)
+    try:
+        live.toggle_pause()  # starts the load
+        fits = LOAD_SHARE / live.plan().bottleneck_seconds
+        assert fits < DEFAULT_RATE and live.load.rate == pytest.approx(fits, rel=0.01)
+        live.set_load(LoadSetting(rate=DEFAULT_RATE))
+        assert live.load.rate == DEFAULT_RATE
+    finally:
+        live.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
