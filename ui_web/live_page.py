@@ -21,6 +21,9 @@ from ui_web.cached import shared_live
 
 REFRESH_SECONDS = 1.0
 DAG_HEIGHT = 470
+# Nodes past which a plan is drawn a box per partition (and a step its own nodes) unless
+# asked: the browser lays every node out again as it redraws, ~15 s for 1,600 of them.
+NODE_VIEW_LIMIT = 300
 CHART_HEIGHT = 150
 
 
@@ -64,6 +67,7 @@ def dag(view: DashboardView) -> None:
         st.info("No plan yet.")
         return
     by_partition = st.toggle("Partition-level view", key="dag_partitions",
+                             value=len(view.drawing.outline.ops) > NODE_VIEW_LIMIT,
                              help="one box per partition instead of one per node")
     text = view.drawing.partition_dot if by_partition else view.drawing.node_dot
     with st.container(height=DAG_HEIGHT, border=True):

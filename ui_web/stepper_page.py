@@ -12,7 +12,7 @@ import streamlit as st
 from app.dashboard import Stepper
 from app.dashboard.source import MODES
 from ui_web.cached import shared_live
-from ui_web.live_page import legend
+from ui_web.live_page import NODE_VIEW_LIMIT, legend
 
 STEP_KEY = "step_number"  # 1-based, as shown
 GRAPH_HEIGHT = 560
@@ -57,7 +57,8 @@ def render() -> None:
                       f"{total - view.unassigned} of {total} nodes assigned · "
                       f"{len(view.legend)} partitions open")
     st.info(view.step.reason, icon=":material/info:")
-    only_step = st.toggle("Only this step's nodes and their neighbours", key="step_focus")
+    only_step = st.toggle("Only this step's nodes and their neighbours", key="step_focus",
+                          value=total > NODE_VIEW_LIMIT)
     with st.container(height=GRAPH_HEIGHT, border=True):
         st.graphviz_chart(stepper.dot(focus_only=only_step), width="content")
     legend(stepper.colors)

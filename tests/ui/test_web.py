@@ -28,6 +28,7 @@ from app.sources import ENV_PREFIX
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from tests.support.recordings import record_run
+from ui_web import live_page
 from ui_web.cached import shared_live
 from ui_web.shared import SharedLive
 
@@ -106,6 +107,18 @@ def test_partition_level_toggle(at: AppTest, shared: SharedLive) -> None:
     assert dot.startswith('digraph "cnn partitions"')
     assert dot.count("->") == len({(t.src_partition, d) for t in shared.view().plan.transfers
                                    for d in t.dst_partitions})
+
+
+def test_a_graph_too_big_to_draw_each_refresh_opens_a_box_per_partition(
+        shared: SharedLive, monkeypatch) -> None:
+    nodes = len(shared.view().drawing.outline.ops)
+    monkeypatch.setattr(live_page, "NODE_VIEW_LIMIT", nodes - 1)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    [dot] = _dots(at)
+    assert dot.startswith('digraph "cnn partitions"')
+    at.toggle(key="dag_partitions").set_value(False).run()  # every node, when asked
+    assert _dots(at) == [shared.view().drawing.node_dot]
 
 
 def test_mode_control_repartitions_in_place(at: AppTest, shared: SharedLive) -> None:
