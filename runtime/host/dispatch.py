@@ -314,11 +314,11 @@ class Dispatcher:
             if nxt.slot:
                 self.begin(nxt)
             else:
-                net = self.networks.get(nxt.network)
+                net, deadline = self.networks.get(nxt.network), nxt.deadline or time.monotonic()
                 self.finish(nxt, None, RequestTimeoutError(
                     f"request {nxt.id} to {nxt.network} timed out in the queue: "
-                    f"{max(0.0, nxt.deadline - time.monotonic()):.3g} s of its timeout "
-                    f"left, and its runs take {net.run_seconds if net else 0:.3g} s"))
+                    f"{max(0.0, deadline - time.monotonic()):.3g} s of its timeout left, and "
+                    f"its runs take {net.run_seconds if net else 0:.3g} s"))
         for batcher in self.batchers:
             batcher.slot_freed()
 
