@@ -160,6 +160,11 @@ class Metrics:
             "bus.lost": self._bus_lost,
         }
 
+    def begin(self, ts: float) -> None:
+        """Spans (throughput, utilisation, the window) from `ts` on, whatever events came
+        before it: a run's figures, not its load's."""
+        self._first = ts
+
     def feed(self, events: Iterable[Event]) -> None:
         on = self._on
         for ev in events:

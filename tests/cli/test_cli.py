@@ -158,6 +158,22 @@ def test_run_check_prints_tables(capsys):
     assert re.search(r"^check:", out, re.MULTILINE)
 
 
+def test_run_tables_count_its_requests_not_the_runs_a_first_load_times_its_plan_by(
+        capsys, monkeypatch, tmp_path):
+    """Measured costs, nothing cached: the first load sends a burst through its plan,
+    which the partition and device tables must not count as the run's."""
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    code = main(["run", TRANSFORMER, "--devices", "cpu:2", "--costs", "measured",
+                 "--requests", "30"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert list((tmp_path / "costs").glob("*.json"))  # it did measure
+    parts = re.findall(r"^\s*transformer/p\d+\s+cpu\d\s+(\d+)\s", out, re.MULTILINE)
+    devices = re.findall(r"^\s*cpu\d\s+(\d+)\s", out, re.MULTILINE)
+    assert len(parts) >= 2 and len(devices) == 2, out
+    assert {int(runs) for runs in parts + devices} == {30}, out
+
+
 def test_run_record_writes_every_request(capsys, tmp_path):
     record = tmp_path / "events.jsonl"
     code = main(["run", MLP, "--devices", "cpu:2", "--requests", "100", "--concurrency", "4",
