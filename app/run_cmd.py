@@ -22,7 +22,7 @@ from app.loadgen import LoadGenerator, LoadStats
 from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.ort.sessions import cpu_session
-from runtime.errors import InvalidInputError, PrismError, first_line
+from runtime.errors import InvalidInputError, PrismError, ProvisionError, first_line
 from runtime.fold import RANDOM_OPS
 from runtime.graph import Graph
 from runtime.host import HostManager
@@ -94,7 +94,11 @@ class OutputCheck:
     a random op by its dtype and shape alone)."""
 
     def __init__(self, graph: Graph) -> None:
-        self.session = cpu_session(graph.model, stamp=True)
+        try:
+            self.session = cpu_session(graph.model, stamp=True)
+        except ProvisionError as exc:  # Prism may run it (a reference device) all the same
+            raise PrismError(f"--check compares with {graph.name} whole in onnxruntime, which "
+                             f"cannot run it: {exc}; run it without --check") from None
         self.random = random_outputs(graph)
         self.names = [o.name for o in self.session.get_outputs()]
         self.lock = threading.Lock()

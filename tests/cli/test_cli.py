@@ -174,6 +174,27 @@ def test_run_tables_count_its_requests_not_the_runs_a_first_load_times_its_plan_
     assert {int(runs) for runs in parts + devices} == {30}, out
 
 
+def test_check_of_a_model_only_a_reference_device_runs_says_so(capsys, tmp_path):
+    """A bfloat16 MatMul: onnxruntime's CPU provider has no kernel, the reference device
+    runs it. --check, which needs onnxruntime to run it whole, says that in one line."""
+    w = helper.make_tensor("w", TensorProto.BFLOAT16, [8, 8], vals=[1.0] * 64)
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+             helper.make_node("MatMul", ["xb", "w"], ["yb"]),
+             helper.make_node("Cast", ["yb"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["n", 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["n", 8])], [w])
+    path = str(tmp_path / "bf16.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["run", path, "--devices", "reference:1", "--requests", "3"]) == 0
+    capsys.readouterr()
+    assert main(["run", path, "--devices", "reference:1", "--requests", "3", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("prism: error: --check compares with bf16 "
+                                                   "whole in onnxruntime, which cannot run it")
+    assert "without --check" in err
+
+
 def test_run_record_writes_every_request(capsys, tmp_path):
     record = tmp_path / "events.jsonl"
     code = main(["run", MLP, "--devices", "cpu:2", "--requests", "100", "--concurrency", "4",
