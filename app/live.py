@@ -91,10 +91,10 @@ class LiveRuntime:
                                 remap=remap if remap and model.resolve() == path else None)
 
     def _start_load(self, paused: bool = False) -> None:
+        host = self._running()
         if self._rate_fits_plan:
-            host = self._running()
             self.rate = default_rate(self._plan.bottleneck_seconds, host.replicas(self.network))
-        self.load = LoadGenerator(self._running(), self.network, rate=self.rate,
+        self.load = LoadGenerator(host, self.network, rate=self.rate,
                                   concurrency=self.concurrency, seed=self.seed, timeout=10.0)
         if paused:
             self.load.pause()

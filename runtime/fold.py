@@ -196,12 +196,9 @@ def _needed(g: onnx.GraphProto, folded: dict[int, None], keep: set[int],
 def _constant_bytes_after(g: onnx.GraphProto, folded: dict[int, None], keep: set[int],
                           producer: dict[str, int], values: dict[str, np.ndarray],
                           inits: dict[str, onnx.TensorProto]) -> int:
-    reads = _live_reads(g, folded, keep)
-    kept_constants = sum(_tensor_bytes(a.t) for i in keep if g.node[i].op_type == "Constant"
-                         for a in g.node[i].attribute if a.name == "value")
+    reads = _live_reads(g, folded, keep)  # `keep` holds no Constant node: none is kept
     return (sum(_tensor_bytes(t) for name, t in inits.items() if name in reads)
-            + sum(values[t].nbytes for t in _needed(g, folded, keep, producer))
-            + kept_constants)
+            + sum(values[t].nbytes for t in _needed(g, folded, keep, producer)))
 
 
 def _within_budget(g: onnx.GraphProto, folded: dict[int, None], producer: dict[str, int],

@@ -292,17 +292,19 @@ def _drop_empty_trailing_inputs(graph: onnx.GraphProto) -> None:
             _drop_empty_trailing_inputs(sub)
 
 
-def unlist_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+def unlist_initializers(model: onnx.ModelProto, *, in_place: bool = False
+                        ) -> onnx.ModelProto:
     """The model with no initializer among its graph's inputs, where older exporters list
     every weight (IR 3 required it; it moves to IR 4, which does not). Prism takes no feed
     for a weight; onnxruntime takes a listed one for an input it may be fed, so it neither
     folds nor prepacks it, and its quantizer's optimizer drops the weights it folds but
     not their names among the inputs, which nobody then feeds. `model` itself when it
-    lists none, else a copy."""
+    lists none or `in_place` (a copy of the caller's own: its weights are not copied
+    again), else a copy."""
     weights = {t.name for t in model.graph.initializer}
     if not any(i.name in weights for i in model.graph.input):
         return model
-    out = copy.deepcopy(model)
+    out = model if in_place else copy.deepcopy(model)
     kept = [i for i in out.graph.input if i.name not in weights]
     del out.graph.input[:]
     out.graph.input.extend(kept)
@@ -438,7 +440,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     _check(model, label, source)
     _name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
-    model = unlist_initializers(model)
+    unlist_initializers(model, in_place=True)  # read_model's copy
     report = FoldReport()
     if fold:
         model, report = fold_constants(model)

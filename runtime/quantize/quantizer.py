@@ -183,7 +183,7 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src = Path(tmp) / "in.onnx"
         source = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-        large = save(unlist_initializers(source), str(src))
+        large = save(unlist_initializers(source, in_place=source is not model), str(src))
         out = Path(tmp) / "prepared.onnx"
         try:
             _pre_process(src, out, large)
