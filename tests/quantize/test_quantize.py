@@ -363,8 +363,11 @@ def test_a_model_zoo_export_listing_its_weights_as_inputs_quantizes(tmp_path, ca
     x = feeds_for(model, 4)
     with HostManager(parse_devices("cpu:2")) as host:
         host.add_network("zoo", str(out))
-        np.testing.assert_allclose(host.infer("zoo", x)["out"], plain(model, x)["out"],
-                                   atol=0.05)
+        got = host.infer("zoo", x)["out"]
+    int8 = plain(onnx.load(str(out)), x)["out"]  # a split pair: a quantization step apart
+    np.testing.assert_allclose(got, int8, rtol=1e-4, atol=0.05 * np.abs(int8).max() + 1e-5)
+    want = plain(model, x)["out"]  # fresh inputs may pass the calibrated range: int8 saturates
+    np.testing.assert_allclose(got, want, atol=0.1 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("narrow_float", [True, False])
