@@ -10,6 +10,7 @@ leaves the old network serving and raises.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -61,6 +62,7 @@ class LiveRuntime:
         self.concurrency = concurrency
         self.seed = seed
         self._generation = 0
+        self._serving_since: dict[str, float] = {}  # network -> when its load ended
         self._recorder: JsonlRecorder | None = None
         self._record_path: str | None = None
         self.load: LoadGenerator | None = None
@@ -87,8 +89,11 @@ class LiveRuntime:
              costs: CostModel | None = None) -> Plan:
         """`add_network`, with `--remap` for the bundle it was given for."""
         path, remap = self._remap
-        return host.add_network(name, model, partition=mode, costs=costs,
+        self._serving_since[name] = math.inf
+        plan = host.add_network(name, model, partition=mode, costs=costs,
                                 remap=remap if remap and model.resolve() == path else None)
+        self._serving_since[name] = time.monotonic()
+        return plan
 
     def _start_load(self, paused: bool = False) -> None:
         host = self._running()
@@ -108,7 +113,13 @@ class LiveRuntime:
     # -- reading (RuntimeSource) ----------------------------------------------------------
 
     def drain(self) -> list[Event]:
-        return self._subscription.drain() if self.host is not None else []
+        """The bus's new events, less the runs a first measured load timed its plan by (its
+        calibration burst): the dashboards count the load's runs, as `prism run` does."""
+        if self.host is None:
+            return []
+        since = self._serving_since
+        return [e for e in self._subscription.drain() if not (
+            e.kind.startswith("partition.run.") and e.ts < since.get(e.get("network"), 0.0))]
 
     def now(self) -> float:
         return time.monotonic()

@@ -511,3 +511,31 @@ def test_a_recording_cannot_be_replanned_from_measurements(tmp_path: Path) -> No
     record_run(path, "balanced", devices="cpu:2")
     with pytest.raises(PrismError, match="re-plan from measurements"):
         Recording(path).replan_measured({"p0": 1e-3})
+
+
+def test_the_runs_a_first_measured_load_times_its_plan_by_are_not_the_loads(
+        monkeypatch, tmp_path: Path) -> None:
+    """Measured costs, nothing cached: each load sends a burst through its plan (60 runs a
+    partition); the partition rows and the devices' utilisation count the live load only."""
+    monkeypatch.setenv("PRISM_COSTS", "measured")
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    live = LiveRuntime(devices="cpu:2", start_load=False, seed=2)
+    model = DashboardModel(live)
+    try:
+        for load in range(2):
+            if load:
+                for f in (tmp_path / "costs").glob("*.json"):
+                    f.unlink()  # the next plan is measured afresh
+                model.source.repartition(mode="balanced")
+            assert list((tmp_path / "costs").glob("*.json"))  # it did measure
+            view = model.poll()
+            assert view.partitions and all(r.runs == 0 for r in view.partitions), load
+            assert all(r.utilisation == 0 for r in view.devices), load
+        model.set_load(LoadSetting(clients=2))
+        model.toggle_pause()
+        deadline = time.monotonic() + 60
+        while not all(r.runs for r in model.poll().partitions) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(r.runs for r in model.poll().partitions)
+    finally:
+        model.close()
