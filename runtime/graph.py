@@ -125,6 +125,20 @@ class Graph:
     def is_weight(self, tensor: str) -> bool:
         return tensor in self.initializers
 
+    @property
+    def constant_nodes(self) -> frozenset[str]:
+        """Nodes computed from weights alone (a constant the fold's bound kept as work, a
+        quantized weight's DequantizeLinear): what they make is the same every request."""
+        found = self.memo.get("constant_nodes")
+        if found is None:
+            made: set[str] = set()
+            for node in self.nodes:  # topological: a node's producers come first
+                if all(t in self.initializers or self.producer.get(t) in made
+                       for t in node.reads):
+                    made.add(node.name)
+            found = self.memo["constant_nodes"] = frozenset(made)
+        return found
+
     def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
         """name -> its declared dimensions (symbolic names kept), None when unknown. A
         sequence of maps (a classifier's ZipMap: one map a row) has one, `rows`."""

@@ -36,11 +36,7 @@ def constants_where_read(graph: Graph, order: list[str]) -> list[str]:
     it then lands in its reader's partition, not the first, whose device would send its
     output on every request. Moving one shortens its output's life and nothing else."""
     position = {name: i for i, name in enumerate(order)}
-    constant: set[str] = set()
-    for name in order:  # topological: a node's producers come first
-        if all(graph.is_weight(t) or graph.producer.get(t) in constant
-               for t in graph.node(name).reads):
-            constant.add(name)
+    constant = graph.constant_nodes
     if not constant:
         return order
     moved: list[str] = []

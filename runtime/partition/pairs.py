@@ -1,4 +1,5 @@
-"""Boundaries of a quantized plan pass int8: quantize/dequantize nodes stay with their ops.
+"""Boundaries pass what they must: quantize/dequantize nodes stay with their ops, and
+a node computed from weights alone with the partition that reads it.
 
 A cut between a DequantizeLinear and the op it feeds, or between an op and the
 QuantizeLinear after it, copies a float tensor (four times the bytes of the int8 one
@@ -7,6 +8,10 @@ split the graph, each such dequantize node moves to its consumers' partition and
 such quantize node to its producer's, so the cut falls between the pair. A move is a
 step; a pair left split (a user map, a dequantize feeding several partitions, a move
 the devices cannot take) is a `split` step and a note in the plan's reasons.
+
+Likewise a node the fold kept whose inputs are all weights (a `ConstantOfShape` making a
+weight too large to store folded) moves to the one partition reading what it makes: cut
+after it, its partition would send the same weight on every request.
 """
 
 from __future__ import annotations
@@ -45,6 +50,21 @@ def _moves(graph: Graph, home: Mapping[str, str], device: Mapping[str, str],
     return moves
 
 
+def _constant_moves(graph: Graph, home: Mapping[str, str], device: Mapping[str, str],
+                    allowed: Mapping[str, frozenset[str]]) -> dict[str, str]:
+    """Node computed from weights alone -> the other partition reading all it makes (after
+    the nodes it feeds have moved: a chain of them moves whole)."""
+    moves: dict[str, str] = {}
+    for node in reversed(graph.nodes):
+        if node.name not in graph.constant_nodes or graph.output_set.intersection(node.writes):
+            continue
+        readers = {moves.get(c, home[c]) for t in node.writes for c in graph.consumers.get(t, ())}
+        part = readers.pop() if len(readers) == 1 else home[node.name]
+        if part != home[node.name] and device[part] in allowed[node.name]:
+            moves[node.name] = part
+    return moves
+
+
 def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                plan: Plan, allowed: Mapping[str, frozenset[str]], rec: Recorder, *,
                move: bool = True) -> Steps[tuple[Plan, dict[str, str]]]:
@@ -52,7 +72,9 @@ def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     the plan and a note per node of each pair still split."""
     home = {n: p.name for p in plan.partitions for n in p.nodes}
     device = {p.name: p.device for p in plan.partitions}
-    moves = _moves(graph, home, device, allowed) if move else {}
+    pairs = _moves(graph, home, device, allowed) if move else {}
+    constants = _constant_moves(graph, {**home, **pairs}, device, allowed) if move else {}
+    moves = {**pairs, **constants}
     if moves:
         new_home = {**home, **moves}
         position = {n: i for i, n in enumerate(plan.order or (n.name for n in graph.nodes))}
@@ -64,15 +86,19 @@ def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                                mode=plan.mode, order=plan.order)
             validate_plan(moved, graph, allowed)
         except PartitionError as exc:
-            yield rec.step("split", f"kept quantize/dequantize nodes where the split put "
-                           f"them: moving them to their ops fails ({exc})")
+            yield rec.step("split", f"kept quantize/dequantize nodes and nodes computed from "
+                           f"weights where the split put them: moving them to the ops they "
+                           f"feed fails ({exc})")
         else:
             for node, part in moves.items():
                 op = graph.node(node).op_type
-                side = "ops it feeds" if op in DEQUANTIZE_OPS else "op it quantizes"
+                why = "computed from weights alone, it sends nothing per request" \
+                    if node in constants and node not in pairs else \
+                    "no float copy between them"
+                side = "op it quantizes" if op not in DEQUANTIZE_OPS and node in pairs \
+                    else "ops it feeds"
                 yield rec.step("move", f"moved {node} ({op}) from {home[node]} to {part} with "
-                               f"the {side}: no float copy between them", _index(part),
-                               device[part], (node,))
+                               f"the {side}: {why}", _index(part), device[part], (node,))
             plan, home = moved, new_home
     notes = {}
     for a, b in split_pairs(graph, home):

@@ -10,11 +10,16 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.exports import legacy_bert, legacy_bert_feeds
+from runtime.cost import CostModel
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.fold import FOLD_GROWTH, FOLD_SLACK, fold_constants
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import partition
+from runtime.partition.build import build_plan
+from runtime.partition.order import constants_where_read, model_order
+from runtime.partition.pairs import keep_pairs
+from runtime.partition.record import Recorder, finish, tap
 from tests.support.weights import (
     SHARED_MAP,
     WIDTH,
@@ -154,6 +159,43 @@ def test_a_constant_the_bound_keeps_runs_in_the_partition_that_reads_it():
     with HostManager(devices) as host:
         host.add_network("made", model)
         np.testing.assert_allclose(host.infer("made", x)["h8"], _ort(model, x)[0], rtol=1e-5)
+
+
+def test_a_cut_after_a_constant_the_bound_keeps_moves_it_to_its_reader():
+    """Measured costs may cut between a kept ConstantOfShape and the MatMul reading it
+    (onnxruntime folds it inside the session, so its run costs nothing): after the split
+    it moves to its reader's partition, a chain of them whole, and no weight is sent on
+    every request. (light_resnet50 on cpu:2,sim:2 sent a 147 KB weight so.)"""
+    model = _made_weights(4)
+    fill = next(n for n in model.graph.node if n.name == "fill0")  # w0 = Relu(Cast(fill0))
+    fill.output[0] = "w0_fill"
+    model.graph.node.insert(4, helper.make_node("Cast", ["w0_fill"], ["w0_cast"], name="cast",
+                                                to=TensorProto.FLOAT))
+    model.graph.node.insert(5, helper.make_node("Relu", ["w0_cast"], ["w0"], name="relu"))
+    graph = load_graph(model)
+    assert {"fill0", "cast", "relu"} <= graph.constant_nodes and "fill0" in graph.folded.kept
+    devices, costs = parse_devices("cpu:2"), CostModel.roofline(graph)
+    order = constants_where_read(graph, model_order(graph))
+    for reader in ("mm0", "mm2"):
+        cut = order.index(graph.producer[graph.node(reader).inputs[1]])  # just before it
+        plan = build_plan(graph, costs, devices, [("p0", "cpu0", order[:cut + 1]),
+                                                  ("p1", "cpu1", order[cut + 1:])],
+                          mode="balanced", order=order)
+        assert any(t.tensor.startswith("w") for t in plan.transfers)
+        steps: list = []
+        anywhere = {n.name: frozenset({"cpu0", "cpu1"}) for n in graph.nodes}
+        moved, _ = finish(tap(keep_pairs(graph, costs, devices, plan, anywhere, Recorder()),
+                              steps.append))
+        assert not [t.tensor for t in moved.transfers if t.tensor.startswith("w")], reader
+        home = {n: p.name for p in moved.partitions for n in p.nodes}
+        chain = ("fill0", "cast", "relu") if reader == "mm0" else ("fill2",)
+        assert {home[n] for n in chain} == {home[reader]}, reader
+        assert any(s.kind == "move" and "computed from weights alone" in s.reason
+                   for s in steps)
+    x = {"h0": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
+    with HostManager(devices) as host:
+        host.add_network("made", model)
+        np.testing.assert_allclose(host.infer("made", x)["h4"], _ort(model, x)[0], rtol=1e-5)
 
 
 def test_a_weight_read_through_several_copies_is_bounded_by_the_growth_factor():
