@@ -50,20 +50,24 @@ class Request:
     future: RequestFuture = field(init=False, default_factory=RequestFuture)
     _token: list = field(init=False, default_factory=[True].copy, repr=False)  # pop(): atomic
 
-    def end(self, outputs: dict[str, np.ndarray] | None = None,
-            error: BaseException | None = None) -> bool:
-        """End the request once: True for the one caller that ends it. A future already
-        cancelled keeps its cancellation."""
+    def claim(self) -> bool:
+        """Take the one right to end the request: True for the one caller that gets it,
+        who then reports its end and `settle`s it."""
         try:
             self._token.pop()
         except IndexError:
             return False
+        return True
+
+    def settle(self, outputs: dict[str, np.ndarray] | None, error: BaseException | None
+               ) -> None:
+        """Answer the claimed request's caller. A future already cancelled keeps its
+        cancellation."""
         # The future holds this request (for its cancel hook): break that cycle, so the
         # pair is freed at once rather than left for the garbage collector.
         future = self.future
         future.request = None
         future.settle(outputs, error)  # False: cancelled while queued, which stands
-        return True
 
     def start(self) -> bool:
         """Mark the future running; False if it was cancelled or the request has already

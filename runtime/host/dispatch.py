@@ -432,17 +432,26 @@ class Dispatcher:
     def finish(self, request: Request, outputs: Outputs | None, error: BaseException | None
                ) -> None:
         """The one place a request ends: once, with its outputs or an error (a batch: each
-        live member with its rows); reported; its slot or place in line given back."""
-        if not request.end(outputs, error):
+        live member with its rows); reported, then answered (whoever reads the bus once
+        the caller has its answer sees the end); its slot or place in line given back."""
+        if not request.claim():
             return
-        ended = [request]
-        if request.members is not None:
-            members = request.members
+        members = request.members
+        if members is None:
+            ended = [request]
+            if self.bus.active:
+                self._report(request, error)
+            request.settle(outputs, error)
+        else:
             parts = split(outputs, members) if outputs is not None else [None] * len(members)
-            ended = [m for m, part in zip(members, parts, strict=True) if m.end(part, error)]
-        if self.bus.active:
-            for r in ended:
-                self._report(r, error)
+            claimed = [(m, part) for m, part in zip(members, parts, strict=True) if m.claim()]
+            ended = [m for m, _ in claimed]
+            if self.bus.active:
+                for m in ended:
+                    self._report(m, error)
+            request.settle(outputs, error)
+            for m, part in claimed:
+                m.settle(part, error)
         with self.lock:
             timed = int(request.deadline is not None)  # the request, or the batch
             if request.members is not None:

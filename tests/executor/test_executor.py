@@ -103,7 +103,8 @@ def test_a_request_ended_mid_flight_runs_no_further_stage(loaded):
     request, outcome = Request("t", tokens(np.random.default_rng())), Outcome()
     executor.start(request, outcome)
     assert gate.entered.wait(5)
-    assert request.end(error=TimeoutError("gone"))  # as the host's deadline would
+    assert request.claim()  # as the host's deadline would
+    request.settle(None, TimeoutError("gone"))
     gate.opened.set()
     assert not outcome.event.wait(0.2)
     assert devices[second.device.name].runs == [] and outcome.calls == []

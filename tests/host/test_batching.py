@@ -638,7 +638,8 @@ def test_a_request_that_ended_after_leaving_its_queue_does_not_start():
     request's deadline passed (or it was cancelled) in between, starting it must decline
     quietly, so that thread's own run() still returns its future."""
     timed_out, cancelled, fresh = (Request("m", {}) for _ in range(3))
-    assert timed_out.end(error=RequestTimeoutError("late"))
+    assert timed_out.claim()
+    timed_out.settle(None, RequestTimeoutError("late"))
     assert cancelled.future.cancel()
     assert not timed_out.start() and not cancelled.start()
     assert fresh.start() and fresh.future.running()

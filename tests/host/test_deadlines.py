@@ -28,7 +28,8 @@ class Expiries:
         self.deadlines = Deadlines(self.expire, self.lock)
 
     def expire(self, request: Request) -> None:
-        assert request.end(None, TimeoutError("timed out"))
+        assert request.claim()
+        request.settle(None, TimeoutError("timed out"))
         self.at[request.id] = time.monotonic()
         if len(self.at) == self.expected:
             self.done.set()
@@ -88,7 +89,8 @@ def test_an_ended_request_leaves_without_its_deadline_passing(exp):
     for r in requests:
         exp.deadlines.add(r, time.monotonic() + 300)
     for r in requests:
-        assert r.end({}, None)
+        assert r.claim()
+        r.settle({}, None)
         with exp.lock:
             exp.deadlines.ended_locked()
     assert len(exp.deadlines) < len(requests) / 2  # swept, inbox included

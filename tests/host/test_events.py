@@ -5,6 +5,7 @@ every event with its catalogue's fields, as JSON; and a slow subscriber delays n
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections import defaultdict
 
@@ -79,6 +80,37 @@ def test_event_order_per_request_under_load():
             assert kinds[0] == "request.queued", (rid, kinds)
             assert kinds[1] == "request.started", (rid, kinds)
             assert kinds[-1] == "request.finished", (rid, kinds)
+
+
+def test_a_requests_end_is_on_the_bus_before_its_caller_has_the_answer():
+    """A client that reads the bus (or the server's statistics) once it has its answer
+    finds that request counted: when each caller is answered (its future's done-callback
+    runs), as many requests have ended on the bus as callers have been answered, alone,
+    in a batch and failed."""
+    with faked("cpu:2", max_queue=1000) as host:
+        host.add_network("t", TRANSFORMER, partition="balanced")
+        host.add_network("b", MLP, batching={"max_batch_size": 8, "max_queue_delay_ms": 20})
+        seen = host.bus.subscribe(kinds=("request.finished", "request.failed"))
+        lock, ends, answers, behind = threading.Lock(), [0], [0], []
+
+        def answered(_: cf.Future) -> None:
+            with lock:
+                ends[0] += len(seen.drain())
+                answers[0] += 1
+                if ends[0] < answers[0]:
+                    behind.append(answers[0])
+
+        rng = np.random.default_rng()
+        calls = [("t", random_feeds(input_specs(host.graph("t")), rng)) for _ in range(20)]
+        calls += [("b", random_feeds(input_specs(host.graph("b")), rng)) for _ in range(24)]
+        futures = [host.run(name, feeds) for name, feeds in calls]
+        host.devices[host.plan("t").partitions[-1].device].fail = lambda n, _: True
+        futures.append(failing := host.run("t", calls[0][1]))
+        for future in futures:
+            future.add_done_callback(answered)
+        cf.wait(futures, timeout=WAIT)
+        assert all(f.done() for f in futures) and failing.exception() is not None
+    assert answers[0] == len(futures) and not behind
 
 
 def test_failed_request_event_names_partition_and_device():
