@@ -23,7 +23,7 @@ from onnx import external_data_helper, helper, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
 from runtime.errors import DeviceMemoryError, ModelLoadError
-from runtime.fold import FoldReport, fold_constants
+from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.large import inferable, too_large
 from runtime.run_sizes import run_sizes
 from runtime.units import human_bytes
@@ -133,11 +133,16 @@ class Graph:
         if found is None:
             made: set[str] = set()
             for node in self.nodes:  # topological: a node's producers come first
-                if all(t in self.initializers or self.producer.get(t) in made
-                       for t in node.reads):
+                if node.op_type not in RANDOM_OPS and all(
+                        t in self.initializers or self.producer.get(t) in made
+                        for t in node.reads):
                     made.add(node.name)
             found = self.memo["constant_nodes"] = frozenset(made)
         return found
+
+    def is_constant(self, tensor: str) -> bool:
+        """A weight, or made from weights alone: the same every request."""
+        return tensor in self.initializers or self.producer.get(tensor) in self.constant_nodes
 
     def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
         """name -> its declared dimensions (symbolic names kept), None when unknown. A

@@ -44,6 +44,8 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     # Each copy charges each device its own end (cost.transfer_seconds): the receiving
     # device once per tensor, on the first of its partitions to read it; the sending
     # device once per tensor however many devices read it, on the partition making it.
+    # A tensor made from weights alone is never copied: a partition reading it from
+    # another holds it, made as it loads (`submodel.weights_of`).
     transfers: list[Transfer] = []
     incoming: dict[str, float] = dict.fromkeys(members, 0.0)
     outgoing: dict[str, float] = dict.fromkeys(members, 0.0)
@@ -51,6 +53,8 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
         src = by_device[device_of[pname]]
         for n in members[pname]:
             for t in graph.node(n).writes:
+                if graph.is_constant(t):
+                    continue
                 readers = [home[c] for c in graph.consumers.get(t, ()) if home[c] != pname]
                 size = graph.tensor_bytes(t)
                 away = dict.fromkeys(device_of[r] for r in readers if device_of[r] != src.name)
@@ -71,13 +75,15 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
         made = {t for n in nodes for t in n.writes}
         inside = set(members[pname])
         inputs = dict.fromkeys(t for n in nodes for t in n.reads
-                               if t not in made and not graph.is_weight(t))
-        outputs = dict.fromkeys(t for n in nodes for t in n.writes if t in graph.output_set or any(
-            c not in inside for c in graph.consumers.get(t, ())))
+                               if t not in made and not graph.is_constant(t))
+        load_made = (t for n in nodes for t in n.reads if t not in made
+                     and not graph.is_weight(t) and graph.is_constant(t))
+        outputs = dict.fromkeys(t for n in nodes for t in n.writes if t in graph.output_set or (
+            not graph.is_constant(t) and any(c not in inside for c in graph.consumers.get(t, ()))))
         partitions.append(Partition(
             name=pname, nodes=tuple(members[pname]), device=dev.name, backend=dev.backend,
             inputs=tuple(inputs), outputs=tuple(outputs),
-            weights=tuple(weight_names(graph, nodes)),
+            weights=tuple(dict.fromkeys([*weight_names(graph, nodes), *load_made])),
             weight_bytes=weight_bytes(graph, nodes),
             activation_bytes=peak_activation_bytes(graph, nodes),
             est_seconds=model.run_seconds(dev) + sum(model.node_seconds(n.name, dev)

@@ -9,10 +9,13 @@ stamped with an IR version and ai.onnx opset the installed onnxruntime accepts
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import onnx
+from onnx import numpy_helper
 
 from runtime.devices.external import Held
-from runtime.devices.ort.sessions import stamped
+from runtime.devices.ort.sessions import cpu_session, stamped
 from runtime.errors import ProvisionError
 from runtime.graph import Graph
 from runtime.partition.plan import Partition
@@ -31,11 +34,39 @@ def _value_info(graph: Graph, partition: Partition, tensor: str, *, required: bo
 
 
 def weights_of(graph: Graph, partition: Partition) -> list[onnx.TensorProto]:
-    """The initializers `partition`'s model holds: its own, and those its nodes read."""
+    """The initializers `partition`'s model holds: its own, those its nodes read, and
+    what it reads that another partition makes from weights alone, made now."""
     weights = dict.fromkeys(partition.weights)
     weights.update(dict.fromkeys(t for n in partition.nodes for t in graph.node(n).reads
                                  if graph.is_weight(t)))
-    return [graph.initializers[w] for w in weights]
+    made = [w for w in weights if not graph.is_weight(w)]
+    values = _made_from_weights(graph, partition, made) if made else {}
+    return [graph.initializers[w] if graph.is_weight(w) else values[w] for w in weights]
+
+
+def _made_from_weights(graph: Graph, partition: Partition, tensors: list[str]
+                       ) -> dict[str, onnx.TensorProto]:
+    """`tensors`, made from weights alone by nodes of other partitions, computed on the
+    host by onnxruntime: its device may not run those nodes (a fallback plan), and a
+    copy on every request would send the same bytes each time."""
+    needed: set[str] = set()
+    stack = [graph.producer[t] for t in tensors]
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(graph.producer[t] for t in graph.node(name).reads
+                         if t in graph.producer)
+    maker = replace(partition, name=f"{partition.name}-weights", inputs=(), weights=(),
+                    nodes=tuple(n.name for n in graph.nodes if n.name in needed),
+                    outputs=tuple(tensors))
+    try:
+        values = cpu_session(extract(graph, maker)).run(tensors, {})
+    except Exception as exc:
+        raise ProvisionError(f"partition {partition.name} of {graph.name}: cannot make "
+                             f"{tensors[0]} from its weights: {str(exc).splitlines()[0]}"
+                             ) from None
+    return {t: numpy_helper.from_array(v, t) for t, v in zip(tensors, values, strict=True)}
 
 
 def extract(graph: Graph, partition: Partition, held: Held | None = None) -> onnx.ModelProto:
