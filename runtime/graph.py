@@ -141,8 +141,12 @@ class Graph:
         return found
 
     def is_constant(self, tensor: str) -> bool:
-        """A weight, or made from weights alone: the same every request."""
-        return tensor in self.initializers or self.producer.get(tensor) in self.constant_nodes
+        """A weight, or a tensor made from weights alone: the same every request."""
+        if tensor in self.initializers:
+            return True
+        kind = self.types.get(tensor)
+        return self.producer.get(tensor) in self.constant_nodes and kind is not None and \
+            kind.WhichOneof("value") == "tensor_type"
 
     def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
         """name -> its declared dimensions (symbolic names kept), None when unknown. A

@@ -233,6 +233,30 @@ def test_a_device_that_cannot_make_a_weight_holds_it_made_as_it_loads(maker):
                                    atol=1e-4 * np.abs(want).max())
 
 
+def test_a_sequence_made_from_weights_is_copied_a_tensor_made_from_it_is_held():
+    """Only tensors are made as a partition loads (a weight is a tensor): a sequence of
+    weights another device reads crosses as any value does."""
+    rng = np.random.default_rng()
+    weights = [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), n)
+               for n in ("a", "b")]
+    nodes = [helper.make_node("SequenceConstruct", ["a", "b"], ["s"], name="seq"),
+             helper.make_node("ConcatFromSequence", ["s"], ["w"], axis=1, name="cat"),
+             helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "seq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], weights),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = {"x": rng.standard_normal((3, 4)).astype(np.float32)}
+    for ops, crossing in (("MatMul+ConcatFromSequence", ["s"]), ("MatMul", [])):
+        devices = parse_devices(f"cpu:1,sim:1:ops={ops}")
+        annotations = {"ops": {"MatMul": "sim", "ConcatFromSequence": "sim"}}
+        with HostManager(devices) as host:
+            plan = host.add_network("seq", model, annotations=annotations, fallback="cpu0")
+            assert [t.tensor for t in plan.transfers] == crossing
+            np.testing.assert_allclose(host.infer("seq", x)["y"], _ort(model, x)[0],
+                                       rtol=1e-5)
+
+
 def test_a_weight_read_through_several_copies_is_bounded_by_the_growth_factor():
     """Three scaled copies of one weight would make 3x its bytes: folded nodes stay nodes,
     the one growing memory most first, until the constants are within FOLD_GROWTH."""
