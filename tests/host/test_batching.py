@@ -364,8 +364,10 @@ def test_a_classifiers_maps_batch_one_a_row_and_other_sequences_are_refused():
             got, (labels, maps) = future.result(WAIT), session.run(None, {"x": x})
             np.testing.assert_array_equal(got["label"], labels)
             assert [list(m) for m in got["probabilities"]] == [list(m) for m in maps]
+            # batched rows run other kernels than a request's alone: float noise
             np.testing.assert_allclose([list(m.values()) for m in got["probabilities"]],
-                                       [list(m.values()) for m in maps], rtol=1e-6)
+                                       [list(m.values()) for m in maps], rtol=1e-5,
+                                       atol=1e-7)
         assert poll(lambda: len(events.of("request.started", "c")) == 16)
         assert max(e["batch_size"] for e in events.of("request.started", "c")) > 1
         del model.graph.output[0]  # the maps alone, a row a request: the split's fast path
