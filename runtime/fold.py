@@ -5,9 +5,9 @@
 
 Exporters leave such nodes in graphs (the legacy PyTorch exporter puts an `Identity` over
 many weights; `Constant` nodes hold shapes and scales). Left in, each is "work" for the
-partitioner, and a weight made in one partition and read in another would cross devices
-on every request. onnxruntime folds them when it runs a whole model; Prism must fold them
-before it cuts the graph.
+partitioner, and a partition reading a weight another makes must make it again as it
+loads (`partition.submodel`). onnxruntime folds them when it runs a whole model; Prism
+folds them before it cuts the graph.
 
 Values come from onnx's reference evaluator, one node at a time (an `Identity` is a
 renamed copy), so a node it cannot evaluate stays a node and nothing else is lost. What

@@ -33,8 +33,9 @@ def depth_first_order(graph: Graph) -> list[str]:
 def constants_where_read(graph: Graph, order: list[str]) -> list[str]:
     """`order` with each node computed from weights alone (a constant the fold's bound kept
     as work, a quantized weight's DequantizeLinear) moved to just before its first reader:
-    it then lands in its reader's partition, not the first, whose device would send its
-    output on every request. Moving one shortens its output's life and nothing else."""
+    it then lands in its reader's partition, not the first, where every later partition
+    reading it would have to make it again as it loads. Moving one shortens its output's
+    life and nothing else."""
     position = {name: i for i, name in enumerate(order)}
     constant = graph.constant_nodes
     if not constant:

@@ -10,8 +10,9 @@ step; a pair left split (a user map, a dequantize feeding several partitions, a 
 the devices cannot take) is a `split` step and a note in the plan's reasons.
 
 Likewise a node the fold kept whose inputs are all weights (a `ConstantOfShape` making a
-weight too large to store folded) moves to the one partition reading what it makes: cut
-after it, its partition would send the same weight on every request.
+weight too large to store folded) moves to the one partition reading what it makes: left
+behind, it would run there for no one, and the reader would make the weight again as it
+loads (`submodel.weights_of`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
         else:
             for node, part in moves.items():
                 op = graph.node(node).op_type
-                why = "computed from weights alone, it sends nothing per request" \
+                why = "computed from weights alone, it is made where it is read" \
                     if node in constants and node not in pairs else \
                     "no float copy between them"
                 side = "op it quantizes" if op not in DEQUANTIZE_OPS and node in pairs \
