@@ -296,7 +296,8 @@ class Dispatcher:
             if nxt is not None and not nxt.ended:
                 net = self.networks[nxt.network]
                 assert net is not None
-                if nxt.deadline is not None and net.hopeless(nxt.deadline - now):
+                if nxt.deadline is not None and self.queue.size and \
+                        net.hopeless(nxt.deadline - now):
                     ready.append(nxt)  # no slot: `_after_free` times it out
                     continue
                 self.take_locked(nxt, net)
@@ -306,8 +307,9 @@ class Dispatcher:
 
     def _after_free(self, ready: list[Request]) -> None:
         """Start the requests `_free_locked` gave slots; time out those it found hopeless:
-        too little of their timeout left to run (under overload the oldest would each
-        start just in time to expire running, and every run be wasted)."""
+        too little of their timeout left to run while others wait behind them (under
+        overload the oldest would each start just in time to expire running, and every
+        run be wasted; with no one behind, a run that may yet end in time wastes none)."""
         if self.bus.active:
             self.bus.publish("queue.depth", depth=self.queue.size, active=self.slots_used)
         for nxt in ready:

@@ -103,6 +103,23 @@ def test_an_overloaded_network_keeps_answering_within_its_timeout():
         assert poll(lambda: idle(host))
 
 
+def test_a_request_with_no_one_behind_it_runs_on_whatever_time_it_has_left():
+    """Refusing a queued request short of time spares the runs of those behind it; with
+    none behind, it runs, and may still end in time: its network's runs take 0.6 s on
+    average, give or take 0.3, and this one has 0.9 s left and runs in 0.3."""
+    run_seconds = 0.3
+    with faked("cpu:1", max_active=1) as host:
+        host.add_network("toy", toy_chain())
+        net = host._slots.networks["toy"]  # what its runs took so far, as if measured
+        host.devices["cpu0"].fail = lambda call, feeds: time.sleep(run_seconds) or 0
+        first = host.run("toy", toy_feeds(), inline=False)
+        net.run_seconds, net.run_spread = 2 * run_seconds, run_seconds
+        lone = host.run("toy", toy_feeds(), timeout=4 * run_seconds, inline=False)
+        assert first.exception(timeout=WAIT) is None
+        assert lone.exception(timeout=WAIT) is None
+        assert poll(lambda: idle(host))
+
+
 def test_cancel_queued_request():
     host, gate = gated_toy(max_active=1)
     with host:
