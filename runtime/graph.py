@@ -142,11 +142,13 @@ class Graph:
 
     def is_constant(self, tensor: str) -> bool:
         """A weight, or a tensor made from weights alone: the same every request."""
-        if tensor in self.initializers:
-            return True
-        kind = self.types.get(tensor)
-        return self.producer.get(tensor) in self.constant_nodes and kind is not None and \
-            kind.WhichOneof("value") == "tensor_type"
+        found = self.memo.get("constant_tensors")
+        if found is None:
+            made = (t for n in self.nodes if n.name in self.constant_nodes for t in n.writes
+                    if (kind := self.types.get(t)) is not None
+                    and kind.WhichOneof("value") == "tensor_type")
+            found = self.memo["constant_tensors"] = frozenset([*self.initializers, *made])
+        return tensor in found
 
     def declared_dims(self, names: Iterable[str]) -> dict[str, tuple[Dim, ...] | None]:
         """name -> its declared dimensions (symbolic names kept), None when unknown. A
