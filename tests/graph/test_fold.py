@@ -1,5 +1,6 @@
 """Constant folding at load: nodes over constants alone become initializers before the
-graph is cut, within a memory bound, and the answers stay onnxruntime's."""
+graph is cut, within a memory bound, and the answers stay onnxruntime's. What the bound
+keeps runs where it is read, or is made there as a partition loads: never sent."""
 
 from __future__ import annotations
 
