@@ -5,11 +5,11 @@ the cost model the plan was made with:
 
 - **work**: every node costs at least its time on the fastest device placement allows
   it, W in all; a plan using j >= 2 devices also copies at least one activation if the
-  nodes are connected through activations (graph inputs and weights are no copies, so
-  independent branches may split without one): the cheapest crossing, the fewest bytes
-  any tensor carries at the cheapest receiving end. The devices are busy at least W +
-  that, and the busiest of k at least a k-th of it, plus the fixed cost every partition
-  run pays (the least any device has).
+  nodes are connected through activations (graph inputs, weights and tensors made from
+  weights alone are no copies, so independent branches may split without one): the
+  cheapest crossing, the fewest bytes any tensor carries at the cheapest receiving end.
+  The devices are busy at least W + that, and the busiest of k at least a k-th of it,
+  plus the fixed cost every partition run pays (the least any device has).
 - **confined work**: the nodes placement allows only on some set S of the devices run
   there, each at least as long as on the fastest of S; the busiest of S is busy at least
   a |S|-th of that, plus the least fixed cost in S (for S each set placement allows).
@@ -88,7 +88,7 @@ def lower_bound(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     single = min((t for name, t in whole.items() if by_name[name].memory_bytes >= need),
                  default=None)
     k = len(devices)
-    copy = _cheapest_copy(graph, model, devices) if nx.is_weakly_connected(graph.dag) else 0.0
+    copy = _cheapest_copy(graph, model, devices) if _linked(graph) else 0.0
     spread = (work + copy) / k + min(fixed.values())
     confined, confined_to = _confined(graph, model, by_name, fixed, allowed or {})
     split = max(spread, largest, confined)
@@ -113,9 +113,19 @@ def _confined(graph: Graph, model: CostModel, by_name: Mapping[str, DeviceConfig
     return best
 
 
+def _linked(graph: Graph) -> bool:
+    """Whether every node reaches every other through activations: a tensor made from
+    weights alone links no one, since a partition reading it makes it itself."""
+    linked = nx.Graph((a, b) for a, b, tensors in graph.dag.edges(data="tensors")
+                      if not all(map(graph.is_constant, tensors)))
+    linked.add_nodes_from(graph.dag)
+    return len(linked) > 0 and nx.is_connected(linked)
+
+
 def _cheapest_copy(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig]) -> float:
     """The least one activation crossing to another device costs."""
-    sizes = [graph.tensor_bytes(t) for t in graph.producer if graph.consumers.get(t)]
+    sizes = [graph.tensor_bytes(t) for t in graph.producer
+             if graph.consumers.get(t) and not graph.is_constant(t)]
     if not sizes:
         return 0.0
     return min(model.receive_seconds(min(sizes), d) for d in devices)

@@ -108,8 +108,10 @@ def test_work_only_the_cpus_may_run_lifts_the_bound():
     assert plan.bottleneck_seconds >= bound.seconds
 
 
-def test_branches_that_split_without_a_copy_do_not_lift_the_bound():
-    """Two chains that share only the graph input: a split puts one on each device and
+@pytest.mark.parametrize("made", [False, True])
+def test_branches_that_split_without_a_copy_do_not_lift_the_bound(made):
+    """Two chains that share only the graph input (`made`: and a weight made from weights
+    alone, which a partition reading it makes itself): a split puts one on each device and
     copies nothing, so the bound may not charge a copy (it did, and rose above the plan)."""
     rng = np.random.default_rng()
     nodes, weights = [], []
@@ -121,11 +123,18 @@ def test_branches_that_split_without_a_copy_do_not_lift_the_bound():
             nodes.append(helper.make_node("MatMul", [last, f"w{chain}{i}"], [f"{chain}{i}"],
                                           name=f"mm{chain}{i}"))
             last = f"{chain}{i}"
+    if made:  # both chains' first weight, made by a node (left unfolded below)
+        weights = [w for w in weights if w.name not in ("wa0", "wb0")] + [
+            numpy_helper.from_array(np.array([64, 64], np.int64), "shape")]
+        nodes.insert(0, helper.make_node("ConstantOfShape", ["shape"], ["w0"], name="fill",
+                                         value=numpy_helper.from_array(np.ones(1, np.float32))))
+        for node in nodes:
+            node.input[:] = ["w0" if t in ("wa0", "wb0") else t for t in node.input]
     model = helper.make_model(helper.make_graph(
         nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
         [helper.make_tensor_value_info(f"{c}1", TensorProto.FLOAT, [32, 64]) for c in "ab"],
         weights), opset_imports=[helper.make_opsetid("", 17)])
-    graph = load_graph(model)
+    graph = load_graph(model, fold=not made)
     devices = parse_devices("sim:2")
     roofline = CostModel.roofline(graph)
     bound = lower_bound(graph, roofline, devices)
