@@ -123,12 +123,16 @@ class PartitionEdge:
 
 
 def partition_edges(plan: Plan, outline: Outline) -> list[PartitionEdge]:
+    """What each partition sends another per request: the tensors it makes that the other
+    takes as inputs (not a weight the other makes itself as it loads)."""
     home = {n: p.name for p in plan.partitions for n in p.nodes}
+    inputs = {p.name: frozenset(p.inputs) for p in plan.partitions}
     sizes: dict[tuple[str, str], dict[str, int]] = {}
     for src, dst, tensors in outline.edges:
         if home[src] != home[dst]:
             for t in tensors:
-                sizes.setdefault((home[src], home[dst]), {})[t] = outline.sizes[t]
+                if t in inputs[home[dst]]:
+                    sizes.setdefault((home[src], home[dst]), {})[t] = outline.sizes[t]
     return [PartitionEdge(a, b, sum(ts.values()), len(ts)) for (a, b), ts in sizes.items()]
 
 

@@ -18,6 +18,7 @@ from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import partition
 from runtime.partition.build import build_plan
+from runtime.partition.dot import Outline, partition_edges
 from runtime.partition.order import constants_where_read, model_order
 from runtime.partition.pairs import keep_pairs
 from runtime.partition.record import Recorder, finish, tap
@@ -225,6 +226,8 @@ def test_a_device_that_cannot_make_a_weight_holds_it_made_as_it_loads(maker):
     assert on_sims and {graph.node(n).op_type for p in on_sims for n in p.nodes} == {"MatMul"}
     assert not [t.tensor for t in plan.transfers if t.tensor.startswith("w")]
     assert {w for p in on_sims for w in p.weights} == {f"w{i}" for i in range(6)}
+    fills = {p.name for p in plan.partitions if p.device == "cpu0"}  # the fills alone
+    assert fills and not {e.src for e in partition_edges(plan, Outline.of(graph))} & fills
     x = {"h0": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
     with HostManager(devices) as host:
         host.add_network("made", model, annotations={"ops": {"MatMul": "sim"}},
