@@ -31,8 +31,8 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     device_of = {pname: dname for pname, dname, _ in groups}
     pdag = nx.DiGraph()
     pdag.add_nodes_from(members)
-    for src, dst in graph.dag.edges():
-        if home[src] != home[dst]:
+    for src, dst, tensors in graph.dag.edges(data="tensors"):  # a weight made as a
+        if home[src] != home[dst] and not all(map(graph.is_constant, tensors)):  # load is none
             pdag.add_edge(home[src], home[dst])
     try:
         topo = list(nx.lexicographical_topological_sort(

@@ -12,7 +12,8 @@ the devices cannot take) is a `split` step and a note in the plan's reasons.
 Likewise a node the fold kept whose inputs are all weights (a `ConstantOfShape` making a
 weight too large to store folded) moves to the one partition reading what it makes: left
 behind, it would run there for no one, and the reader would make the weight again as it
-loads (`submodel.weights_of`).
+loads (`submodel.weights_of`). Where it cannot follow (a fallback device makes it), a
+partition left with such nodes alone joins a partition on its device that does work.
 """
 
 from __future__ import annotations
@@ -66,6 +67,39 @@ def _constant_moves(graph: Graph, home: Mapping[str, str], device: Mapping[str, 
     return moves
 
 
+def _idle_constants(graph: Graph, home: Mapping[str, str], device: Mapping[str, str]
+                    ) -> dict[str, str]:
+    """Node -> partition: a partition of nodes computed from weights alone that sends no
+    one anything (each reader makes what they make as it loads) joins the first busy
+    partition on its device, so no request runs it for nothing."""
+    members: dict[str, list[str]] = {}
+    for node, part in home.items():
+        members.setdefault(part, []).append(node)
+    idle = {part for part, nodes in members.items() if all(
+        n in graph.constant_nodes and not any(
+            t in graph.output_set or (not graph.is_constant(t) and any(
+                home[c] != part for c in graph.consumers.get(t, ())))
+            for t in graph.node(n).writes) for n in nodes)}
+    moves: dict[str, str] = {}
+    for part in (p for p in members if p in idle):  # in plan order
+        busy = next((q for q in members if q not in idle and device[q] == device[part]), None)
+        if busy is not None:
+            moves.update(dict.fromkeys(members[part], busy))
+    return moves
+
+
+def _rebuilt(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig], plan: Plan,
+             home: Mapping[str, str], allowed: Mapping[str, frozenset[str]]) -> Plan:
+    """`plan` with its nodes where `home` puts them, checked (PartitionError if not)."""
+    position = {n: i for i, n in enumerate(plan.order or (n.name for n in graph.nodes))}
+    groups = [(p.name, p.device, sorted((n for n, h in home.items() if h == p.name),
+                                        key=position.__getitem__)) for p in plan.partitions]
+    rebuilt = build_plan(graph, model, devices, [g for g in groups if g[2]], mode=plan.mode,
+                         order=plan.order)
+    validate_plan(rebuilt, graph, allowed)
+    return rebuilt
+
+
 def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                plan: Plan, allowed: Mapping[str, frozenset[str]], rec: Recorder, *,
                move: bool = True) -> Steps[tuple[Plan, dict[str, str]]]:
@@ -78,14 +112,8 @@ def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     moves = {**pairs, **constants}
     if moves:
         new_home = {**home, **moves}
-        position = {n: i for i, n in enumerate(plan.order or (n.name for n in graph.nodes))}
-        groups = [(p.name, p.device, sorted((n for n, h in new_home.items() if h == p.name),
-                                            key=position.__getitem__))
-                  for p in plan.partitions]
         try:
-            moved = build_plan(graph, model, devices, [g for g in groups if g[2]],
-                               mode=plan.mode, order=plan.order)
-            validate_plan(moved, graph, allowed)
+            moved = _rebuilt(graph, model, devices, plan, new_home, allowed)
         except PartitionError as exc:
             yield rec.step("split", f"kept quantize/dequantize nodes and nodes computed from "
                            f"weights where the split put them: moving them to the ops they "
@@ -101,6 +129,20 @@ def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                 yield rec.step("move", f"moved {node} ({op}) from {home[node]} to {part} with "
                                f"the {side}: {why}", _index(part), device[part], (node,))
             plan, home = moved, new_home
+    if move and (idle := _idle_constants(graph, home, device)):
+        try:
+            merged = _rebuilt(graph, model, devices, plan, {**home, **idle}, allowed)
+        except PartitionError:
+            pass  # the plan holds as it is; those nodes only run for no one
+        else:
+            for src in dict.fromkeys(home[n] for n in idle):
+                nodes = tuple(n for n in idle if home[n] == src)
+                dst = idle[nodes[0]]
+                yield rec.step("move", f"moved {src}'s {len(nodes)} nodes, computed from "
+                               f"weights alone, to {dst}: every partition reading them makes "
+                               f"what they make as it loads, so {src} would run for no one",
+                               _index(dst), device[dst], nodes)
+            plan, home = merged, {**home, **idle}
     notes = {}
     for a, b in split_pairs(graph, home):
         t = next(t for t in graph.node(a).writes if b in graph.consumers.get(t, ()))

@@ -16,7 +16,7 @@ from runtime.devices import DeviceConfig, parse_devices
 from runtime.fold import FOLD_GROWTH, FOLD_SLACK, fold_constants
 from runtime.graph import load_graph
 from runtime.host import HostManager
-from runtime.partition import partition
+from runtime.partition import partition, partition_steps
 from runtime.partition.build import build_plan
 from runtime.partition.dot import Outline, partition_edges
 from runtime.partition.order import constants_where_read, model_order
@@ -235,6 +235,28 @@ def test_a_device_that_cannot_make_a_weight_holds_it_made_as_it_loads(maker):
         want = _ort(model, x)[0]
         np.testing.assert_allclose(host.infer("made", x)["h6"], want, rtol=1e-4,
                                    atol=1e-4 * np.abs(want).max())
+
+
+def test_a_partition_left_making_weights_for_no_one_joins_one_that_works():
+    """The fills a fallback device makes for accelerators that make their weights as they
+    load send nothing: they join the device's partition that does work, and no request
+    runs a partition for no one."""
+    model = _made_weights(4)
+    model.graph.node.append(helper.make_node("Softmax", ["h4"], ["p"], name="softmax"))
+    model.graph.output[0].name = "p"
+    graph = load_graph(model)
+    devices = parse_devices("cpu:1,sim:2:ops=MatMul")
+    annotations = {"ops": {"MatMul": "sim"}}
+    steps = list(partition_steps(graph, devices, annotations=annotations, fallback="cpu0"))
+    plan = partition(graph, devices, annotations=annotations, fallback="cpu0")
+    [on_cpu] = [p for p in plan.partitions if p.device == "cpu0"]
+    assert set(on_cpu.nodes) == {"softmax", *(f"fill{i}" for i in range(4))}
+    assert any(s.kind == "move" and "would run for no one" in s.reason for s in steps)
+    x = {"h0": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
+    with HostManager(devices) as host:
+        host.add_network("made", model, annotations=annotations, fallback="cpu0")
+        np.testing.assert_allclose(host.infer("made", x)["p"], _ort(model, x)[0], rtol=1e-5,
+                                   atol=1e-7)
 
 
 def test_a_sequence_made_from_weights_is_copied_a_tensor_made_from_it_is_held():
