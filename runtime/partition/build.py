@@ -31,8 +31,9 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
     device_of = {pname: dname for pname, dname, _ in groups}
     pdag = nx.DiGraph()
     pdag.add_nodes_from(members)
-    for src, dst, tensors in graph.dag.edges(data="tensors"):  # a weight made as a
-        if home[src] != home[dst] and not all(map(graph.is_constant, tensors)):  # load is none
+    # partitions wait for what they take as inputs: not a weight they make as they load
+    for src, dst, tensors in graph.dag.edges(data="tensors"):
+        if home[src] != home[dst] and not all(map(graph.is_constant, tensors)):
             pdag.add_edge(home[src], home[dst])
     try:
         topo = list(nx.lexicographical_topological_sort(
