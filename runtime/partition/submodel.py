@@ -69,9 +69,11 @@ def _made_from_weights(graph: Graph, partition: Partition, tensors: list[str]
     return {t: numpy_helper.from_array(v, t) for t, v in zip(tensors, values, strict=True)}
 
 
-def extract(graph: Graph, partition: Partition, held: Held | None = None) -> onnx.ModelProto:
+def extract(graph: Graph, partition: Partition, held: Held | None = None,
+            weights: list[onnx.TensorProto] | None = None) -> onnx.ModelProto:
     """A self-contained model running `partition`'s nodes, in order, on its inputs;
-    `held`: its weights held beside it as it is made, none of them copied into it."""
+    `held`: its weights held beside it as it is made, none of them copied into it;
+    `weights`: its `weights_of`, when the caller has them already."""
     source = graph.model
     nodes = [graph.node(n) for n in partition.nodes]
     protos = [source.graph.node[n.index] for n in nodes]
@@ -84,7 +86,7 @@ def extract(graph: Graph, partition: Partition, held: Held | None = None) -> onn
     sub.node.extend(protos)
     sub.input.extend(_value_info(graph, partition, t, required=True) for t in partition.inputs)
     sub.output.extend(_value_info(graph, partition, t, required=False) for t in outputs)
-    weights = weights_of(graph, partition)
+    weights = weights_of(graph, partition) if weights is None else weights
     sub.initializer.extend(weights if held is None else map(held.take, weights))
     model.opset_import.extend(source.opset_import)
     model.functions.extend(source.functions)

@@ -59,8 +59,9 @@ def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
 
 
 def _program(graph: Graph, partition: Partition, arena: int) -> Program:
-    held = Held.over(weights_of(graph, partition))
-    return Program.of(extract(graph, partition, held), partition.weight_bytes, arena,
+    weights = weights_of(graph, partition)  # made once, where a partition makes some
+    held = Held.over(weights)
+    return Program.of(extract(graph, partition, held, weights), partition.weight_bytes, arena,
                       partition.stage_seconds, held)
 
 
