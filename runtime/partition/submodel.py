@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import networkx as nx
 import onnx
 from onnx import numpy_helper
 
@@ -49,14 +50,8 @@ def _made_from_weights(graph: Graph, partition: Partition, tensors: list[str]
     """`tensors`, made from weights alone by nodes of other partitions, computed on the
     host by onnxruntime: its device may not run those nodes (a fallback plan), and a
     copy on every request would send the same bytes each time."""
-    needed: set[str] = set()
-    stack = [graph.producer[t] for t in tensors]
-    while stack:
-        name = stack.pop()
-        if name not in needed:
-            needed.add(name)
-            stack.extend(graph.producer[t] for t in graph.node(name).reads
-                         if t in graph.producer)
+    makers = {graph.producer[t] for t in tensors}
+    needed = makers.union(*(nx.ancestors(graph.dag, n) for n in makers))
     maker = replace(partition, name=f"{partition.name}-weights", inputs=(), weights=(),
                     nodes=tuple(n.name for n in graph.nodes if n.name in needed),
                     outputs=tuple(tensors))
