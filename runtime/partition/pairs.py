@@ -67,24 +67,18 @@ def _constant_moves(graph: Graph, home: Mapping[str, str], device: Mapping[str, 
     return moves
 
 
-def _idle_constants(graph: Graph, home: Mapping[str, str], device: Mapping[str, str]
-                    ) -> dict[str, str]:
+def _idle_constants(graph: Graph, plan: Plan) -> dict[str, str]:
     """Node -> partition: a partition of nodes computed from weights alone that sends no
-    one anything (each reader makes what they make as it loads) joins the first busy
-    partition on its device, so no request runs it for nothing."""
-    members: dict[str, list[str]] = {}
-    for node, part in home.items():
-        members.setdefault(part, []).append(node)
-    idle = {part for part, nodes in members.items() if all(
-        n in graph.constant_nodes and not any(
-            t in graph.output_set or (not graph.is_constant(t) and any(
-                home[c] != part for c in graph.consumers.get(t, ())))
-            for t in graph.node(n).writes) for n in nodes)}
+    one anything (no outputs: each reader makes what they make as it loads) joins the
+    first busy partition on its device, so no request runs it for nothing."""
+    idle = {p.name for p in plan.partitions
+            if not p.outputs and all(n in graph.constant_nodes for n in p.nodes)}
     moves: dict[str, str] = {}
-    for part in (p for p in members if p in idle):  # in plan order
-        busy = next((q for q in members if q not in idle and device[q] == device[part]), None)
+    for part in (p for p in plan.partitions if p.name in idle):  # in plan order
+        busy = next((q.name for q in plan.partitions
+                     if q.name not in idle and q.device == part.device), None)
         if busy is not None:
-            moves.update(dict.fromkeys(members[part], busy))
+            moves.update(dict.fromkeys(part.nodes, busy))
     return moves
 
 
@@ -129,7 +123,7 @@ def keep_pairs(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
                 yield rec.step("move", f"moved {node} ({op}) from {home[node]} to {part} with "
                                f"the {side}: {why}", _index(part), device[part], (node,))
             plan, home = moved, new_home
-    if move and (idle := _idle_constants(graph, home, device)):
+    if move and (idle := _idle_constants(graph, plan)):
         try:
             merged = _rebuilt(graph, model, devices, plan, {**home, **idle}, allowed)
         except PartitionError:
