@@ -33,7 +33,7 @@ from runtime.graph import Graph
 from runtime.versions import installed, versions
 
 CACHE_ENV = "PRISM_CACHE_DIR"
-FORMAT = 1
+FORMAT = 2  # 2: a node computed from weights alone takes no share of its run's time
 
 
 def cache_dir() -> Path:

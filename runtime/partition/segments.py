@@ -4,9 +4,11 @@ A segment [a, b) holds the nodes at positions a..b-1 of the order and runs on on
 device. Its time is the device's roofline time for its nodes plus its own end of each
 copy (`cost.transfer_seconds`): one in for every activation made before `a` and read
 inside, one out for every activation made inside and read at or after `b` (free for a
-device working in host memory). Time thus depends on the segment's bounds and device
-alone, which keeps the windowed dynamic programme in `balanced` exact. Memory only
-grows when a segment grows at either end, which is what makes greedy filling exact.
+device working in host memory). A tensor made from weights alone crosses no cut: the
+segments reading it make it as they load (`Graph.is_constant`). Time thus depends on
+the segment's bounds and device alone, which keeps the windowed dynamic programme in
+`balanced` exact. Memory only grows when a segment grows at either end, which is what
+makes greedy filling exact.
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ class Segments:
         self.n = len(self.order)
         position = {name: i for i, name in enumerate(self.order)}
         # Per position: (tensor, bytes, prev) for every activation read there that some
-        # node made; prev = the later of its producer and its previous reader.
+        # node made; prev = the later of its producer and its previous reader. A tensor
+        # made from weights alone is no activation: its readers make it as they load.
         self.reads_at: list[list[tuple[str, int, int]]] = []
         last_seen: dict[str, int] = {}
         for i, node in enumerate(self.nodes):
             entries = []
             for t in node.reads:
-                if t in graph.producer:
+                if t in graph.producer and not graph.is_constant(t):
                     prev = last_seen.get(t, position[graph.producer[t]])
                     entries.append((t, graph.tensor_bytes(t), prev))
                     last_seen[t] = i

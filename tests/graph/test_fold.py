@@ -22,11 +22,13 @@ from runtime.partition.dot import Outline, partition_edges
 from runtime.partition.order import constants_where_read, model_order
 from runtime.partition.pairs import keep_pairs
 from runtime.partition.record import Recorder, finish, tap
+from runtime.partition.segments import Segments
 from tests.support.weights import (
     SHARED_MAP,
     WIDTH,
     feeds,
     identity_weights_chain,
+    made_weights,
     shared_weight_chain,
 )
 
@@ -130,25 +132,9 @@ def test_a_fold_that_would_inflate_memory_past_the_bound_keeps_its_node():
     np.testing.assert_array_equal(_ort(kept, x)[0], x["x"] + np.float32(1.5))
 
 
-def _made_weights(layers: int, width: int = 256) -> onnx.ModelProto:
-    """x @ w0 @ w1 ...: each weight a ConstantOfShape of a tiny shape, all of them first
-    in the file and not in the order they are read (as in onnx's light model-zoo models):
-    past the fold's bound, so they stay nodes."""
-    shape = numpy_helper.from_array(np.array([width, width], np.int64), "shape")
-    fills = [helper.make_node("ConstantOfShape", ["shape"], [f"w{i}"], name=f"fill{i}",
-                              value=numpy_helper.from_array(np.array([1 / width], np.float32)))
-             for i in reversed(range(layers))]
-    matmuls = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"], name=f"mm{i}")
-               for i in range(layers)]
-    x = helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", width])
-    y = helper.make_tensor_value_info(f"h{layers}", TensorProto.FLOAT, ["N", width])
-    return helper.make_model(helper.make_graph(fills + matmuls, "made", [x], [y], [shape]),
-                             opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_a_constant_the_bound_keeps_runs_in_the_partition_that_reads_it():
     """Not in the first partition, whose device would send it on every request."""
-    model = _made_weights(8)
+    model = made_weights(8)
     graph = load_graph(model)
     assert len(graph.folded.kept) == 8
     devices = parse_devices("sim:4")
@@ -169,7 +155,7 @@ def test_a_cut_after_a_constant_the_bound_keeps_moves_it_to_its_reader():
     it moves to its reader's partition, a chain of them whole, rather than the reader's
     partition making the weight again as it loads. (light_resnet50 on cpu:2,sim:2 sent a
     147 KB weight on every request so.)"""
-    model = _made_weights(4)
+    model = made_weights(4)
     fill = next(n for n in model.graph.node if n.name == "fill0")  # w0 = Relu(Cast(fill0))
     fill.output[0] = "w0_fill"
     model.graph.node.insert(4, helper.make_node("Cast", ["w0_fill"], ["w0_cast"], name="cast",
@@ -203,12 +189,22 @@ def test_a_cut_after_a_constant_the_bound_keeps_moves_it_to_its_reader():
         np.testing.assert_allclose(host.infer("made", x)["h4"], _ort(model, x)[0], rtol=1e-5)
 
 
+def test_a_split_is_costed_without_copies_of_weights_made_before_it():
+    """A stretch reading a weight an earlier stretch's node made is charged no copy for
+    it, in or out: the stretch makes it as it loads, as the plan built from it does."""
+    graph = load_graph(made_weights(4))
+    order = model_order(graph)  # the fills first, as the file has them
+    seg = Segments(graph, CostModel.roofline(graph), order)
+    cut = order.index("mm2")
+    assert set(seg.incoming(cut, len(order))) == set(seg.outgoing(0, cut)) == {"h2"}
+
+
 @pytest.mark.parametrize("maker", ["ConstantOfShape", "DequantizeLinear"])
 def test_a_device_that_cannot_make_a_weight_holds_it_made_as_it_loads(maker):
     """Accelerators that run MatMul alone, a cpu fallback making each weight (a kept
     ConstantOfShape, an int8 weight's DequantizeLinear): each accelerator's partition
     holds the weights it reads, made on the host as it loads, and no request sends one."""
-    model = _made_weights(6)
+    model = made_weights(6)
     if maker == "DequantizeLinear":
         rng = np.random.default_rng()
         for node in [n for n in model.graph.node if n.op_type == "ConstantOfShape"]:
@@ -241,7 +237,7 @@ def test_a_partition_left_making_weights_for_no_one_joins_one_that_works():
     """The fills a fallback device makes for accelerators that make their weights as they
     load send nothing: they join the device's partition that does work, and no request
     runs a partition for no one."""
-    model = _made_weights(4)
+    model = made_weights(4)
     model.graph.node.append(helper.make_node("Softmax", ["h4"], ["p"], name="softmax"))
     model.graph.output[0].name = "p"
     graph = load_graph(model)

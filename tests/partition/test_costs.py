@@ -25,6 +25,7 @@ from runtime.partition.measure import calibration_feeds, measure_nodes, refined
 from runtime.partition.planning import COSTS_ENV, live_costs, plan_network
 from tests.support.dags import SAMPLES_DIR
 from tests.support.hosts import toy_chain
+from tests.support.weights import made_weights
 
 CNN = SAMPLES_DIR / "cnn.onnx"
 NO_HOPS: dict[str, float] = {}  # keep the machine's dispatch probe out of unit tests
@@ -182,6 +183,22 @@ def test_refined_scales_each_partition_to_what_it_measured():
         total = better.run_seconds(devices[0]) + sum(better.node_seconds(n, devices[0])
                                                      for n in p.nodes)
         assert total == pytest.approx(measured[p.name])
+
+
+def test_a_node_made_from_weights_alone_takes_no_share_of_a_run(cache):
+    """onnxruntime folds what the fold's bound kept (each weight's ConstantOfShape) as a
+    session loads, so no run holds its time: it costs nothing, timed or re-planned live,
+    and the MatMuls reading the weights hold all their runs' time."""
+    graph = load_graph(made_weights(4))
+    device = DeviceConfig(name="cpu0")
+    timed = measure_nodes(graph, device)
+    assert timed is not None and graph.constant_nodes == {f"fill{i}" for i in range(4)}
+    assert [timed.nodes[f"fill{i}"] for i in range(4)] == [0.0] * 4
+    assert all(timed.nodes[f"mm{i}"] > 0 for i in range(4))
+    plan = partition(graph, parse_devices("cpu:2"), "balanced")
+    live = live_costs(graph, plan, {p.name: 1e-4 for p in plan.partitions}, hops=NO_HOPS,
+                      cache=cache)
+    assert [live.node_seconds(f"fill{i}", device) for i in range(4)] == [0.0] * 4
 
 
 def test_live_run_times_feed_the_next_plan(cache):

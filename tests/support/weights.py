@@ -1,5 +1,6 @@
-"""Small models about weights: one weight two partitions read, and weights behind
-`Identity` and `Constant` nodes as PyTorch's legacy exporter leaves them.
+"""Small models about weights: one weight two partitions read, weights behind
+`Identity` and `Constant` nodes as PyTorch's legacy exporter leaves them, and weights
+made by nodes the fold's bound keeps (`made_weights`).
 
     model = shared_weight_chain()          # x -> MatMul(w) -> Relu -> MatMul(w) -> y
     plan = host.add_network("s", model, partition=SHARED_MAP)   # the two MatMuls apart
@@ -61,3 +62,19 @@ def identity_weights_chain(seed: int = 0) -> onnx.ModelProto:
 def feeds(batch: int = 2, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
     rng = rng or np.random.default_rng()
     return {"x": rng.standard_normal((batch, WIDTH)).astype(np.float32)}
+
+
+def made_weights(layers: int, width: int = 256) -> onnx.ModelProto:
+    """x @ w0 @ w1 ...: each weight a ConstantOfShape of a tiny shape, all of them first
+    in the file and not in the order they are read (as in onnx's light model-zoo models):
+    past the fold's bound, so they stay nodes."""
+    shape = numpy_helper.from_array(np.array([width, width], np.int64), "shape")
+    fills = [helper.make_node("ConstantOfShape", ["shape"], [f"w{i}"], name=f"fill{i}",
+                              value=numpy_helper.from_array(np.array([1 / width], np.float32)))
+             for i in reversed(range(layers))]
+    matmuls = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"], name=f"mm{i}")
+               for i in range(layers)]
+    x = helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", width])
+    y = helper.make_tensor_value_info(f"h{layers}", TensorProto.FLOAT, ["N", width])
+    return helper.make_model(helper.make_graph(fills + matmuls, "made", [x], [y], [shape]),
+                             opset_imports=[helper.make_opsetid("", 17)])
