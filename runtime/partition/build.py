@@ -77,14 +77,12 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
         inside = set(members[pname])
         inputs = dict.fromkeys(t for n in nodes for t in n.reads
                                if t not in made and not graph.is_constant(t))
-        load_made = (t for n in nodes for t in n.reads if t not in made
-                     and not graph.is_weight(t) and graph.is_constant(t))
         outputs = dict.fromkeys(t for n in nodes for t in n.writes if t in graph.output_set or (
             not graph.is_constant(t) and any(c not in inside for c in graph.consumers.get(t, ()))))
         partitions.append(Partition(
             name=pname, nodes=tuple(members[pname]), device=dev.name, backend=dev.backend,
             inputs=tuple(inputs), outputs=tuple(outputs),
-            weights=tuple(dict.fromkeys([*weight_names(graph, nodes), *load_made])),
+            weights=tuple(weight_names(graph, nodes)),
             weight_bytes=weight_bytes(graph, nodes),
             activation_bytes=peak_activation_bytes(graph, nodes),
             est_seconds=model.run_seconds(dev) + sum(model.node_seconds(n.name, dev)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import numpy as np
 
@@ -10,25 +10,38 @@ from runtime.graph import Graph, Node
 from runtime.precision import held_bytes
 
 
+def held_as_weight(graph: Graph, tensor: str, inside: Container[str]) -> bool:
+    """Is the tensor a weight of the nodes `inside`: an initializer, or a tensor made
+    from weights alone by a node elsewhere, which they make as they load
+    (`submodel.weights_of`) and hold as onnxruntime holds an initializer?"""
+    return graph.is_weight(tensor) or (graph.is_constant(tensor)
+                                       and graph.producer[tensor] not in inside)
+
+
 def live_intervals(graph: Graph, nodes: Sequence[Node]) -> dict[str, tuple[int, int]]:
     """Tensor -> (first step, last step) it occupies memory, weights excluded.
 
     Inputs from outside live from step 0 to their last reader; a tensor made here lives
-    from its producer to its last reader here, or to the end if anything outside reads
-    it or it is a graph output.
+    from its producer to its last reader here, or to the end if it is a graph output or
+    anything outside reads it. A tensor made from weights alone that is no graph output
+    is not kept for readers elsewhere (each makes its own as it loads), and one nothing
+    here reads is not held at all (onnxruntime drops the nodes making it).
     """
     inside = {n.name for n in nodes}
     end = len(nodes) - 1
     spans: dict[str, list[int]] = {}
     for step, node in enumerate(nodes):
         for t in node.reads:
-            if not graph.is_weight(t):
+            if not held_as_weight(graph, t, inside):
                 span = spans.setdefault(t, [0, step])
                 span[1] = max(span[1], step)
         for t in node.writes:
-            leaves = t in graph.output_set or any(
-                c not in inside for c in graph.consumers.get(t, ()))
-            spans[t] = [step, end if leaves else step]
+            readers = graph.consumers.get(t, ())
+            if t in graph.output_set or not graph.is_constant(t):
+                spans[t] = [step, end if t in graph.output_set or any(
+                    c not in inside for c in readers) else step]
+            elif any(c in inside for c in readers):
+                spans[t] = [step, step]
     return {t: (s, e) for t, (s, e) in spans.items()}
 
 
@@ -44,7 +57,9 @@ def peak_activation_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
 
 
 def weight_names(graph: Graph, nodes: Sequence[Node]) -> list[str]:
-    return list(dict.fromkeys(t for n in nodes for t in n.reads if graph.is_weight(t)))
+    inside = {n.name for n in nodes}
+    return list(dict.fromkeys(t for n in nodes for t in n.reads
+                              if held_as_weight(graph, t, inside)))
 
 
 def weight_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
@@ -58,8 +73,11 @@ class StretchMemory:
 
     The stretch's liveness as `live_intervals` reads it: a tensor made at p lives to the
     end if the graph outputs it or a node at or after b reads it, else to its last reader
-    (p if none reads it); an activation made before a, or a graph input, lives from a to
-    its last reader before b. Weights count once each, whoever reads them.
+    (p if none reads it); one made from weights alone, to its last reader before b (not
+    held if none). An
+    activation made before a, or a graph input, lives from a to its last reader before b.
+    Weights count once each, whoever reads them, and so does a tensor made from weights
+    alone before a (`held_as_weight`).
     """
 
     def __init__(self, graph: Graph, nodes: Sequence[Node]):
@@ -86,6 +104,12 @@ class StretchMemory:
             for t in names], dtype=np.int64)
         self.last_read = self.last_reader.copy()
         self.last_read[[ids[t] for t in names if graph.is_weight(t)]] = -1
+        # made from weights alone: a weight of a stretch its producer is not in, an
+        # activation of one it is in, that no reader after the stretch keeps
+        self.loaded = np.array([graph.is_constant(t) and not graph.is_weight(t)
+                                for t in names], dtype=bool)
+        self.stays = self.loaded & (self.last_reader < len(nodes))
+        self.loaded_size = np.array([graph.tensor_bytes(t) for t in names], dtype=np.float64)
         self.read_at, self.read_id = _columns(reads)
         self.weight_at, self.weight_id = _columns(weight_reads)
         self.made_at, self.made_id = _columns(made)
@@ -106,20 +130,30 @@ class StretchMemory:
     def _split(self, a: int, b: int) -> tuple[int, int, int]:
         w0, w1 = np.searchsorted(self.weight_at, (a, b))
         weights = self.size[np.unique(self.weight_id[w0:w1])].sum()
+        r0, r1 = np.searchsorted(self.read_at, (a, b))
+        read, last = np.unique(self.read_id[r0:r1][::-1], return_index=True)
+        last_at = self.read_at[r0:r1][::-1][last]  # each tensor's last read before b
         m0, m1 = np.searchsorted(self.made_at, (a, b))
         made, at = self.made_id[m0:m1], self.made_at[m0:m1]
         end = np.where(self.last_reader[made] >= b, b - 1,
                        np.maximum(at, self.last_read[made]))
-        r0, r1 = np.searchsorted(self.read_at, (a, b))
-        ids, where = self.read_id[r0:r1][::-1], self.read_at[r0:r1][::-1]
-        outside = self.producer[ids] < a
-        held, last = np.unique(ids[outside], return_index=True)  # last read before b
-        starts = np.concatenate([at - a, np.zeros(len(held), dtype=np.int64)])
-        ends = np.concatenate([end, where[outside][last]]) - a + 1
-        sizes = np.concatenate([self.size[made], self.size[held]])
+        stays = self.stays[made]
+        if stays.any():  # to its last read inside; not held (ends before it starts) if none
+            kept, k = made[stays], np.searchsorted(read, made[stays])
+            hit = k < len(read)
+            hit[hit] = read[k[hit]] == kept[hit]
+            end[stays] = np.where(hit, last_at[np.where(hit, k, 0)] if len(read) else 0,
+                                  at[stays] - 1)
+        outside = self.producer[read] < a
+        loaded = outside & self.loaded[read]
+        weights += self.loaded_size[read[loaded]].sum()
+        held = outside & ~loaded
+        starts = np.concatenate([at - a, np.zeros(int(held.sum()), dtype=np.int64)])
+        ends = np.concatenate([end, last_at[held]]) - a + 1
+        sizes = np.concatenate([self.size[made], self.size[read[held]]])
         m = b - a + 1
         live = np.cumsum(np.bincount(starts, sizes, m) - np.bincount(ends, sizes, m))
-        return int(weights), int(live.max()), int(self.size[held].sum())
+        return int(weights), int(live.max()), int(self.size[read[held]].sum())
 
 
 def _columns(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

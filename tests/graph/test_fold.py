@@ -222,6 +222,9 @@ def test_a_device_that_cannot_make_a_weight_holds_it_made_as_it_loads(maker):
     assert on_sims and {graph.node(n).op_type for p in on_sims for n in p.nodes} == {"MatMul"}
     assert not [t.tensor for t in plan.transfers if t.tensor.startswith("w")]
     assert {w for p in on_sims for w in p.weights} == {f"w{i}" for i in range(6)}
+    weight = 256 * 256 * 4  # held as a weight, not an activation, on the device reading it
+    assert sum(p.weight_bytes for p in on_sims) == 6 * weight
+    assert all(p.activation_bytes < weight for p in on_sims)
     fills = {p.name for p in plan.partitions if p.device == "cpu0"}  # the fills alone
     assert fills and not {e.src for e in partition_edges(plan, Outline.of(graph))} & fills
     x = {"h0": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
@@ -247,6 +250,7 @@ def test_a_partition_left_making_weights_for_no_one_joins_one_that_works():
     plan = partition(graph, devices, annotations=annotations, fallback="cpu0")
     [on_cpu] = [p for p in plan.partitions if p.device == "cpu0"]
     assert set(on_cpu.nodes) == {"softmax", *(f"fill{i}" for i in range(4))}
+    assert on_cpu.activation_bytes < 256 * 256 * 4  # it holds no weight for the others
     assert any(s.kind == "move" and "would run for no one" in s.reason for s in steps)
     x = {"h0": np.random.default_rng().standard_normal((3, 256)).astype(np.float32)}
     with HostManager(devices) as host:

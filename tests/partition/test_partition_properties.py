@@ -55,6 +55,7 @@ from tests.support.dags import (
     sample_graph,
     total_bytes,
 )
+from tests.support.weights import made_weights
 
 
 def groups(plan: Plan) -> set[tuple[frozenset, str]]:
@@ -557,6 +558,30 @@ def test_stretch_memory_counts_as_liveness_does_on_every_stretch(data):
         for b in range(a, len(nodes) + 1):
             walked = weight_bytes(graph, nodes[a:b]) + peak_activation_bytes(graph, nodes[a:b])
             assert stretch(a, b) == walked, (a, b)
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_weight_made_before_a_stretch_is_one_of_its_weights(seed):
+    """A tensor made from weights alone before a stretch is a weight of it (the stretch
+    makes it as it loads), counted once and whole, as `liveness` counts walking it."""
+    graph = load_graph(made_weights(5))
+    assert len(graph.constant_nodes) == 5  # the fold keeps the fills
+    rng = Rand(seed)
+    rank = {n.name: rng.int(0, 1000) for n in graph.nodes}
+    order = list(nx.lexicographical_topological_sort(graph.dag, key=rank.__getitem__))
+    nodes = [graph.node(n) for n in order]
+    stretch = StretchMemory(graph, nodes)
+    for a in range(len(nodes)):
+        before = {m.name for m in nodes[:a]}
+        for b in range(a + 1, len(nodes) + 1):
+            inside = nodes[a:b]
+            held = {t for n in inside for t in n.reads
+                    if graph.is_weight(t) or (graph.is_constant(t) and graph.producer[t] in before)}
+            weights = weight_bytes(graph, inside)
+            assert weights == sum(map(graph.tensor_bytes, held)), (a, b)
+            assert stretch.split(a, b)[0] == weights, (a, b)
+            assert stretch(a, b) == weights + peak_activation_bytes(graph, inside), (a, b)
 
 
 @settings(max_examples=60)
