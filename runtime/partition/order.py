@@ -59,11 +59,12 @@ def constants_where_read(graph: Graph, order: list[str]) -> list[str]:
 
 
 def cut_bytes(graph: Graph, order: list[str]) -> np.ndarray:
-    """cut[i] = bytes of activations made before position i and read at or after it."""
+    """cut[i] = bytes of activations made before position i and read at or after it (not
+    a tensor made from weights alone: no cut carries it)."""
     position = {name: i for i, name in enumerate(order)}
     diff = np.zeros(len(order) + 1, dtype=np.float64)
     for t, producer in graph.producer.items():
-        readers = [position[c] for c in graph.consumers.get(t, ())]
+        readers = [] if graph.is_constant(t) else [position[c] for c in graph.consumers.get(t, ())]
         if readers:
             start, stop = position[producer] + 1, max(readers)
             if stop >= start:

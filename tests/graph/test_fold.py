@@ -19,7 +19,7 @@ from runtime.host import HostManager
 from runtime.partition import partition, partition_steps
 from runtime.partition.build import build_plan
 from runtime.partition.dot import Outline, partition_edges
-from runtime.partition.order import constants_where_read, model_order
+from runtime.partition.order import constants_where_read, cut_bytes, model_order
 from runtime.partition.pairs import keep_pairs
 from runtime.partition.record import Recorder, finish, tap
 from runtime.partition.segments import Segments
@@ -197,6 +197,7 @@ def test_a_split_is_costed_without_copies_of_weights_made_before_it():
     seg = Segments(graph, CostModel.roofline(graph), order)
     cut = order.index("mm2")
     assert set(seg.incoming(cut, len(order))) == set(seg.outgoing(0, cut)) == {"h2"}
+    assert cut_bytes(graph, order)[cut] == graph.tensor_bytes("h2")  # as orders are chosen
 
 
 @pytest.mark.parametrize("maker", ["ConstantOfShape", "DequantizeLinear"])
