@@ -4,7 +4,10 @@ FLOPs follow the usual counts (a multiply-add is 2). Ops without a rule, includi
 subgraph nodes If, Loop and Scan, cost one FLOP per output element. Bytes read include
 weights (initializers); Constant outputs count as activations, never twice. Work in an
 int8 node (`runtime.precision`) runs at the device's `int8_ops`, and a QDQ node reads
-its dequantized inputs at their quantized size, as the fused kernel does.
+its dequantized inputs at their quantized size, as the fused kernel does. A node
+computed from weights alone (`Graph.constant_nodes`) takes no time a run: a device
+compiling its program folds it as it loads (onnxruntime does, and so would a `sim`
+accelerator's compiler); only the `reference` evaluator runs every node every time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class NodeCost:
     bytes_written: int
     weight_bytes: int
     precision: str | None = None  # `float`, `int8`, or None (moves integers)
+    folded: bool = False  # computed from weights alone: made once, as its program loads
 
     @property
     def bytes_moved(self) -> int:
@@ -133,7 +137,8 @@ def node_cost(graph: Graph, node: Node) -> NodeCost:
     size = (lambda t: stored_bytes(graph, t)) if precision == "int8" else graph.tensor_bytes
     read = sum(size(t) for t in node.reads)
     written = sum(graph.tensor_bytes(t) for t in node.writes)
-    return NodeCost(flops, read, written, weights, precision)
+    return NodeCost(flops, read, written, weights, precision,
+                    node.name in graph.constant_nodes)
 
 
 def graph_costs(graph: Graph) -> dict[str, NodeCost]:
@@ -142,12 +147,16 @@ def graph_costs(graph: Graph) -> dict[str, NodeCost]:
 
 def device_seconds(cost: NodeCost, device: DeviceConfig) -> float:
     """Roofline: the slower of compute (at the node's precision) and memory traffic, plus a
-    fixed launch cost."""
+    fixed launch cost; nothing for a node the device's program folds."""
+    if cost.folded and device.backend not in EVERY_NODE_EVERY_RUN:
+        return 0.0
     peak = device.int8_ops if cost.precision == "int8" else device.peak_flops
     return max(cost.flops / peak,
                cost.bytes_moved / device.mem_bandwidth) + device.launch_seconds
 
 
+# Backends that run every node on every run, folding nothing (onnx's reference evaluator).
+EVERY_NODE_EVERY_RUN = frozenset({"reference"})
 # Backends whose tensors live in host memory: a copy out of them has nothing to send.
 HOST_MEMORY_BACKENDS = frozenset({"cpu", "reference"})
 

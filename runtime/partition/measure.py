@@ -8,9 +8,8 @@ Per node: the model order is cut into contiguous chunks (about `CHUNKS`, of even
 roofline time); each chunk is extracted as a partition would be, loaded in a session,
 fed the values the chunks before it made, and run until `BUDGET` seconds or `MAX_RUNS`
 runs have passed; its median time, less the fixed cost of a run (timed on a one-node
-model), is shared among its nodes in proportion to their roofline times (`kernel_seconds`:
-none to a node computed from weights alone, which onnxruntime folds as the session loads,
-so no run holds its time). A partition
+model), is shared among its nodes in proportion to their roofline times (none to a node
+computed from weights alone, which onnxruntime folds as the session loads). A partition
 then costs that fixed cost plus the sum of its nodes, and fusions onnxruntime makes
 inside a chunk are in its time. `refined` closes the loop on a plan: each partition's
 own sub-model is timed and its nodes scaled so they sum to what it measured.
@@ -102,14 +101,6 @@ def _chunks(graph: Graph, model: CostModel, device: DeviceConfig) -> list[list[s
     return [names[a:b] for a, b in itertools.pairwise(cuts) if b > a]
 
 
-def kernel_seconds(graph: Graph, model: CostModel, device: DeviceConfig,
-                   nodes: Sequence[str]) -> np.ndarray:
-    """The nodes' seconds on the device by the model, 0 for those computed from weights
-    alone (`Graph.constant_nodes`): what a run of them spends in each node's kernel."""
-    return np.array([0.0 if n in graph.constant_nodes else model.node_seconds(n, device)
-                     for n in nodes])
-
-
 def _as_partitions(graph: Graph, device: DeviceConfig, groups: Sequence[Sequence[str]]
                    ) -> list[Partition]:
     """Runs of nodes as the partitions a plan on one device would make of them."""
@@ -160,7 +151,7 @@ def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | No
         return None
     nodes: dict[str, float] = {}
     for part in parts:
-        shares = kernel_seconds(graph, roofline, device, part.nodes)
+        shares = np.array([roofline.node_seconds(n, device) for n in part.nodes])
         kernels = max(seconds[part.name] - overhead, 0.0)
         total = shares.sum()
         nodes.update(zip(part.nodes, (kernels * shares / total if total else shares).tolist(),

@@ -27,13 +27,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.errors import PrismError
 from runtime.graph import Graph
 from runtime.partition import MODES, Plan, partition_steps
-from runtime.partition.measure import (
-    Progress,
-    kernel_seconds,
-    measure_nodes,
-    refined,
-    time_partitions,
-)
+from runtime.partition.measure import Progress, measure_nodes, refined, time_partitions
 from runtime.partition.record import finish, tap
 from runtime.partition.replicas import planned_over
 from runtime.partition.steps import Step
@@ -202,9 +196,8 @@ def live_costs(graph: Graph, plan: Plan, seconds: Mapping[str, float],
     for device in plan.devices:
         kind = kind_of(device)
         if kind is not None and kind not in timings:
-            names = [n.name for n in graph.nodes]
-            timings[kind] = Timings(dict(zip(names, kernel_seconds(graph, roofline, device,
-                                                                   names).tolist(), strict=True)))
+            timings[kind] = Timings({n.name: roofline.node_seconds(n.name, device)
+                                     for n in graph.nodes})
     hops = dict(hops) if hops is not None else cpu_hops(plan.devices, cache)
     scaled = refined(CostModel(base.costs, timings, hops), plan, seconds)
     return CostModel(scaled.costs, {kind: Timings(t.nodes, t.run_seconds, "live")

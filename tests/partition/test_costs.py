@@ -185,6 +185,17 @@ def test_refined_scales_each_partition_to_what_it_measured():
         assert total == pytest.approx(measured[p.name])
 
 
+@pytest.mark.parametrize("spec, folds", [("cpu:1", True), ("sim:1", True),
+                                         ("reference:1", False)])
+def test_a_node_made_from_weights_alone_costs_a_run_only_where_nothing_folds(spec, folds):
+    """The roofline charges a kept fill nothing on a device whose program folds it as it
+    loads; onnx's reference evaluator runs it every time."""
+    graph = load_graph(made_weights(2))
+    model, device = CostModel.roofline(graph), parse_devices(spec)[0]
+    assert (model.node_seconds("fill0", device) == 0.0) == folds
+    assert model.node_seconds("mm0", device) > 0
+
+
 def test_a_node_made_from_weights_alone_takes_no_share_of_a_run(cache):
     """onnxruntime folds what the fold's bound kept (each weight's ConstantOfShape) as a
     session loads, so no run holds its time: it costs nothing, timed or re-planned live,
