@@ -184,10 +184,13 @@ class ServerMetrics:
                 sums["nv_inference_queue_duration_us"][key] += ev["queue_wait"] * 1e6
                 sums["nv_inference_compute_infer_duration_us"][key] += ev["run_seconds"] * 1e6
                 t.last[key] = time.time() - (time.monotonic() - ev.ts)
-                size = max(1, ev.get("batch_size", 1))
+                # Triton's batch size is the rows an execution ran: each of a batch's
+                # requests adds its rows' share of the execution
+                rows, size = ev.get("rows", 1), ev.get("batch_rows", 1)
+                share = rows / size if size else 1 / max(1, ev.get("batch_size", 1))
                 batch = t.batches[(*key, size)]
-                batch[0] += 1 / size  # each of a batch's requests adds its share
-                batch[1] += ev["run_seconds"] / size
+                batch[0] += share
+                batch[1] += ev["run_seconds"] * share
                 for src, dst, size in label[2]:
                     self.transfer.labels(key[0], src, dst).inc(size)
             elif kind == "request.failed":

@@ -450,7 +450,7 @@ class Dispatcher:
             ended = [m for m, _ in claimed]
             if self.bus.active:
                 for m in ended:
-                    self._report(m, error)
+                    self._report(m, error, request.rows)
             request.settle(outputs, error)
             for m, part in claimed:
                 m.settle(part, error)
@@ -498,14 +498,16 @@ class Dispatcher:
             ready = self._free_locked(batch.replica)
         self._after_free(ready)
 
-    def _report(self, request: Request, error: BaseException | None) -> None:
+    def _report(self, request: Request, error: BaseException | None,
+                batch_rows: int | None = None) -> None:
+        """Publish the request's end; `batch_rows`: the rows of the batch it ran in."""
         now = time.monotonic()
         if error is None:
             self.bus.publish("request.finished", network=request.network, request=request.id,
                              latency=now - request.queued_at,
                              queue_wait=request.started_at - request.queued_at,
                              run_seconds=now - request.started_at, batch_size=request.batch_size,
-                             rows=request.rows)
+                             rows=request.rows, batch_rows=batch_rows or request.rows)
         else:
             self.bus.publish("request.failed", network=request.network, request=request.id,
                              error=str(error), partition=getattr(error, "partition", None),

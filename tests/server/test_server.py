@@ -487,6 +487,30 @@ def test_statistics_count_what_ran_as_tritons_extension_does(client, server):
         shutil.rmtree(folder)
 
 
+def test_batch_statistics_count_each_execution_by_the_rows_it_ran(client, server):
+    """Triton keys batch_stats by an execution's batch size in rows: two requests of 3
+    rows that the dynamic batcher joined are one execution of 6 (before: of 2)."""
+    url, state = server
+    folder = state.catalog.repository.root / "joined"
+    shutil.copytree(state.catalog.repository.root / "mlp", folder)
+    (folder / "config.pbtxt").write_text(  # long enough for both to join
+        "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 2000000 }\n")
+    feeds = [_feeds(state, "mlp", rows=3) for _ in range(2)]
+    try:
+        client.load_model("joined")
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda f: _infer(url, "joined", f), feeds))
+        for f, got in zip(feeds, answers, strict=True):
+            _assert_same(got, _in_process(state, "mlp", f))
+        [stats] = client.get_inference_statistics("joined")["model_stats"]
+        assert (stats["inference_count"], stats["execution_count"]) == (6, 1)
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] \
+            == [(6, 1)]
+    finally:
+        client.unload_model("joined")
+        shutil.rmtree(folder)
+
+
 @pytest.mark.parametrize(("said", "words"), [
     ({"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, 256]}]},
      "config input 'INPUT0': mlp has no such input (its inputs: x)"),
