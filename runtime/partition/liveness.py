@@ -74,10 +74,9 @@ class StretchMemory:
     The stretch's liveness as `live_intervals` reads it: a tensor made at p lives to the
     end if the graph outputs it or a node at or after b reads it, else to its last reader
     (p if none reads it); one made from weights alone, to its last reader before b (not
-    held if none). An
-    activation made before a, or a graph input, lives from a to its last reader before b.
-    Weights count once each, whoever reads them, and so does a tensor made from weights
-    alone before a (`held_as_weight`).
+    held if none). An activation made before a, or a graph input, lives from a to its
+    last reader before b. Weights count once each, whoever reads them, and so does a
+    tensor made from weights alone before a (`held_as_weight`).
     """
 
     def __init__(self, graph: Graph, nodes: Sequence[Node]):
@@ -137,13 +136,13 @@ class StretchMemory:
         made, at = self.made_id[m0:m1], self.made_at[m0:m1]
         end = np.where(self.last_reader[made] >= b, b - 1,
                        np.maximum(at, self.last_read[made]))
-        stays = self.stays[made]
-        if stays.any():  # to its last read inside; not held (ends before it starts) if none
-            kept, k = made[stays], np.searchsorted(read, made[stays])
-            hit = k < len(read)
-            hit[hit] = read[k[hit]] == kept[hit]
-            end[stays] = np.where(hit, last_at[np.where(hit, k, 0)] if len(read) else 0,
-                                  at[stays] - 1)
+        stays = np.flatnonzero(self.stays[made])
+        if len(stays):  # to its last read inside, or not held (ending before it starts)
+            k = np.searchsorted(read, made[stays])
+            found = k < len(read)
+            found[found] = read[k[found]] == made[stays][found]
+            end[stays] = at[stays] - 1
+            end[stays[found]] = last_at[k[found]]
         outside = self.producer[read] < a
         loaded = outside & self.loaded[read]
         weights += self.loaded_size[read[loaded]].sum()

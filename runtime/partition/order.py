@@ -64,8 +64,8 @@ def cut_bytes(graph: Graph, order: list[str]) -> np.ndarray:
     position = {name: i for i, name in enumerate(order)}
     diff = np.zeros(len(order) + 1, dtype=np.float64)
     for t, producer in graph.producer.items():
-        readers = [] if graph.is_constant(t) else [position[c] for c in graph.consumers.get(t, ())]
-        if readers:
+        readers = [position[c] for c in graph.consumers.get(t, ())]
+        if readers and not graph.is_constant(t):
             start, stop = position[producer] + 1, max(readers)
             if stop >= start:
                 diff[start] += graph.tensor_bytes(t)
