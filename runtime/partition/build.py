@@ -11,7 +11,12 @@ from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
-from runtime.partition.liveness import peak_activation_bytes, weight_bytes, weight_names
+from runtime.partition.liveness import (
+    leaves,
+    peak_activation_bytes,
+    weight_bytes,
+    weight_names,
+)
 from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.plan import Partition, Plan, Transfer, device_busy
 from runtime.precision import node_precisions
@@ -77,8 +82,7 @@ def build_plan(graph: Graph, model: CostModel, devices: Sequence[DeviceConfig],
         inside = set(members[pname])
         inputs = dict.fromkeys(t for n in nodes for t in n.reads
                                if t not in made and not graph.is_constant(t))
-        outputs = dict.fromkeys(t for n in nodes for t in n.writes if t in graph.output_set or (
-            not graph.is_constant(t) and any(c not in inside for c in graph.consumers.get(t, ()))))
+        outputs = dict.fromkeys(t for n in nodes for t in n.writes if leaves(graph, t, inside))
         partitions.append(Partition(
             name=pname, nodes=tuple(members[pname]), device=dev.name, backend=dev.backend,
             inputs=tuple(inputs), outputs=tuple(outputs),

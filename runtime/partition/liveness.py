@@ -18,6 +18,14 @@ def held_as_weight(graph: Graph, tensor: str, inside: Container[str]) -> bool:
                                        and graph.producer[tensor] not in inside)
 
 
+def leaves(graph: Graph, tensor: str, inside: Container[str]) -> bool:
+    """Does a tensor the nodes `inside` make leave them: a graph output, or an activation
+    a node elsewhere reads (not one made from weights alone: that reader makes its own as
+    it loads)?"""
+    return tensor in graph.output_set or (not graph.is_constant(tensor) and any(
+        c not in inside for c in graph.consumers.get(tensor, ())))
+
+
 def live_intervals(graph: Graph, nodes: Sequence[Node]) -> dict[str, tuple[int, int]]:
     """Tensor -> (first step, last step) it occupies memory, weights excluded.
 
@@ -36,11 +44,9 @@ def live_intervals(graph: Graph, nodes: Sequence[Node]) -> dict[str, tuple[int, 
                 span = spans.setdefault(t, [0, step])
                 span[1] = max(span[1], step)
         for t in node.writes:
-            readers = graph.consumers.get(t, ())
-            if t in graph.output_set or not graph.is_constant(t):
-                spans[t] = [step, end if t in graph.output_set or any(
-                    c not in inside for c in readers) else step]
-            elif any(c in inside for c in readers):
+            if leaves(graph, t, inside):
+                spans[t] = [step, end]
+            elif not graph.is_constant(t) or any(c in inside for c in graph.consumers.get(t, ())):
                 spans[t] = [step, step]
     return {t: (s, e) for t, (s, e) in spans.items()}
 
