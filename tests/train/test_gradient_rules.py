@@ -270,6 +270,34 @@ def conv_case(rng: Rng) -> Check:
     return node_check(rng, "Conv", weights, attrs)
 
 
+def conv_transpose_case(rng: Rng) -> Check:
+    """One group, no output_shape, and SAME padding only where the windows reach the
+    output's end: onnx's reference evaluator, which runs float64 ConvTranspose, computes
+    the others unlike onnxruntime (`tests/train/test_gradients.py` checks them there)."""
+    rank = int(rng.integers(1, 3))
+    while True:
+        kernel, spatial = [int(k) for k in rng.integers(1, 4, rank)], shape_of(rng, rank)
+        strides = [int(s) for s in rng.integers(1, 4, rank)]
+        dilations = [int(d) for d in rng.integers(1, 3, rank)]
+        extra = [int(rng.integers(0, s)) for s in strides]
+        reach = [s * (i - 1) + p + (k - 1) * d + 1 for s, i, p, k, d in zip(
+            strides, spatial, extra, kernel, dilations, strict=True)]
+        attrs: dict = {"strides": strides, "dilations": dilations, "output_padding": extra}
+        if rng.random() < 0.5:
+            attrs["pads"] = pads = [int(p) for p in rng.integers(0, 2, 2 * rank)]
+            fits = all(r > b + e for r, b, e in zip(reach, pads, pads[rank:], strict=False))
+        else:
+            attrs["auto_pad"] = ["SAME_UPPER", "SAME_LOWER", "VALID"][int(rng.integers(0, 3))]
+            fits = all(r >= s * i for r, s, i in zip(reach, strides, spatial, strict=True))
+        if fits:
+            break
+    cin, cout = (int(c) for c in rng.integers(1, 3, 2))
+    weights = {"x": normal(rng, 2, cin, *spatial), "w": normal(rng, cin, cout, *kernel)}
+    if rng.random() < 0.7:
+        weights["b"] = normal(rng, cout)
+    return node_check(rng, "ConvTranspose", weights, attrs)
+
+
 def pool_case(op: str) -> Callable[[Rng], Check]:
     def make(rng: Rng) -> Check:
         kernel = [int(k) for k in rng.integers(1, 4, 2)]
@@ -301,6 +329,14 @@ def batch_norm_case(rng: Rng) -> Check:
         "x": normal(rng, *shape), "scale": normal(rng, c), "bias": normal(rng, c),
         "mean": normal(rng, c), "var": positive(rng, c)},
         {"epsilon": 1e-3, "training_mode": 1}, outputs=3)  # as exported: running stats too
+
+
+def instance_norm_case(rng: Rng) -> Check:
+    c = int(rng.integers(1, 4))
+    shape = (int(rng.integers(1, 4)), c, *shape_of(rng, int(rng.integers(1, 3)), low=2))
+    return node_check(rng, "InstanceNormalization", {
+        "x": normal(rng, *shape), "scale": normal(rng, c), "bias": normal(rng, c)},
+        {"epsilon": 1e-3})
 
 
 def layer_norm_case(rng: Rng) -> Check:
@@ -380,9 +416,10 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "Dropout": dropout_case, "Transpose": transpose_case, "Concat": concat_case,
     "Slice": slice_case, "Gather": gather_case, "ReduceSum": reduce_case("ReduceSum"),
     "ReduceMean": reduce_case("ReduceMean"), "Conv": conv_case,
+    "ConvTranspose": conv_transpose_case,
     "MaxPool": pool_case("MaxPool"), "AveragePool": pool_case("AveragePool"),
     "GlobalAveragePool": global_average_pool_case, "BatchNormalization": batch_norm_case,
-    "LayerNormalization": layer_norm_case,
+    "LayerNormalization": layer_norm_case, "InstanceNormalization": instance_norm_case,
     "SoftmaxCrossEntropyLoss": softmax_cross_entropy_case,
     "Pad": pad_case, "Split": split_case, "Abs": relu_like("Abs"), "Max": variadic("Max"),
     "Min": variadic("Min"), "Mean": variadic("Mean"), "Softplus": unary("Softplus"),

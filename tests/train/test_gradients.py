@@ -122,6 +122,60 @@ def test_a_cnn_matches_pytorch_autograd() -> None:
                                    err_msg=name)
 
 
+# ConvTranspose as onnx's reference evaluator (which runs float64) computes it unlike
+# onnxruntime: kernel, attributes
+CONV_TRANSPOSE_WAYS = {
+    "groups": ((3, 2), {"group": 2, "strides": [2, 2], "output_padding": [1, 0],
+                        "pads": [1, 0, 0, 1]}),
+    "output_shape": ((3, 2), {"group": 2, "strides": [2, 1], "output_shape": [6, 2]}),
+    "output_shape past the windows": ((3, 2), {"group": 2, "strides": [2, 1],
+                                               "output_shape": [8, 3]}),
+    "SAME, a short kernel": ((1, 2), {"group": 2, "strides": [3, 2], "auto_pad": "SAME_UPPER"}),
+}
+
+
+@pytest.mark.parametrize("way", sorted(CONV_TRANSPOSE_WAYS))
+def test_conv_transpose_matches_onnxruntime_where_the_reference_evaluator_does_not(
+        way: str) -> None:
+    """ConvTranspose is linear in each operand, so mse's central differences over any
+    step are exact: float32 onnxruntime is the numeric side."""
+    import onnxruntime as ort
+
+    kernel, attrs = CONV_TRANSPOSE_WAYS[way]
+    rng = np.random.default_rng()
+    operands = {"x": rng.standard_normal((2, 4, 3, 2)), "w": rng.standard_normal((4, 2, *kernel)),
+                "b": rng.standard_normal(4)}
+    operands = {k: v.astype(np.float32) for k, v in operands.items()}
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", **attrs)
+
+    def model(inputs: list[str], shape: list[int] | None) -> onnx.ModelProto:
+        kind = onnx.TensorProto.FLOAT
+        graph = helper.make_graph(
+            [node], "up", [helper.make_tensor_value_info(k, kind, None) for k in inputs],
+            [helper.make_tensor_value_info("y", kind, shape)],
+            [numpy_helper.from_array(v, k) for k, v in operands.items() if k not in inputs])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                 ir_version=9)
+
+    session = ort.InferenceSession(model([*operands], None).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    target = rng.standard_normal(session.run(None, operands)[0].shape)
+
+    def loss(name: str, value: np.ndarray) -> float:
+        y = session.run(None, {**operands, name: value})[0]
+        return float(np.mean((y.astype(np.float64) - target) ** 2))
+
+    ours = gradients(model([], list(target.shape)), {}, target.astype(np.float32), loss="mse")
+    for name, value in operands.items():
+        numeric = np.zeros(value.shape)
+        for i in np.ndindex(value.shape):
+            up, down = value.copy(), value.copy()
+            up[i] += 0.5
+            down[i] -= 0.5
+            numeric[i] = loss(name, up) - loss(name, down)
+        np.testing.assert_allclose(ours[name], numeric, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
 def test_running_statistics_get_zero_gradients() -> None:
     """In training the batch norm uses batch statistics: its running ones do not move the
     loss."""
