@@ -353,15 +353,21 @@ def body_ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
             yield from body_ops(sub)
 
 
+def reads_of(node: onnx.NodeProto) -> tuple[str, ...]:
+    """Every tensor a node reads: its inputs, then what its subgraphs (If, Loop, Scan)
+    read from the scope around it."""
+    inner = (r for sub in subgraphs(node) for r in _outer_reads(sub))
+    return tuple(dict.fromkeys(r for r in (*node.input, *inner) if r))
+
+
 def _outer_reads(graph: onnx.GraphProto) -> list[str]:
     """Names a subgraph reads that it does not define itself (outer scope), in order."""
     local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     local |= {t.values.name for t in graph.sparse_initializer}
     reads: dict[str, None] = {}
     for node in graph.node:
-        inner = [r for g in subgraphs(node) for r in _outer_reads(g)]
-        for name in (*node.input, *inner):
-            if name and name not in local:
+        for name in reads_of(node):
+            if name not in local:
                 reads[name] = None
         local.update(node.output)
     for out in graph.output:
@@ -491,8 +497,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     _size_unknowns(tensors, bound_model)
     nodes = []
     for i, proto in enumerate(g.node):
-        reads = [r for sub in subgraphs(proto) for r in _outer_reads(sub)]
-        outer = tuple(dict.fromkeys(r for r in reads if r not in proto.input))
+        outer = tuple(r for r in reads_of(proto) if r not in proto.input)
         attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
         body = tuple(dict.fromkeys(op for sub in subgraphs(proto) for op in body_ops(sub)))
         nodes.append(Node(proto.name, proto.op_type, proto.domain, tuple(proto.input),

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from runtime.errors import TrainingError
-from runtime.graph import DEFAULT_DOMAINS
+from runtime.graph import DEFAULT_DOMAINS, reads_of
 from runtime.train.emit import Emitter
 from runtime.train.facts import SHAPE_ONLY
 from runtime.train.forward import LOSS, TrainingForward
@@ -57,8 +57,8 @@ def differentiate(fwd: TrainingForward, seed: str = SEED) -> Backward:
     producer = {o: n for n in fwd.nodes for o in n.output if o}
     first_reader: dict[str, str] = {}
     for node in fwd.nodes:
-        for i in node.input:
-            first_reader.setdefault(i, fwd.origins[node.name])
+        for t in reads_of(node):
+            first_reader.setdefault(t, fwd.origins[node.name])
     parts: dict[str, list[str]] = {LOSS: [seed]}
     done: dict[str, str | None] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -101,7 +101,7 @@ def _needing(nodes: tuple[onnx.NodeProto, ...], weights: set[str], floats: set[s
     """Float tensors whose values depend on a weight through differentiable ops."""
     needs = set(weights)
     for node in nodes:
-        if node.op_type not in NOT_DIFFERENTIABLE and any(i in needs for i in node.input):
+        if node.op_type not in NOT_DIFFERENTIABLE and any(i in needs for i in reads_of(node)):
             needs.update(o for o in node.output if o in floats)
     return needs
 
@@ -112,9 +112,10 @@ def _active(nodes: tuple[onnx.NodeProto, ...], needs: set[str]) -> set[int]:
     reaches = {LOSS}
     active: set[int] = set()
     for node in reversed(nodes):
-        if any(o in reaches for o in node.output) and any(i in needs for i in node.input):
+        reads = reads_of(node)
+        if any(o in reaches for o in node.output) and any(i in needs for i in reads):
             active.add(id(node))
-            reaches.update(i for i in node.input if i in needs)
+            reaches.update(i for i in reads if i in needs)
     return active
 
 

@@ -19,6 +19,7 @@ import onnx
 
 from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import ProvisionError, TrainingError, first_line
+from runtime.graph import reads_of
 
 Shape = tuple[int, ...]
 VALUES_KEPT = 4096  # largest integer tensor whose value a rule may read
@@ -53,7 +54,7 @@ def data_dependent(graph: onnx.GraphProto, sources: set[str]) -> frozenset[str]:
     values, not only shapes."""
     reached = set(sources)
     for node in graph.node:
-        if node.op_type not in SHAPE_ONLY and any(i in reached for i in node.input if i):
+        if node.op_type not in SHAPE_ONLY and any(i in reached for i in reads_of(node)):
             reached.update(o for o in node.output if o)
     return frozenset(reached)
 

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from runtime.errors import TrainingError
-from runtime.graph import DEFAULT_DOMAINS, Graph, default_opset
+from runtime.graph import DEFAULT_DOMAINS, Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
 from runtime.train.emit import Emitter
 from runtime.train.facts import Facts, probe
@@ -169,7 +169,7 @@ def _drop_unread_outputs(graph: onnx.GraphProto) -> None:
     """Trailing optional outputs nothing reads are left out (a BatchNormalization exported
     in training mode gives its running and saved statistics, which onnxruntime's inference
     kernel does not make and onnx's version converter refuses)."""
-    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    read = {i for n in graph.node for i in reads_of(n)} | {o.name for o in graph.output}
     for node in graph.node:
         if node.op_type not in OPTIONAL_OUTPUTS:
             continue

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from runtime.devices.ort.sessions import loadable
-from runtime.graph import Graph
+from runtime.graph import Graph, reads_of
 from runtime.train.backward import SEED, Backward, differentiate
 from runtime.train.forward import LOSS, TrainingForward
 from runtime.train.loss import Loss
@@ -75,7 +75,7 @@ class TrainingGraph:
         constants = {t.name: t for t in (*self.forward.constants, *self.backward.initializers,
                                          *extra_initializers, *frozen)}
         written = {o for n in every for o in n.output if o}
-        read = list(dict.fromkeys(i for n in every for i in n.input if i))
+        read = list(dict.fromkeys(i for n in every for i in reads_of(n)))
         inputs = [t for t in read if t not in written and t not in constants]
         used = [constants[t] for t in read if t in constants]
         outs = list(dict.fromkeys(outputs))

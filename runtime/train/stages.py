@@ -35,7 +35,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.ort.sessions import loadable
 from runtime.errors import TrainingError
-from runtime.graph import load_graph
+from runtime.graph import load_graph, reads_of
 from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.plan import Plan
 from runtime.train.backward import SEED
@@ -145,7 +145,7 @@ def _weight_homes(tg: TrainingGraph, forward: list[list[onnx.NodeProto]], plan: 
 
 
 def _reads(nodes: Iterable[onnx.NodeProto]) -> list[str]:
-    return list(dict.fromkeys(i for n in nodes for i in n.input if i))
+    return list(dict.fromkeys(i for n in nodes for i in reads_of(n)))
 
 
 def _writes(nodes: Iterable[onnx.NodeProto]) -> set[str]:

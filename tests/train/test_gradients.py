@@ -11,7 +11,13 @@ from onnx import helper, numpy_helper
 
 from runtime.errors import InvalidInputError, TrainingError
 from runtime.train import gradients, loss_and_gradients
-from tests.support.gradcheck import LOSSES, forward_runner, mismatches, numeric_gradients
+from tests.support.gradcheck import (
+    LOSSES,
+    forward_runner,
+    mismatches,
+    numeric_gradients,
+    typed_model,
+)
 from tests.support.train_models import (
     as_float64,
     attention,
@@ -184,6 +190,46 @@ def test_running_statistics_get_zero_gradients() -> None:
     grads = gradients(model, batch_for(model, rng, 3), rng.integers(0, 5, 3))
     assert not grads["bn.mean"].any() and not grads["bn.var"].any()
     assert grads["bn.scale"].any() and grads["conv1.w"].any()
+
+
+def branches(reads: str) -> onnx.GraphProto:
+    """Two branches of an If: Relu or Neg of `reads`, from the scope around them."""
+    return [helper.make_graph([helper.make_node(op, [reads], [f"{op}_out"])], op.lower(), [],
+                              [helper.make_tensor_value_info(f"{op}_out", onnx.TensorProto.DOUBLE,
+                                                             None)])
+            for op in ("Relu", "Neg")]
+
+
+def branch_model(rng: np.random.Generator, reads: str) -> onnx.ModelProto:
+    """h = If(flag, Relu(`reads`), Neg(`reads`)), its branches reading `reads` from around
+    them; then h @ w."""
+    then, other = branches(reads)
+    nodes = [helper.make_node("If", ["flag"], ["h"], name="the_if", then_branch=then,
+                              else_branch=other),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="mm")]
+    return typed_model(nodes, {"w": rng.standard_normal((3, 2)), "v": rng.standard_normal((4, 3))},
+                       ["y"], {"flag": np.asarray(True), "x": rng.standard_normal((4, 3))})
+
+
+def test_a_branch_reading_the_data_from_around_it_runs_in_the_forward() -> None:
+    """The If reads x only inside its branches: what it reads there is the model's to give
+    it, though it needs no gradient."""
+    rng = np.random.default_rng()
+    model = branch_model(rng, "x")
+    feeds = {"flag": np.asarray(bool(rng.integers(0, 2))), "x": rng.standard_normal((4, 3))}
+    target = rng.standard_normal((4, 2))
+    ours = gradients(model, feeds, target, loss="mse")
+    assert not mismatches(ours, numeric_gradients(model, feeds, target, "mse"))
+    assert ours["w"].any()
+
+
+def test_a_branch_reading_a_weight_from_around_it_is_refused_naming_it() -> None:
+    rng = np.random.default_rng()
+    with pytest.raises(TrainingError) as info:
+        gradients(branch_model(rng, "v"), {"flag": np.asarray(True),
+                                            "x": rng.standard_normal((4, 3))},
+                  rng.standard_normal((4, 2)), loss="mse")
+    assert "the_if (If) has no gradient rule" in str(info.value)
 
 
 # -- refusals ------------------------------------------------------------------------------
