@@ -80,21 +80,30 @@ def probe(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every output of one run, on onnxruntime's CPU, else onnx's reference evaluator."""
+    """Every output of one run, on onnxruntime's CPU, else onnx's reference evaluator:
+    where onnxruntime has no kernel for the model's types, or one that takes them and runs
+    none (LSTM in float64 raises RuntimeException as it runs)."""
     from onnx.reference import ReferenceEvaluator
+    from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
 
     names = [o.name for o in model.graph.output]
+    failed: Exception | None = None
     try:  # quiet: a failure is this function's one-line error, not onnxruntime's log
-        session = cpu_session(model, os.cpu_count() or 1, stamp=True)
-    except ProvisionError:
-        session = None
-    try:
-        if session is not None:
-            results = session.run(names, dict(feeds))
-        else:
+        results = cpu_session(model, os.cpu_count() or 1, stamp=True).run(names, dict(feeds))
+    except (ProvisionError, RuntimeException) as exc:
+        failed = exc
+    except Exception as exc:
+        raise _failed(model, exc) from None
+    if failed is not None:
+        try:
             with np.errstate(all="ignore"):
                 results = ReferenceEvaluator(model).run(names, dict(feeds))
-    except Exception as exc:
-        raise TrainingError(f"{model.graph.name or 'model'}: the forward pass failed on the "
-                            f"training batch: {first_line(exc)}") from None
+        except Exception as exc:
+            raise _failed(model, failed if isinstance(failed, RuntimeException) else exc) \
+                from None
     return {n: np.asarray(v) for n, v in zip(names, results, strict=True)}
+
+
+def _failed(model: onnx.ModelProto, exc: Exception) -> TrainingError:
+    return TrainingError(f"{model.graph.name or 'model'}: the forward pass failed on the "
+                         f"training batch: {first_line(exc)}")

@@ -247,6 +247,17 @@ def test_an_op_without_a_rule_is_refused_naming_node_and_op() -> None:
     assert "the_round" in message and "Round" in message and "\n" not in message
 
 
+def test_an_lstm_with_what_pytorch_never_exports_is_refused_naming_it() -> None:
+    rng = np.random.default_rng()
+    weights = {"w": rng.standard_normal((1, 8, 3)), "r": rng.standard_normal((1, 8, 2))}
+    node = helper.make_node("LSTM", ["x", "w", "r"], ["y"], name="the_lstm", hidden_size=2,
+                            clip=1.0)
+    x = rng.standard_normal((4, 2, 3))
+    with pytest.raises(TrainingError, match=r"^node the_lstm \(LSTM\): training supports no clip$"):
+        gradients(typed_model([node], weights, ["y"], {"x": x}), {"x": x},
+                  rng.standard_normal((4, 1, 2, 2)), loss="mse")
+
+
 def test_a_forward_pass_that_fails_is_one_quiet_line(capfd) -> None:
     """onnxruntime logged the failed run to stderr as well, under the CLI's one line."""
     rng = np.random.default_rng()
