@@ -348,31 +348,36 @@ def layer_norm_case(rng: Rng) -> Check:
         "bias": normal(rng, *shape[axis:])}, {"axis": axis, "epsilon": 1e-3})
 
 
-def lstm_case(rng: Rng) -> Check:
-    """Every direction and layout, with and without biases and initial states; the
-    model's output one of Y, Y_h and Y_c (those before it unnamed), so each one's
-    gradient is checked."""
-    steps, batch, size, hidden = (int(v) for v in rng.integers(1, 4, 4))
-    direction = ["forward", "reverse", "bidirectional"][int(rng.integers(0, 3))]
-    ways, layout = 2 if direction == "bidirectional" else 1, int(rng.integers(0, 2))
-    weights = {"x": normal(rng, *((batch, steps, size) if layout else (steps, batch, size))),
-               "w": normal(rng, ways, 4 * hidden, size),
-               "r": normal(rng, ways, 4 * hidden, hidden)}
-    if rng.random() < 0.7:
-        weights["b"] = normal(rng, ways, 8 * hidden)
-    order = ["x", "w", "r", "b" if "b" in weights else ""]
-    if rng.random() < 0.5:
-        state = (batch, ways, hidden) if layout else (ways, batch, hidden)
-        weights["h0"], weights["c0"] = normal(rng, *state), normal(rng, *state)
-        order += ["", "h0", "c0"]
-    outputs = [""] * int(rng.integers(0, 3)) + ["y"]
-    while not order[-1]:
-        order.pop()
-    node = helper.make_node("LSTM", order, outputs, name="lstm", hidden_size=hidden,
-                            direction=direction, layout=layout)
-    model = typed_model([node], weights, ["y"])
-    shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
-    return Check(model, {}, rng.standard_normal(shape))
+def recurrent(op: str, gates: int, states: int, **attrs: Callable[[Rng], int]
+              ) -> Callable[[Rng], Check]:
+    """RNN, GRU, LSTM: every direction and layout, with and without biases and initial
+    states; the model's output one of Y and the final states (those before it unnamed),
+    so each one's gradient is checked."""
+    def make(rng: Rng) -> Check:
+        steps, batch, size, hidden = (int(v) for v in rng.integers(1, 4, 4))
+        direction = ["forward", "reverse", "bidirectional"][int(rng.integers(0, 3))]
+        ways, layout = 2 if direction == "bidirectional" else 1, int(rng.integers(0, 2))
+        weights = {"x": normal(rng, *((batch, steps, size) if layout else (steps, batch, size))),
+                   "w": normal(rng, ways, gates * hidden, size),
+                   "r": normal(rng, ways, gates * hidden, hidden)}
+        if rng.random() < 0.7:
+            weights["b"] = normal(rng, ways, 2 * gates * hidden)
+        order = ["x", "w", "r", "b" if "b" in weights else ""]
+        if rng.random() < 0.5:
+            shape = (batch, ways, hidden) if layout else (ways, batch, hidden)
+            initial = [f"s{i}" for i in range(states)]
+            weights.update({name: normal(rng, *shape) for name in initial})
+            order += ["", *initial]
+        while not order[-1]:
+            order.pop()
+        outputs = [""] * int(rng.integers(0, 1 + states)) + ["y"]
+        node = helper.make_node(op, order, outputs, name=op.lower(), hidden_size=hidden,
+                                direction=direction, layout=layout,
+                                **{k: draw(rng) for k, draw in attrs.items()})
+        model = typed_model([node], weights, ["y"])
+        shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+        return Check(model, {}, rng.standard_normal(shape))
+    return make
 
 
 def softmax_cross_entropy_case(rng: Rng) -> Check:
@@ -447,7 +452,8 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "MaxPool": pool_case("MaxPool"), "AveragePool": pool_case("AveragePool"),
     "GlobalAveragePool": global_average_pool_case, "BatchNormalization": batch_norm_case,
     "LayerNormalization": layer_norm_case, "InstanceNormalization": instance_norm_case,
-    "LSTM": lstm_case,
+    "RNN": recurrent("RNN", 1, 1), "LSTM": recurrent("LSTM", 4, 2),
+    "GRU": recurrent("GRU", 3, 1, linear_before_reset=lambda rng: int(rng.integers(0, 2))),
     "SoftmaxCrossEntropyLoss": softmax_cross_entropy_case,
     "Pad": pad_case, "Split": split_case, "Abs": relu_like("Abs"), "Max": variadic("Max"),
     "Min": variadic("Min"), "Mean": variadic("Mean"), "Softplus": unary("Softplus"),
