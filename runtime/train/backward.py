@@ -28,8 +28,10 @@ from runtime.train.forward import LOSS, TrainingForward
 from runtime.train.registry import Grad, rule_for
 
 SEED = "train/seed"
-# Ops whose float outputs carry no gradient back to their inputs
-NOT_DIFFERENTIABLE = SHAPE_ONLY | {"Constant", "RandomNormalLike", "RandomUniformLike"}
+# Ops whose float outputs carry no gradient back to their inputs (steps: zero almost
+# everywhere, as PyTorch has it)
+NOT_DIFFERENTIABLE = SHAPE_ONLY | {"Constant", "RandomNormalLike", "RandomUniformLike",
+                                   "Floor", "Ceil", "Round", "Sign"}
 
 
 @dataclass(frozen=True)

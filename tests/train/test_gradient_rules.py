@@ -433,6 +433,65 @@ def hard_case(op: str) -> Callable[[Rng], Check]:
     return make
 
 
+def mish_case(rng: Rng) -> Check:
+    return node_check(rng, "Mish", {"x": normal(rng, *shape_of(rng))}, opset=18)
+
+
+def prelu_case(rng: Rng) -> Check:
+    shape = shape_of(rng)
+    return node_check(rng, "PRelu", {"x": away_from_zero(rng, *shape),
+                                     "slope": normal(rng, *broadcast_partner(rng, shape))})
+
+
+def tile_case(rng: Rng) -> Check:
+    shape = shape_of(rng)
+    return node_check(rng, "Tile", {"x": normal(rng, *shape), "repeats": rng.integers(
+        1, 4, len(shape)).astype(np.int64)})
+
+
+def cum_sum_case(rng: Rng) -> Check:
+    shape = shape_of(rng)
+    return node_check(rng, "CumSum", {"x": normal(rng, *shape), "axis": np.asarray(
+        int(rng.integers(-len(shape), len(shape))), np.int64)},
+        {"exclusive": int(rng.integers(0, 2)), "reverse": int(rng.integers(0, 2))})
+
+
+def gather_elements_case(rng: Rng) -> Check:
+    shape = shape_of(rng, low=2)
+    axis = int(rng.integers(0, len(shape)))
+    taken = [int(rng.integers(1, 4)) if i == axis else int(rng.integers(1, d + 1))
+             for i, d in enumerate(shape)]
+    indices = rng.integers(-shape[axis], shape[axis], taken).astype(np.int64)
+    return node_check(rng, "GatherElements", {"x": normal(rng, *shape)}, {"axis": axis},
+                      inputs={"i": indices}, order=["x", "i"])
+
+
+def depth_to_space_case(rng: Rng) -> Check:
+    b = int(rng.integers(2, 4))
+    n, k, h, w = (int(v) for v in rng.integers(1, 3, 4))
+    return node_check(rng, "DepthToSpace", {"x": normal(rng, n, b * b * k, h, w)},
+                      {"blocksize": b, "mode": ["DCR", "CRD"][int(rng.integers(0, 2))]})
+
+
+def space_to_depth_case(rng: Rng) -> Check:
+    b = int(rng.integers(2, 4))
+    n, c, h, w = (int(v) for v in rng.integers(1, 3, 4))
+    return node_check(rng, "SpaceToDepth", {"x": normal(rng, n, c, b * h, b * w)},
+                      {"blocksize": b})
+
+
+EQUATIONS = ["ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "ij,j->i", "i,j->ij",
+             "bhqd,bhkd->bhqk", "ij,ij->", "ijk->", "ij,jk", "ij,kj->ik"]
+
+
+def einsum_case(rng: Rng) -> Check:
+    equation = EQUATIONS[int(rng.integers(0, len(EQUATIONS)))]
+    sizes = {c: int(rng.integers(1, 4)) for c in "bhqkdij"}
+    terms = equation.split("->")[0].split(",")
+    operands = {f"x{i}": normal(rng, *(sizes[c] for c in t)) for i, t in enumerate(terms)}
+    return node_check(rng, "Einsum", operands, {"equation": equation})
+
+
 CASES: dict[str, Callable[[Rng], Check]] = {
     "Add": binary("Add"), "Sub": binary("Sub"), "Mul": binary("Mul"),
     "Div": binary("Div", away_from_zero), "Sum": sum_case, "MatMul": matmul_case,
@@ -459,6 +518,13 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "Min": variadic("Min"), "Mean": variadic("Mean"), "Softplus": unary("Softplus"),
     "Elu": relu_like("Elu", alpha=0.7), "HardSigmoid": hard_case("HardSigmoid"),
     "HardSwish": hard_case("HardSwish"), "CastLike": cast_like_case,
+    "Sin": unary("Sin"), "Cos": unary("Cos"), "Softsign": unary("Softsign"),
+    "Mish": mish_case, "PRelu": prelu_case, "Tile": tile_case, "CumSum": cum_sum_case,
+    "GatherElements": gather_elements_case, "DepthToSpace": depth_to_space_case,
+    "SpaceToDepth": space_to_depth_case, "Einsum": einsum_case,
+    "ReduceMax": reduce_case("ReduceMax"), "ReduceMin": reduce_case("ReduceMin"),
+    "ReduceSumSquare": reduce_case("ReduceSumSquare"), "ReduceL2": reduce_case("ReduceL2"),
+    "ReduceLogSumExp": reduce_case("ReduceLogSumExp"),
 }
 DRAWS = 3  # random shapes per rule and run
 

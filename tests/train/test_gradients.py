@@ -232,19 +232,33 @@ def test_a_branch_reading_a_weight_from_around_it_is_refused_naming_it() -> None
     assert "the_if (If) has no gradient rule" in str(info.value)
 
 
+@pytest.mark.parametrize("step", ["Floor", "Ceil", "Round", "Sign"])
+def test_a_step_passes_no_gradient_back_as_in_pytorch(step: str) -> None:
+    rng = np.random.default_rng()
+    nodes = [helper.make_node("Mul", ["x", "w1"], ["a"]), helper.make_node(step, ["a"], ["s"]),
+             helper.make_node("Mul", ["s", "w2"], ["y"])]
+    x = rng.uniform(-3, 3, (4, 3))
+    model = typed_model(nodes, {"w1": rng.uniform(0.5, 2, 3), "w2": rng.standard_normal(3)},
+                        ["y"], {"x": x})
+    target = rng.standard_normal((4, 3))
+    ours = gradients(model, {"x": x}, target, loss="mse")
+    assert not mismatches(ours, numeric_gradients(model, {"x": x}, target, "mse"))
+    assert not ours["w1"].any() and ours["w2"].any()
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 
 def test_an_op_without_a_rule_is_refused_naming_node_and_op() -> None:
     rng = np.random.default_rng()
     model = mlp(rng, sizes=(4, 3))
-    node = helper.make_node("Round", ["h0"], ["rounded"], name="the_round")
+    node = helper.make_node("Atan", ["h0"], ["bent"], name="the_atan")
     model.graph.node.append(node)
-    model.graph.output[0].name = "rounded"
+    model.graph.output[0].name = "bent"
     with pytest.raises(TrainingError) as info:
         gradients(model, batch_for(model, rng, 2), rng.integers(0, 3, 2))
     message = str(info.value)
-    assert "the_round" in message and "Round" in message and "\n" not in message
+    assert "the_atan" in message and "Atan" in message and "\n" not in message
 
 
 def test_an_lstm_with_what_pytorch_never_exports_is_refused_naming_it() -> None:
@@ -256,6 +270,16 @@ def test_an_lstm_with_what_pytorch_never_exports_is_refused_naming_it() -> None:
     with pytest.raises(TrainingError, match=r"^node the_lstm \(LSTM\): training supports no clip$"):
         gradients(typed_model([node], weights, ["y"], {"x": x}), {"x": x},
                   rng.standard_normal((4, 1, 2, 2)), loss="mse")
+
+
+@pytest.mark.parametrize("equation", ["...ij,...jk->...ik", "ii,ij->ij"])
+def test_an_einsum_with_an_ellipsis_or_a_diagonal_is_refused_naming_it(equation: str) -> None:
+    rng = np.random.default_rng()
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], name="the_einsum", equation=equation)
+    model = typed_model([node], {"a": rng.standard_normal((3, 3)),
+                                 "b": rng.standard_normal((3, 3))}, ["y"])
+    with pytest.raises(TrainingError, match=r"^node the_einsum \(Einsum\): .*ellipsis"):
+        gradients(model, {}, rng.standard_normal((3, 3)), loss="mse")
 
 
 def test_a_forward_pass_that_fails_is_one_quiet_line(capfd) -> None:

@@ -1,0 +1,6 @@
+"""ReduceMax: see `_reduce.to_reduced_extremes`."""
+
+from runtime.train.registry import gradient
+from runtime.train.rules._reduce import to_reduced_extremes
+
+gradient("ReduceMax")(to_reduced_extremes)
