@@ -23,6 +23,7 @@ from runtime.graph import reads_of
 
 Shape = tuple[int, ...]
 VALUES_KEPT = 4096  # largest integer tensor whose value a rule may read
+FLOATS_KEPT = 8  # largest float one (a Resize's scales)
 # Ops whose outputs do not depend on their inputs' values, only on their shapes
 SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
 
@@ -31,7 +32,7 @@ SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
 class Facts:
     shapes: Mapping[str, Shape]
     dtypes: Mapping[str, np.dtype]
-    values: Mapping[str, np.ndarray]  # integer tensors of up to VALUES_KEPT elements
+    values: Mapping[str, np.ndarray]  # integer tensors up to VALUES_KEPT, float FLOATS_KEPT
     data: frozenset[str]  # tensors whose values depend on feeds, labels or weights
 
     def shape(self, name: str) -> Shape:
@@ -74,8 +75,9 @@ def probe(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     values.update(feeds)
     shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in values.items()}
     dtypes = {k: np.asarray(v).dtype for k, v in values.items()}
-    small = {k: np.asarray(v) for k, v in values.items()
-             if np.asarray(v).dtype.kind in "iub" and np.size(v) <= VALUES_KEPT}
+    small = {k: np.asarray(v) for k, v in values.items() if np.size(v) <= {
+        "i": VALUES_KEPT, "u": VALUES_KEPT, "b": VALUES_KEPT, "f": FLOATS_KEPT}.get(
+            np.asarray(v).dtype.kind, -1)}
     return Facts(shapes, dtypes, small, data_dependent(model.graph, sources))
 
 

@@ -178,11 +178,20 @@ def _drop_unread_outputs(graph: onnx.GraphProto) -> None:
 
 
 def float_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    out = {}
-    for t in model.graph.initializer:
-        if t.data_type in _FLOATS:
-            out[t.name] = numpy_helper.to_array(t)
-    return out
+    """The weights: float initializers, but for those only read as settings."""
+    settings: set[str] = set()
+    read: set[str] = set()
+    for n in model.graph.node:
+        positions = _SETTINGS.get(n.op_type, ())
+        settings.update(t for i, t in enumerate(n.input) if i in positions)
+        read.update(t for i, t in enumerate(n.input) if i not in positions)
+        read.update(t for t in reads_of(n) if t not in n.input)  # from inside its subgraphs
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+            if t.data_type in _FLOATS and (t.name in read or t.name not in settings)}
+
+
+# Inputs that set how an op runs rather than feed it values (Resize's roi and scales)
+_SETTINGS = {"Resize": (1, 2)}
 
 
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,

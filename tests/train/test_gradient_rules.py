@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from runtime.train import gradients
 from runtime.train.registry import rules
@@ -480,6 +480,37 @@ def space_to_depth_case(rng: Rng) -> Check:
                       {"blocksize": b})
 
 
+def resize_case(rng: Rng) -> Check:
+    """Every mode and coordinate transformation, up and down, by scales or sizes (given
+    by Constant nodes: as initializers they would count as weights here), antialias."""
+    mode = ["nearest", "linear", "cubic"][int(rng.integers(0, 3))]
+    spatial = [int(d) for d in rng.integers(2, 5, 2)]
+    rates = [float(rng.choice([0.5, 0.75, 1.5, 2.0, 3.0])) for _ in spatial]
+    attrs: dict = {"mode": mode, "coordinate_transformation_mode": [
+        "half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"][int(rng.integers(
+            0, 4))]}
+    if mode == "nearest":
+        attrs["nearest_mode"] = ["round_prefer_floor", "round_prefer_ceil", "floor",
+                                 "ceil"][int(rng.integers(0, 4))]
+    elif rng.random() < 0.3:
+        attrs["antialias"] = 1
+    if rng.random() < 0.5:
+        setting, value = "scales", np.asarray([1.0, 1.0, *rates], np.float32)
+        inputs = ["x", "roi", "scales"]
+    else:
+        setting = "sizes"
+        value = np.asarray([1, 2, *(max(1, int(d * r)) for d, r in zip(
+            spatial, rates, strict=True))], np.int64)
+        inputs = ["x", "roi", "", "sizes"]
+    nodes = [helper.make_node("Constant", [], ["roi"], value=numpy_helper.from_array(
+                 np.zeros(0, np.float32))),
+             helper.make_node("Constant", [], [setting], value=numpy_helper.from_array(value)),
+             helper.make_node("Resize", inputs, ["y0"], name="resize", **attrs)]
+    model = typed_model(nodes, {"x": normal(rng, 1, 2, *spatial)}, ["y0"], opset=18)
+    shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    return Check(model, {}, rng.standard_normal(shape))
+
+
 EQUATIONS = ["ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "ij,j->i", "i,j->ij",
              "bhqd,bhkd->bhqk", "ij,ij->", "ijk->", "ij,jk", "ij,kj->ik"]
 
@@ -524,7 +555,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "SpaceToDepth": space_to_depth_case, "Einsum": einsum_case,
     "ReduceMax": reduce_case("ReduceMax"), "ReduceMin": reduce_case("ReduceMin"),
     "ReduceSumSquare": reduce_case("ReduceSumSquare"), "ReduceL2": reduce_case("ReduceL2"),
-    "ReduceLogSumExp": reduce_case("ReduceLogSumExp"),
+    "ReduceLogSumExp": reduce_case("ReduceLogSumExp"), "Resize": resize_case,
 }
 DRAWS = 3  # random shapes per rule and run
 

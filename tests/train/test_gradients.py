@@ -182,6 +182,33 @@ def test_conv_transpose_matches_onnxruntime_where_the_reference_evaluator_does_n
         np.testing.assert_allclose(ours[name], numeric, rtol=1e-3, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_an_upsampling_as_exported_matches_pytorch_autograd(mode: str) -> None:
+    """Resize's roi and scales are initializers, as exporters write them: settings, not
+    weights."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((1, 3, 1, 1))
+    onnx_mode = {"nearest": "nearest", "bilinear": "linear", "bicubic": "cubic"}[mode]
+    attrs = {"nearest_mode": "floor", "coordinate_transformation_mode": "asymmetric"} \
+        if mode == "nearest" else {"cubic_coeff_a": -0.75}
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
+             helper.make_node("Resize", ["h", "roi", "scales"], ["y"], mode=onnx_mode,
+                              **attrs)]
+    model = typed_model(nodes, {"w": w.astype(np.float32), "roi": np.zeros(0, np.float32),
+                                "scales": np.asarray([1, 1, 2, 2], np.float32)}, ["y"],
+                        {"x": x.astype(np.float32)})
+    target = rng.standard_normal((2, 3, 8, 10)).astype(np.float32)
+    ours = gradients(model, {"x": x.astype(np.float32)}, target, loss="mse")
+    assert set(ours) == {"w"}
+    weight = torch.tensor(w, requires_grad=True)
+    up = torch.nn.functional.interpolate(
+        torch.tensor(x) * weight, scale_factor=2, mode=mode,
+        **({} if mode == "nearest" else {"align_corners": False}))
+    torch.nn.functional.mse_loss(up, torch.tensor(target, dtype=torch.float64)).backward()
+    np.testing.assert_allclose(ours["w"], weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_running_statistics_get_zero_gradients() -> None:
     """In training the batch norm uses batch statistics: its running ones do not move the
     loss."""
