@@ -511,6 +511,17 @@ def resize_case(rng: Rng) -> Check:
     return Check(model, {}, rng.standard_normal(shape))
 
 
+def top_k_case(rng: Rng) -> Check:
+    """Distinct values (a tie has no derivative); the values are the model's output."""
+    shape = shape_of(rng, low=2)
+    axis = int(rng.integers(-len(shape), len(shape)))
+    x = rng.permutation(int(np.prod(shape))).reshape(shape) / 7.0
+    return node_check(rng, "TopK", {"x": x, "k": np.asarray(
+        [int(rng.integers(1, shape[axis] + 1))], np.int64)},
+        {"axis": axis, "largest": int(rng.integers(0, 2)), "sorted": int(rng.integers(0, 2))},
+        outputs=2)
+
+
 EQUATIONS = ["ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "ij,j->i", "i,j->ij",
              "bhqd,bhkd->bhqk", "ij,ij->", "ijk->", "ij,jk", "ij,kj->ik"]
 
@@ -556,6 +567,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "ReduceMax": reduce_case("ReduceMax"), "ReduceMin": reduce_case("ReduceMin"),
     "ReduceSumSquare": reduce_case("ReduceSumSquare"), "ReduceL2": reduce_case("ReduceL2"),
     "ReduceLogSumExp": reduce_case("ReduceLogSumExp"), "Resize": resize_case,
+    "TopK": top_k_case,
 }
 DRAWS = 3  # random shapes per rule and run
 
