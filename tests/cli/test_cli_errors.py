@@ -343,8 +343,11 @@ def test_ctrl_c_while_the_runtime_imports(package):
     imports, which run inside main's guard: "prism: interrupted", status 130, nothing
     else (pressed while onnx's extension initialised, it used to kill the process)."""
     library = _extension_file(package)
+    # SIGINT as a terminal leaves it: a suite run as a background job ignores it, and so
+    # would the child (Python then installs no KeyboardInterrupt)
     proc = subprocess.Popen([str(PRISM), "partition", TRANSFORMER, "--devices", "cpu:2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     try:
         while library not in Path(f"/proc/{proc.pid}/maps").read_text():
