@@ -100,6 +100,7 @@ class TrainingForward:
         loss.write(e, prediction, len(given.shape(prediction)), LOSS)
         nodes.extend(e.nodes[written:])
         origins.update(e.origins)
+        nodes = _shared_through_copies(nodes, set(weights), e, origins)
         constants = (*[t for t in model.graph.initializer if t.name not in weights],
                      *e.initializers.values())
         trained = _forward_model(model, nodes, constants, weights, LABELS, label_array)
@@ -163,6 +164,43 @@ def training_opset(graph: Graph) -> onnx.ModelProto:
 # is the number of parts)
 OPTIONAL_OUTPUTS = frozenset({"BatchNormalization", "Dropout", "LayerNormalization",
                               "MaxPool", "SoftmaxCrossEntropyLoss"})
+
+
+def _shared_through_copies(nodes: list[onnx.NodeProto], weights: set[str], e: Emitter,
+                           origins: dict[str, str]) -> list[onnx.NodeProto]:
+    """A weight read for several of the model's nodes reaches all but the first through
+    an Identity serving that first one: wherever a plan puts them, the weight lives on
+    one stage, and its copy crosses to the others as an activation does, its gradient
+    crossing back into the one accumulator (tied embeddings; an exporter's one initializer
+    for equal ones)."""
+    first: dict[str, str] = {}  # weight -> the origin of its first reader
+    copies: dict[str, str] = {}
+    out = []
+    for node in nodes:
+        origin = origins[node.name]
+        moved = {}
+        for t in dict.fromkeys(node.input):
+            if t not in weights or first.setdefault(t, origin) == origin:
+                continue
+            if t not in copies:
+                with e.serving(first[t]):
+                    copies[t] = e.op("Identity", [t])
+                out.append(e.nodes[-1])
+                origins[e.nodes[-1].name] = first[t]
+            moved[t] = copies[t]
+        if moved:
+            node = _reading(node, moved)
+        out.append(node)
+    return out
+
+
+def _reading(node: onnx.NodeProto, renamed: Mapping[str, str]) -> onnx.NodeProto:
+    """A copy of `node` reading `renamed`'s new names for its inputs."""
+    clone = onnx.NodeProto()
+    clone.CopyFrom(node)
+    for i, t in enumerate(clone.input):
+        clone.input[i] = renamed.get(t, t)
+    return clone
 
 
 def _drop_unread_outputs(graph: onnx.GraphProto) -> None:

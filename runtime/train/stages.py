@@ -131,7 +131,9 @@ def build_stages(tg: TrainingGraph, plan: Plan, optimizer: Optimizer, key: str
 
 def _weight_homes(tg: TrainingGraph, forward: list[list[onnx.NodeProto]], plan: Plan
                   ) -> dict[str, int]:
-    """weight -> the one stage that reads it (tied weights across stages are refused)."""
+    """weight -> the one stage that reads it. The forward reads a weight shared by several
+    nodes through a copy its first reader's stage makes (`forward._shared_through_copies`);
+    one read from inside a subgraph on another stage is refused."""
     homes: dict[str, int] = {}
     for k, nodes in enumerate(forward):
         for t in _reads(nodes):

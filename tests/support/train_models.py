@@ -51,6 +51,34 @@ def mlp(rng: Rng, dtype=np.float32, sizes: tuple[int, ...] = (6, 8, 5, 3)) -> on
                   x, ["batch", sizes[-1]], dtype)
 
 
+def tied(rng: Rng, dtype=np.float32, width: int = 8, middle: int = 4, classes: int = 3
+         ) -> onnx.ModelProto:
+    """One weight read at both ends, as tied embeddings are: x [batch, width] -> MatMul
+    by `tied` (node "first"), Relu, `middle` Gemm+Tanh layers, MatMul by `tied` again
+    (node "last"), Relu, Gemm -> logits [batch, classes]. A plan over two stages puts
+    the two readers apart."""
+    weights = {"tied": _uniform(rng, width, width, width)}
+    nodes = [helper.make_node("MatMul", ["x", "tied"], ["a"], name="first"),
+             helper.make_node("Relu", ["a"], ["h"], name="relu_first")]
+    x = "h"
+    for i in range(middle):
+        weights[f"w{i}"], weights[f"b{i}"] = _uniform(rng, width, width, width), \
+            _uniform(rng, width, width)
+        nodes += [helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"g{i}"], transB=1,
+                                   name=f"fc{i}"),
+                  helper.make_node("Tanh", [f"g{i}"], [f"t{i}"], name=f"tanh{i}")]
+        x = f"t{i}"
+    weights["out_w"], weights["out_b"] = _uniform(rng, width, classes, width), \
+        _uniform(rng, width, classes)
+    nodes += [helper.make_node("MatMul", [x, "tied"], ["z"], name="last"),
+              helper.make_node("Relu", ["z"], ["r"], name="relu_last"),
+              helper.make_node("Gemm", ["r", "out_w", "out_b"], ["logits"], transB=1,
+                               name="out")]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return _model(nodes, weights, [helper.make_tensor_value_info("x", elem, ["batch", width])],
+                  "logits", ["batch", classes], dtype)
+
+
 def cnn(rng: Rng, dtype=np.float32, channels: tuple[int, int] = (3, 4), side: int = 6,
         classes: int = 5, batch_norm: bool = True) -> onnx.ModelProto:
     """Conv, [BatchNormalization], Relu, MaxPool, Conv, Relu, AveragePool, Flatten, Gemm:

@@ -26,9 +26,10 @@ from tests.support.train_models import (
     cnn,
     exported,
     mlp,
+    tied,
 )
 
-MODELS = {"mlp": mlp, "cnn": cnn, "attention": attention, "exported": exported}
+MODELS = {"mlp": mlp, "cnn": cnn, "attention": attention, "exported": exported, "tied": tied}
 
 
 def labels_for(model: onnx.ModelProto, rng: np.random.Generator, batch: int, loss: str
