@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
 
 from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
@@ -22,6 +23,25 @@ from runtime.errors import ProvisionError, first_line
 # is the data's business, as in onnxruntime, which says nothing; a filter on the
 # kernels' modules rather than catch_warnings, which is not thread-safe.
 warnings.filterwarnings("ignore", module=r"onnx\.reference\.")
+
+
+class ConvTranspose(_ConvTranspose):
+    """Groups one at a time: onnx's evaluator computes a ConvTranspose of more than one
+    group right only with one channel each and no bias (it adds bias[0] alone), and
+    fails on wider ones."""
+
+    def _run(self, X, W, B=None, group=None, **attrs):  # type: ignore[override]
+        if not group or group == 1:
+            return super()._run(X, W, B, group=group, **attrs)
+        biases = np.split(B, group) if B is not None else [None] * group
+        parts = [super(ConvTranspose, self)._run(x, w, b, group=1, **attrs)[0] for x, w, b in
+                 zip(np.split(X, group, axis=1), np.split(W, group), biases, strict=True)]
+        return (np.concatenate(parts, axis=1),)
+
+
+def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
+    """onnx's evaluator of `model`, its ConvTranspose ours."""
+    return ReferenceEvaluator(model, new_ops=[ConvTranspose])
 
 
 class ReferenceFunction:
@@ -48,7 +68,7 @@ def _value(value: object) -> Any:
 def compile_reference(program: Program, config: DeviceConfig) -> ReferenceFunction:
     try:
         model = inline_external(onnx.load_from_string(program.model), program.external)
-        return ReferenceFunction(ReferenceEvaluator(model))
+        return ReferenceFunction(evaluator(model))
     except Exception as exc:
         raise ProvisionError(f"{config.name}: the reference evaluator cannot load "
                              f"{program.name or 'model'}: {first_line(exc)}") from exc

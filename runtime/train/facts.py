@@ -85,8 +85,9 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[s
     """Every output of one run, on onnxruntime's CPU, else onnx's reference evaluator:
     where onnxruntime has no kernel for the model's types, or one that takes them and runs
     none (LSTM in float64 raises RuntimeException as it runs)."""
-    from onnx.reference import ReferenceEvaluator
     from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
+
+    from runtime.devices.reference import evaluator
 
     names = [o.name for o in model.graph.output]
     failed: Exception | None = None
@@ -99,7 +100,7 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[s
     if failed is not None:
         try:
             with np.errstate(all="ignore"):
-                results = ReferenceEvaluator(model).run(names, dict(feeds))
+                results = evaluator(model).run(names, dict(feeds))
         except Exception as exc:
             raise _failed(model, failed if isinstance(failed, RuntimeException) else exc) \
                 from None

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -144,6 +145,28 @@ def test_backend_runs_real_model_through_call_and_run_now(managers, backend):
     assert (stats.name, stats.backend, stats.runs, stats.queue_length) == ("d0", backend, 4, 0)
     assert stats.busy_seconds > 0 and stats.total_bytes == m.config.memory_bytes
     assert stats.used_bytes == m.used_bytes
+
+
+@pytest.mark.parametrize(("channels", "per_group", "group"), [(2, 1, 2), (4, 3, 2), (6, 2, 3)])
+def test_the_reference_backend_runs_a_grouped_conv_transpose_as_onnxruntime(
+        managers, channels, per_group, group):
+    """onnx's evaluator adds only the first group's bias to a depthwise one and fails on
+    wider groups."""
+    w = RNG.standard_normal((channels, per_group, 3, 2)).astype(np.float32)
+    b = RNG.standard_normal(per_group * group).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=group,
+                            strides=[2, 1], pads=[1, 0, 0, 1])
+    graph = helper.make_graph(
+        [node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    m = managers("d0", "reference")
+    m.load("up/p0", Program.of(model, weight_bytes=w.nbytes + b.nbytes, activation_bytes=0))
+    feeds = {"x": RNG.standard_normal((2, channels, 4, 3)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(blocking(m, "up/p0", feeds)["y"], want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
