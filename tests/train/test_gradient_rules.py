@@ -522,6 +522,16 @@ def top_k_case(rng: Rng) -> Check:
         outputs=2)
 
 
+def gather_nd_case(rng: Rng) -> Check:
+    """Indices reaching 1 to all of the axes, repeated ones and negative ones among them."""
+    shape = shape_of(rng, int(rng.integers(1, 4)), low=2)
+    depth = int(rng.integers(1, len(shape) + 1))
+    rows = shape_of(rng, int(rng.integers(0, 3)))
+    indices = np.stack([rng.integers(-d, d, rows) for d in shape[:depth]], axis=-1)
+    return node_check(rng, "GatherND", {"x": normal(rng, *shape)},
+                      inputs={"i": indices.astype(np.int64)}, order=["x", "i"])
+
+
 EQUATIONS = ["ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "ij,j->i", "i,j->ij",
              "bhqd,bhkd->bhqk", "ij,ij->", "ijk->", "ij,jk", "ij,kj->ik"]
 
@@ -567,7 +577,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "ReduceMax": reduce_case("ReduceMax"), "ReduceMin": reduce_case("ReduceMin"),
     "ReduceSumSquare": reduce_case("ReduceSumSquare"), "ReduceL2": reduce_case("ReduceL2"),
     "ReduceLogSumExp": reduce_case("ReduceLogSumExp"), "Resize": resize_case,
-    "TopK": top_k_case,
+    "TopK": top_k_case, "GatherND": gather_nd_case,
 }
 DRAWS = 3  # random shapes per rule and run
 

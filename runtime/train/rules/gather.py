@@ -1,10 +1,9 @@
 """Gather: the output's gradient added back into a zero tensor at the gathered positions
 (repeated indices add up): the axis moved to the front, ScatterND with reduction add,
-moved back. Negative indices count from the end."""
+moved back. Negative indices count from the end there as well."""
 
 from __future__ import annotations
 
-import numpy as np
 from onnx import TensorProto
 
 from runtime.train.emit import permutation_inverse
@@ -20,8 +19,6 @@ def gather(g: Grad) -> dict[int, str]:
     shape, idx_rank = g.shape(data), len(g.shape(indices))
     axis = g.attr("axis", 0) % len(shape)
     index = e.op("Cast", [indices], to=TensorProto.INT64)
-    size, zero = e.const(shape[axis], np.int64), e.const(0, np.int64)  # 0-d: no broadcast
-    index = e.op("Where", [e.op("Less", [index, zero]), e.op("Add", [index, size]), index])
     # dy: data[:axis] + indices + data[axis+1:] -> indices + data[:axis] + data[axis+1:]
     rank = len(shape) - 1 + idx_rank
     front = [*range(axis, axis + idx_rank), *range(axis), *range(axis + idx_rank, rank)]
