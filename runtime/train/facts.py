@@ -24,6 +24,7 @@ from runtime.graph import reads_of
 Shape = tuple[int, ...]
 VALUES_KEPT = 4096  # largest integer tensor whose value a rule may read
 FLOATS_KEPT = 8  # largest float one (a Resize's scales)
+_KEPT = {"i": VALUES_KEPT, "u": VALUES_KEPT, "b": VALUES_KEPT, "f": FLOATS_KEPT}  # by kind
 # Ops whose outputs do not depend on their inputs' values, only on their shapes
 SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
 
@@ -75,9 +76,8 @@ def probe(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     values.update(feeds)
     shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in values.items()}
     dtypes = {k: np.asarray(v).dtype for k, v in values.items()}
-    small = {k: np.asarray(v) for k, v in values.items() if np.size(v) <= {
-        "i": VALUES_KEPT, "u": VALUES_KEPT, "b": VALUES_KEPT, "f": FLOATS_KEPT}.get(
-            np.asarray(v).dtype.kind, -1)}
+    small = {k: np.asarray(v) for k, v in values.items()
+             if np.size(v) <= _KEPT.get(np.asarray(v).dtype.kind, -1)}
     return Facts(shapes, dtypes, small, data_dependent(model.graph, sources))
 
 
@@ -90,20 +90,17 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[s
     from runtime.devices.reference import evaluator
 
     names = [o.name for o in model.graph.output]
-    failed: Exception | None = None
     try:  # quiet: a failure is this function's one-line error, not onnxruntime's log
         results = cpu_session(model, os.cpu_count() or 1, stamp=True).run(names, dict(feeds))
     except (ProvisionError, RuntimeException) as exc:
-        failed = exc
-    except Exception as exc:
-        raise _failed(model, exc) from None
-    if failed is not None:
         try:
             with np.errstate(all="ignore"):
                 results = evaluator(model).run(names, dict(feeds))
-        except Exception as exc:
-            raise _failed(model, failed if isinstance(failed, RuntimeException) else exc) \
+        except Exception as again:
+            raise _failed(model, exc if isinstance(exc, RuntimeException) else again) \
                 from None
+    except Exception as exc:
+        raise _failed(model, exc) from None
     return {n: np.asarray(v) for n, v in zip(names, results, strict=True)}
 
 

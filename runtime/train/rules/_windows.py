@@ -21,17 +21,25 @@ class Windows:
     end: tuple[int, ...]
 
     @classmethod
-    def of(cls, g: Grad, kernel: tuple[int, ...]) -> Windows:
-        x_shape, y_shape = g.shape(g.x()), g.shape(g.y())
-        spatial, out = tuple(x_shape[2:]), tuple(y_shape[2:])
+    def of(cls, g: Grad, kernel: tuple[int, ...], adjoint: bool = False) -> Windows:
+        """The node's windows; `adjoint`: it is a ConvTranspose, and these are the windows
+        of the Conv it is the adjoint of, from its output's space to its input's. Its
+        output padding then counts in SAME's total, and an `output_shape` pads as
+        SAME_LOWER does (onnx's spec, as onnxruntime computes it)."""
+        spatial, out = tuple(g.shape(g.x())[2:]), tuple(g.shape(g.y())[2:])
+        if adjoint:
+            spatial, out = out, spatial
         n = len(spatial)
         strides = tuple(g.attr("strides") or [1] * n)
         dilations = tuple(g.attr("dilations") or [1] * n)
         auto = g.attr("auto_pad", "NOTSET")
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
+        extra = (g.attr("output_padding") if adjoint else None) or [0] * n
+        if auto in ("SAME_UPPER", "SAME_LOWER") or (
+                adjoint and auto == "NOTSET" and g.attr("output_shape")):
             begin, end = [], []
-            for size, o, k, s, d in zip(spatial, out, kernel, strides, dilations, strict=True):
-                total = max(0, (o - 1) * s + (k - 1) * d + 1 - size)
+            for size, o, k, s, d, p in zip(spatial, out, kernel, strides, dilations, extra,
+                                           strict=True):
+                total = max(0, (o - 1) * s + (k - 1) * d + 1 + p - size)
                 small = total // 2
                 begin.append(small if auto == "SAME_UPPER" else total - small)
                 end.append(total - begin[-1])
