@@ -154,25 +154,16 @@ def test_conv_transpose_matches_onnxruntime_where_the_reference_evaluator_does_n
                 "b": rng.standard_normal(4)}
     operands = {k: v.astype(np.float32) for k, v in operands.items()}
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", **attrs)
-
-    def model(inputs: list[str], shape: list[int] | None) -> onnx.ModelProto:
-        kind = onnx.TensorProto.FLOAT
-        graph = helper.make_graph(
-            [node], "up", [helper.make_tensor_value_info(k, kind, None) for k in inputs],
-            [helper.make_tensor_value_info("y", kind, shape)],
-            [numpy_helper.from_array(v, k) for k, v in operands.items() if k not in inputs])
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                 ir_version=9)
-
-    session = ort.InferenceSession(model([*operands], None).SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    fed = typed_model([node], {}, ["y"], operands)  # every operand an input: varied below
+    session = ort.InferenceSession(fed.SerializeToString(), providers=["CPUExecutionProvider"])
     target = rng.standard_normal(session.run(None, operands)[0].shape)
 
     def loss(name: str, value: np.ndarray) -> float:
         y = session.run(None, {**operands, name: value})[0]
         return float(np.mean((y.astype(np.float64) - target) ** 2))
 
-    ours = gradients(model([], list(target.shape)), {}, target.astype(np.float32), loss="mse")
+    ours = gradients(typed_model([node], operands, ["y"]), {}, target.astype(np.float32),
+                     loss="mse")
     for name, value in operands.items():
         numeric = np.zeros(value.shape)
         for i in np.ndindex(value.shape):
