@@ -39,8 +39,14 @@ def node_check(rng: Rng, op: str, weights: dict[str, np.ndarray], attrs: dict | 
     outs = [f"y{i}" for i in range(outputs)]
     node = helper.make_node(op, names, outs, name=op.lower(), **(attrs or {}))
     model = typed_model([node], weights, outs[:1], inputs, opset)
+    return checked(rng, model, dict(inputs or {}))
+
+
+def checked(rng: Rng, model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None
+            ) -> Check:
+    """`model` with a random target shaped as its output."""
     shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
-    return Check(model, dict(inputs or {}), rng.standard_normal(shape))
+    return Check(model, feeds or {}, rng.standard_normal(shape))
 
 
 def normal(rng: Rng, *shape: int) -> np.ndarray:
@@ -374,9 +380,7 @@ def recurrent(op: str, gates: int, states: int, **attrs: Callable[[Rng], int]
         node = helper.make_node(op, order, outputs, name=op.lower(), hidden_size=hidden,
                                 direction=direction, layout=layout,
                                 **{k: draw(rng) for k, draw in attrs.items()})
-        model = typed_model([node], weights, ["y"])
-        shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
-        return Check(model, {}, rng.standard_normal(shape))
+        return checked(rng, typed_model([node], weights, ["y"]))
     return make
 
 
@@ -506,9 +510,8 @@ def resize_case(rng: Rng) -> Check:
                  np.zeros(0, np.float32))),
              helper.make_node("Constant", [], [setting], value=numpy_helper.from_array(value)),
              helper.make_node("Resize", inputs, ["y0"], name="resize", **attrs)]
-    model = typed_model(nodes, {"x": normal(rng, 1, 2, *spatial)}, ["y0"], opset=18)
-    shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
-    return Check(model, {}, rng.standard_normal(shape))
+    return checked(rng, typed_model(nodes, {"x": normal(rng, 1, 2, *spatial)}, ["y0"],
+                                    opset=18))
 
 
 def top_k_case(rng: Rng) -> Check:
