@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
 
 from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.external import inline_external
 from runtime.devices.manager import DeviceManager
+from runtime.devices.reference_ops import KERNELS
 from runtime.errors import ProvisionError, first_line
 
 # What numpy warns of inside the evaluator's kernels (a complex value cast to real, say)
@@ -25,23 +25,9 @@ from runtime.errors import ProvisionError, first_line
 warnings.filterwarnings("ignore", module=r"onnx\.reference\.")
 
 
-class ConvTranspose(_ConvTranspose):
-    """Groups one at a time: onnx's evaluator computes a ConvTranspose of more than one
-    group right only with one channel each and no bias (it adds bias[0] alone), and
-    fails on wider ones."""
-
-    def _run(self, X, W, B=None, group=None, **attrs):  # type: ignore[override]
-        if not group or group == 1:
-            return super()._run(X, W, B, group=group, **attrs)
-        biases = np.split(B, group) if B is not None else [None] * group
-        parts = [super(ConvTranspose, self)._run(x, w, b, group=1, **attrs)[0] for x, w, b in
-                 zip(np.split(X, group, axis=1), np.split(W, group), biases, strict=True)]
-        return (np.concatenate(parts, axis=1),)
-
-
 def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
-    """onnx's evaluator of `model`, its ConvTranspose ours."""
-    return ReferenceEvaluator(model, new_ops=[ConvTranspose])
+    """onnx's evaluator of `model`, with our kernels where its own are wrong."""
+    return ReferenceEvaluator(model, new_ops=list(KERNELS))
 
 
 class ReferenceFunction:

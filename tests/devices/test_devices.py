@@ -147,6 +147,28 @@ def test_backend_runs_real_model_through_call_and_run_now(managers, backend):
     assert stats.used_bytes == m.used_bytes
 
 
+def one_node(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node], node.op_type, [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [onnx.ValueInfoProto(name=y) for y in node.output],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+def assert_reference_runs_as_onnxruntime(m: DeviceManager, node: onnx.NodeProto,
+                                         x: np.ndarray, **weights: np.ndarray) -> None:
+    model = one_node(node, weights)
+    key = f"{node.op_type}/{len(m.keys)}"
+    m.load(key, Program.of(model, weight_bytes=sum(w.nbytes for w in weights.values()),
+                           activation_bytes=0))
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = blocking(m, key, {"x": x})
+    for name, value in zip(node.output, want, strict=True):
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"{name} of {node}")
+
+
 @pytest.mark.parametrize(("channels", "per_group", "group"), [(2, 1, 2), (4, 3, 2), (6, 2, 3)])
 def test_the_reference_backend_runs_a_grouped_conv_transpose_as_onnxruntime(
         managers, channels, per_group, group):
@@ -156,17 +178,60 @@ def test_the_reference_backend_runs_a_grouped_conv_transpose_as_onnxruntime(
     b = RNG.standard_normal(per_group * group).astype(np.float32)
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=group,
                             strides=[2, 1], pads=[1, 0, 0, 1])
-    graph = helper.make_graph(
-        [node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert_reference_runs_as_onnxruntime(
+        managers("d0", "reference"), node,
+        RNG.standard_normal((2, channels, 4, 3)).astype(np.float32), w=w, b=b)
+
+
+def test_the_reference_backend_pools_ceil_mode_windows_as_onnxruntime(managers):
+    """GoogLeNet's and SqueezeNet's MaxPools: onnx's evaluator grows the stride-1 one by
+    two rows and columns."""
     m = managers("d0", "reference")
-    m.load("up/p0", Program.of(model, weight_bytes=w.nbytes + b.nbytes, activation_bytes=0))
-    feeds = {"x": RNG.standard_normal((2, channels, 4, 3)).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(blocking(m, "up/p0", feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    x = RNG.standard_normal((1, 3, 13, 13)).astype(np.float32)
+    for strides, pads in (([1, 1], [1, 1, 1, 1]), ([2, 2], [0, 0, 0, 0])):
+        node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3],
+                                strides=strides, pads=pads, ceil_mode=1)
+        assert_reference_runs_as_onnxruntime(m, node, x)
+
+
+def random_pool(op: str) -> onnx.NodeProto:
+    """A pooling node of fresh geometry: explicit pads (any ceil_mode, MaxPool's dilations
+    and indices) or SAME (onnxruntime sizes SAME as the spec does only without dilations,
+    and refuses strides longer than the kernel)."""
+    n = int(RNG.integers(1, 3))
+    kernel = RNG.integers(1, 4, n)
+    attrs: dict = {"kernel_shape": kernel.tolist(), "strides": RNG.integers(1, 4, n).tolist()}
+    if RNG.random() < 0.25:
+        attrs["auto_pad"] = str(RNG.choice(["SAME_UPPER", "SAME_LOWER"]))
+        attrs["strides"] = RNG.integers(1, kernel + 1).tolist()
+    else:
+        attrs["pads"] = RNG.integers(0, kernel, (2, n)).ravel().tolist()
+        attrs["ceil_mode"] = int(RNG.integers(0, 2))
+        if op == "MaxPool":
+            attrs["dilations"] = RNG.integers(1, 3, n).tolist()
+    outputs = ["y"]
+    if op == "MaxPool" and RNG.random() < 0.5:
+        outputs.append("indices")
+        attrs["storage_order"] = int(RNG.integers(0, 2))
+    if op == "AveragePool":
+        attrs["count_include_pad"] = int(RNG.integers(0, 2))
+    if op == "LpPool":
+        attrs["p"] = int(RNG.integers(1, 4))
+    return helper.make_node(op, ["x"], outputs, **attrs)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_the_reference_backend_pools_as_onnxruntime(managers, op):
+    """onnx's evaluator sizes ceil_mode and SAME_LOWER windows otherwise, and counts
+    LpPool's ceil_mode windows wrong; 40 fresh geometries each."""
+    m = managers("d0", "reference")
+    for _ in range(40):
+        node = random_pool(op)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        reach = (np.array(attrs["kernel_shape"]) - 1) * attrs.get("dilations", 1) + 1
+        spatial = [int(RNG.integers(r, r + 8)) for r in reach]
+        assert_reference_runs_as_onnxruntime(
+            m, node, RNG.standard_normal((2, 3, *spatial)).astype(np.float32))
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])

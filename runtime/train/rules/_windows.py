@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runtime.devices.reference_ops import same_pads
 from runtime.train.registry import Grad
 
 
@@ -39,10 +40,9 @@ class Windows:
             begin, end = [], []
             for size, o, k, s, d, p in zip(spatial, out, kernel, strides, dilations, extra,
                                            strict=True):
-                total = max(0, (o - 1) * s + (k - 1) * d + 1 + p - size)
-                small = total // 2
-                begin.append(small if auto == "SAME_UPPER" else total - small)
-                end.append(total - begin[-1])
+                b, e = same_pads(max(0, (o - 1) * s + (k - 1) * d + 1 + p - size), auto)
+                begin.append(b)
+                end.append(e)
             return cls(spatial, out, kernel, strides, dilations, tuple(begin), tuple(end))
         pads = g.attr("pads") or [0] * 2 * n
         if auto == "VALID":

@@ -1,0 +1,162 @@
+"""The `reference` backend's own kernels, where onnx's evaluator computes other values
+than onnx's spec (and onnxruntime) do.
+
+- ConvTranspose of more than one group: the evaluator adds bias[0] alone, and fails on
+  groups wider than one channel.
+- MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
+  otherwise (GoogLeNet's stride-1 `ceil_mode` MaxPool grows by 2), and counts LpPool's
+  ceil_mode windows wrong. Here every window is a strided view of the padded input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
+
+
+class ConvTranspose(_ConvTranspose):
+    """Groups one at a time."""
+
+    def _run(self, X, W, B=None, group=None, **attrs):  # type: ignore[override]
+        if not group or group == 1:
+            return super()._run(X, W, B, group=group, **attrs)
+        biases = np.split(B, group) if B is not None else [None] * group
+        parts = [super(ConvTranspose, self)._run(x, w, b, group=1, **attrs)[0] for x, w, b in
+                 zip(np.split(X, group, axis=1), np.split(W, group), biases, strict=True)]
+        return (np.concatenate(parts, axis=1),)
+
+
+def same_pads(total: int, auto_pad: str) -> tuple[int, int]:
+    """SAME's `total` padding of one axis split into (begin, end): the odd one at the
+    end for SAME_UPPER, at the beginning for SAME_LOWER."""
+    begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+    return begin, total - begin
+
+
+@dataclass(frozen=True)
+class PoolWindows:
+    """A pooling node's windows over its input's spatial axes, sized as onnx's spec does."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[int, ...]  # pads
+    end: tuple[int, ...]
+    out: tuple[int, ...]  # windows per axis
+
+    @classmethod
+    def of(cls, spatial: tuple[int, ...], attrs: dict) -> PoolWindows:
+        n = len(spatial)
+        kernel = tuple(attrs["kernel_shape"])
+        strides = tuple(attrs.get("strides") or [1] * n)
+        dilations = tuple(attrs.get("dilations") or [1] * n)
+        auto_pad = attrs.get("auto_pad") or "NOTSET"
+        pads = attrs.get("pads") or [0] * 2 * n
+        begin, end, out = [], [], []
+        for i, (size, k, s, d) in enumerate(zip(spatial, kernel, strides, dilations,
+                                                strict=True)):
+            reach = (k - 1) * d + 1
+            if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                o = -(-size // s)
+                b, e = same_pads(max(0, (o - 1) * s + reach - size), auto_pad)
+            elif auto_pad == "VALID":
+                b, e, o = 0, 0, (size - reach) // s + 1
+            else:
+                b, e = pads[i], pads[i + n]
+                room = size + b + e - reach
+                o = (-(-room // s) if attrs.get("ceil_mode") else room // s) + 1
+                if attrs.get("ceil_mode") and (o - 1) * s >= size + b:
+                    o -= 1  # a last window starting in the end padding is dropped
+            begin.append(b)
+            end.append(e)
+            out.append(max(o, 0))
+        return cls(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+    def view(self, x: np.ndarray, fill: float | int) -> np.ndarray:
+        """Every window of `x` padded with `fill`: shape (N, C, *out, *kernel), a view."""
+        if 0 in self.out:
+            return np.empty(x.shape[:2] + self.out + self.kernel, x.dtype)
+        reach = [(k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations, strict=True)]
+        last = [(o - 1) * s + r for o, s, r in zip(self.out, self.strides, reach, strict=True)]
+        widths = [(0, 0)] * (x.ndim - len(reach)) + [
+            (b, max(0, n - b - size)) for b, n, size in zip(self.begin, last, x.shape[2:],
+                                                            strict=True)]
+        padded = np.pad(x, widths, constant_values=fill)
+        windows = sliding_window_view(padded, reach, axis=tuple(range(2, x.ndim)))
+        return windows[(slice(None), slice(None),
+                        *(slice(0, o * s, s) for o, s in zip(self.out, self.strides,
+                                                             strict=True)),
+                        *(slice(None, None, d) for d in self.dilations))]
+
+    def taps(self, spatial: tuple[int, ...], include_pad: bool) -> np.ndarray:
+        """Per window, how many of its taps land inside the input (`include_pad`: inside
+        the explicitly padded input), shape (*out,)."""
+        inside = np.ones((1, 1, *spatial))
+        if not include_pad:
+            return self.view(inside, 0).sum(axis=self.axes(2))[0, 0]
+        inside = np.pad(inside, [(0, 0), (0, 0), *zip(self.begin, self.end, strict=True)],
+                        constant_values=1)
+        unpadded = replace(self, begin=(0,) * len(spatial))
+        return unpadded.view(inside, 0).sum(axis=self.axes(2))[0, 0]
+
+    def axes(self, first: int) -> tuple[int, ...]:
+        """The window axes of a view of `first` + len(out) leading axes."""
+        n = len(self.kernel)
+        return tuple(range(first + n, first + 2 * n))
+
+
+def _accumulator(dtype: np.dtype) -> type:
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+class MaxPool(OpRun):
+    def _run(self, x, **attrs):
+        win = PoolWindows.of(x.shape[2:], attrs)
+        fill = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
+        windows = win.view(x, fill)
+        y = windows.max(axis=win.axes(2))
+        if len(self.onnx_node.output) < 2 or not self.onnx_node.output[1]:
+            return (y,)
+        return y, self._indices(win, windows, x.shape, attrs.get("storage_order") or 0)
+
+    @staticmethod
+    def _indices(win: PoolWindows, windows: np.ndarray, shape: tuple[int, ...],
+                 storage_order: int) -> np.ndarray:
+        """Each maximum's flat position in the input, the first one in a tie, the spatial
+        axes in column-major order with `storage_order` 1 (as onnxruntime counts)."""
+        n = len(win.kernel)
+        lead = windows.shape[:2 + n]
+        taps = np.unravel_index(windows.reshape(*lead, -1).argmax(axis=-1), win.kernel)
+        spatial = shape[2:]
+        flat = np.zeros(lead, np.int64)
+        order = range(n) if storage_order == 0 else reversed(range(n))
+        for i in order:
+            pos = (np.arange(win.out[i]) * win.strides[i] - win.begin[i]).reshape(
+                (-1,) + (1,) * (n - 1 - i)) + taps[i] * win.dilations[i]
+            flat = flat * spatial[i] + pos
+        channels = np.arange(math.prod(shape[:2])).reshape(shape[:2] + (1,) * n)
+        return flat + channels * math.prod(spatial)
+
+
+class AveragePool(OpRun):
+    def _run(self, x, **attrs):
+        win = PoolWindows.of(x.shape[2:], attrs)
+        sums = win.view(x, 0).sum(axis=win.axes(2), dtype=_accumulator(x.dtype))
+        taps = win.taps(x.shape[2:], bool(attrs.get("count_include_pad")))
+        return ((sums / taps).astype(x.dtype),)
+
+
+class LpPool(OpRun):
+    def _run(self, x, **attrs):
+        win = PoolWindows.of(x.shape[2:], attrs)
+        p = attrs.get("p", 2)
+        powers = np.abs(win.view(x, 0)).astype(_accumulator(x.dtype)) ** p
+        return ((powers.sum(axis=win.axes(2)) ** (1.0 / p)).astype(x.dtype),)
+
+
+KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool)
