@@ -21,6 +21,7 @@ from runtime.graph import DEFAULT_DOMAINS, Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
 from runtime.train.emit import Emitter
 from runtime.train.facts import Facts, probe
+from runtime.train.functions import expand_functions
 from runtime.train.loss import LABELS, Loss
 from runtime.train.registry import Rewriting, rule_for
 
@@ -79,6 +80,9 @@ class TrainingForward:
                                 f"initializers)")
         arrays = check_feeds(graph.name, input_specs(graph), feeds)
         given = probe(model, arrays, set(arrays) | set(weights))
+        model, served = expand_functions(model, given, model_opset(model))
+        if served:
+            given = probe(model, arrays, set(arrays) | set(weights))
         prediction = model.graph.output[0].name
         label_array = loss.labels(labels, given.shape(prediction), given.dtype(prediction),
                                   what)
@@ -87,13 +91,14 @@ class TrainingForward:
         origins: dict[str, str] = {}
         statistics: dict[str, str] = {}
         for node in model.graph.node:
+            origin = served.get(node.name, node.name)
             rule = rule_for(node.op_type) if node.domain in DEFAULT_DOMAINS else None
             if rule is None or rule.rewrite is None:
                 nodes.append(node)
-                origins[node.name] = node.name
+                origins[node.name] = origin
                 continue
             start = len(e.nodes)
-            with e.serving(node.name):
+            with e.serving(origin):
                 statistics.update(rule.rewrite(Rewriting(node, given, e)))
             nodes.extend(e.nodes[start:])
         written = len(e.nodes)

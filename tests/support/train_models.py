@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import defs, helper, numpy_helper
 
 Rng = np.random.Generator
 
@@ -152,6 +152,31 @@ def attention(rng: Rng, dtype=np.float32, vocab: int = 7, width: int = 4, tokens
              mk("Add", ["hw", "head.b"], ["out"], name="head_bias")]
     return _model(nodes, weights, [helper.make_tensor_value_info(
         "ids", onnx.TensorProto.INT64, ["batch", tokens])], "out", ["batch", outputs], dtype)
+
+
+def functions(rng: Rng, dtype=np.float32, width: int = 8, classes: int = 3
+              ) -> onnx.ModelProto:
+    """Ops onnx defines as functions between Gemms, at RMSNormalization's opset: Gemm,
+    Selu, Gemm, RMSNormalization (a scale weight), Gemm, GroupNormalization (two groups),
+    Gemm: x [batch, width] -> logits [batch, classes]."""
+    weights = {"norm.scale": rng.uniform(0.5, 1.5, width), "group.scale":
+               rng.uniform(0.5, 1.5, width), "group.bias": rng.normal(0, 0.1, width)}
+    for i, out in enumerate((width, width, width, classes)):
+        weights[f"w{i}"], weights[f"b{i}"] = _uniform(rng, width, out, width), \
+            _uniform(rng, width, out)
+    mk = helper.make_node
+    nodes = [mk("Gemm", ["x", "w0", "b0"], ["g0"], transB=1, name="fc0"),
+             mk("Selu", ["g0"], ["a0"], name="selu"),
+             mk("Gemm", ["a0", "w1", "b1"], ["g1"], transB=1, name="fc1"),
+             mk("RMSNormalization", ["g1", "norm.scale"], ["n1"], name="rms"),
+             mk("Gemm", ["n1", "w2", "b2"], ["g2"], transB=1, name="fc2"),
+             mk("GroupNormalization", ["g2", "group.scale", "group.bias"], ["n2"],
+                num_groups=2, name="group"),
+             mk("Gemm", ["n2", "w3", "b3"], ["logits"], transB=1, name="out")]
+    opset = defs.get_schema("RMSNormalization").since_version
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return _model(nodes, weights, [helper.make_tensor_value_info("x", elem, ["batch", width])],
+                  "logits", ["batch", classes], dtype, opset)
 
 
 def batch_for(model: onnx.ModelProto, rng: Rng, batch: int) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from runtime.train import loss_and_gradients
 from runtime.train.optimizers import Optimizer
 from runtime.train.trainer import TrainConfig, Trainer
 from tests.support.fakes import FakeDevice
-from tests.support.train_models import attention, batch_for, cnn, exported, mlp, tied
+from tests.support.train_models import attention, batch_for, cnn, exported, functions, mlp, tied
 
 WEIGHTS_ATOL = 1e-5
 
@@ -71,6 +71,7 @@ def data_for(model: onnx.ModelProto, rng: np.random.Generator, rows: int, classe
     ("gpipe", "adam", "cpu:2,sim:2", "cnn_plain", False),
     ("1f1b", "momentum", "sim:3", "exported", False),
     ("1f1b", "adam", "cpu:2", "tied", False), ("gpipe", "sgd", "sim:3", "tied", True),
+    ("1f1b", "sgd", "cpu:2", "functions", False),
 ])
 def test_pipelined_steps_equal_full_batch_steps(schedule: str, optimizer: str, devices: str,
                                                name: str, ignored: bool) -> None:
@@ -82,7 +83,8 @@ def test_pipelined_steps_equal_full_batch_steps(schedule: str, optimizer: str, d
     rng = np.random.default_rng()
     model = {"mlp": lambda: mlp(rng), "attention": lambda: attention(rng),
              "cnn_plain": lambda: cnn(rng, batch_norm=False),
-             "exported": lambda: exported_plain(rng), "tied": lambda: tied(rng)}[name]()
+             "exported": lambda: exported_plain(rng), "tied": lambda: tied(rng),
+             "functions": lambda: functions(rng)}[name]()
     classes = model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
     batch, micro, steps = 12, 4, 3
     data, labels = data_for(model, rng, batch * steps, classes)

@@ -1,0 +1,166 @@
+"""ai.onnx ops that onnx defines as functions (Selu, Celu, Shrink, GroupNormalization,
+MeanVarianceNormalization, RMSNormalization, Attention, RotaryEmbedding, ...) train as
+their bodies when they have no rule of their own: each such node is replaced by its
+body's nodes, whose rules give its gradient, as onnxruntime's training expands them.
+
+The body is onnx's for the node's op version (Selu-6's is written in opset 18's ops).
+Where its ops are other versions at the model's opset, onnx's version converter rewrites
+it. A body built from the node's input types (a context-dependent one) takes them from
+a run's facts, so one nested in another body stays whole; so does a body holding a
+subgraph (an op without a rule, refused as before).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import onnx
+from onnx import defs, helper, version_converter
+
+from runtime.graph import DEFAULT_DOMAINS
+from runtime.train.facts import Facts
+from runtime.train.registry import rule_for
+
+
+def expand_functions(model: onnx.ModelProto, facts: Facts, opset: int
+                     ) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """`model` with every function node that has no rule replaced by its body, and each
+    new node's name -> the name of the model's node it stands for."""
+    served: dict[str, str] = {}
+    ids = itertools.count()
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        start = len(nodes)
+        nodes.extend(_expanded(node, facts, opset, ids))
+        if len(nodes) - start != 1 or nodes[start] is not node:
+            served.update((n.name, node.name) for n in nodes[start:])
+    if not served:
+        return model, served
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, served
+
+
+def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterator[int]
+              ) -> Iterator[onnx.NodeProto]:
+    """`node`, or its body's nodes (those of bodies inside it too)."""
+    body = _body(node, facts, opset) if node.domain in DEFAULT_DOMAINS \
+        and rule_for(node.op_type) is None else None
+    if body is None:
+        yield node
+        return
+    for inner in _renamed(node, body, next(ids)):
+        yield from _expanded(inner, None, opset, ids)
+
+
+def _body(node: onnx.NodeProto, facts: Facts | None, opset: int) -> onnx.FunctionProto | None:
+    """onnx's function for `node` at `opset`, its attribute references resolved."""
+    try:  # Any: onnx's stubs leave out OpSchema's function accessors
+        schema: Any = defs.get_schema(node.op_type, opset)
+    except defs.SchemaError:
+        return None
+    if (version := _version(schema.function_opset_versions, opset)) is not None:
+        body = _proto(schema.get_function_with_opset_version(version))
+    elif facts is not None and (version := _version(
+            schema.context_dependent_function_opset_versions, opset)) is not None:
+        types = [_type(name, facts).SerializeToString() for name in node.input]
+        body = _proto(schema.get_context_dependent_function_with_opset_version(
+            version, node.SerializeToString(), types))
+    else:
+        return None
+    if not body.node or not _resolved(body, node, opset):
+        return None
+    return body if _same_at(body, version, opset) else _converted(body, node, facts, opset)
+
+
+def _version(versions: list[int], opset: int) -> int | None:
+    """The function version for `opset`: the latest at or before it, else the first."""
+    before = [v for v in versions if v <= opset]
+    return max(before) if before else min(versions, default=None)
+
+
+def _proto(serialized: bytes | onnx.FunctionProto) -> onnx.FunctionProto:
+    return onnx.FunctionProto.FromString(serialized) if isinstance(serialized, bytes) \
+        else serialized
+
+
+def _type(name: str, facts: Facts) -> onnx.TypeProto:
+    if not name:
+        return onnx.TypeProto()
+    return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(facts.dtype(name)),
+                                         list(facts.shape(name)))
+
+
+def _resolved(body: onnx.FunctionProto, node: onnx.NodeProto, opset: int) -> bool:
+    """Put the node's attribute values (else the op's defaults) where the body refers to
+    them, dropping references to neither; False for a body holding a subgraph."""
+    values = {name: a.default_value
+              for name, a in defs.get_schema(node.op_type, opset).attributes.items()
+              if a.default_value.type != onnx.AttributeProto.UNDEFINED}
+    values.update((a.name, a) for a in node.attribute)
+    for inner in body.node:
+        kept = []
+        for a in inner.attribute:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                return False
+            if a.ref_attr_name:
+                if a.ref_attr_name not in values:
+                    continue
+                name, a = a.name, onnx.AttributeProto.FromString(
+                    values[a.ref_attr_name].SerializeToString())
+                a.name = name
+            kept.append(a)
+        del inner.attribute[:]
+        inner.attribute.extend(kept)
+    return True
+
+
+def _same_at(body: onnx.FunctionProto, version: int, opset: int) -> bool:
+    """Are the body's ops, written for opset `version`, the same ops at `opset`?"""
+    try:
+        return all(n.domain in DEFAULT_DOMAINS
+                   and defs.get_schema(n.op_type, version).since_version
+                   == defs.get_schema(n.op_type, opset).since_version for n in body.node)
+    except defs.SchemaError:
+        return False
+
+
+def _converted(body: onnx.FunctionProto, node: onnx.NodeProto, facts: Facts | None,
+               opset: int) -> onnx.FunctionProto | None:
+    """The body in `opset`'s ops, by onnx's version converter (None where it cannot)."""
+    typed = dict(zip(body.input, node.input, strict=False)) if facts is not None else {}
+    inputs = [helper.make_value_info(i, _type(typed[i], facts)) if typed.get(i) and facts
+              else onnx.ValueInfoProto(name=i) for i in body.input]
+    graph = helper.make_graph(list(body.node), node.op_type, inputs,
+                              [onnx.ValueInfoProto(name=o) for o in body.output])
+    try:
+        model = version_converter.convert_version(
+            helper.make_model(graph, opset_imports=list(body.opset_import)), opset)
+    except (version_converter.ConvertError, onnx.checker.ValidationError, RuntimeError):
+        return None
+    del body.node[:]
+    body.node.extend(model.graph.node)
+    return body
+
+
+def _renamed(node: onnx.NodeProto, body: onnx.FunctionProto, k: int) -> list[onnx.NodeProto]:
+    """The body's nodes reading the node's inputs and writing its outputs, every other
+    name fresh."""
+    names = dict(zip(body.input, [*node.input, *[""] * len(body.input)], strict=False))
+    names.update(zip(body.output, node.output, strict=False))
+    prefix = f"{node.name}/f{k}"
+    out = []
+    for index, inner in enumerate(body.node):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner)
+        copy.name = f"{prefix}/{index}:{inner.op_type}"
+        for field in (copy.input, copy.output):
+            renamed = [names.setdefault(t, f"{prefix}/{t}") if t else "" for t in field]
+            del field[:]
+            field.extend(renamed)
+        out.append(copy)
+    return out
