@@ -3,6 +3,8 @@ than onnx's spec (and onnxruntime) do.
 
 - ConvTranspose of more than one group: the evaluator adds bias[0] alone, and fails on
   groups wider than one channel.
+- LRN: the evaluator loops over the batch axis where the channels are meant, leaving
+  the channels past the batch size unnormalized.
 - MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
   otherwise (GoogLeNet's stride-1 `ceil_mode` MaxPool grows by 2), and counts LpPool's
   ceil_mode windows wrong. Here every window is a strided view of the padded input.
@@ -159,4 +161,15 @@ class LpPool(OpRun):
         return ((powers.sum(axis=win.axes(2)) ** (1.0 / p)).astype(x.dtype),)
 
 
-KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool)
+class LRN(OpRun):
+    """Each channel over its window of channels."""
+
+    def _run(self, x, size, alpha=1e-4, beta=0.75, bias=1.0):
+        below = (size - 1) // 2
+        squares = np.pad(x.astype(_accumulator(x.dtype)) ** 2,
+                         [(0, 0), (below, size - 1 - below)] + [(0, 0)] * (x.ndim - 2))
+        window = sliding_window_view(squares, size, axis=1).sum(axis=-1)
+        return ((x / (bias + alpha / size * window) ** beta).astype(x.dtype),)
+
+
+KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN)

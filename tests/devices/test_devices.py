@@ -194,6 +194,16 @@ def test_the_reference_backend_pools_ceil_mode_windows_as_onnxruntime(managers):
         assert_reference_runs_as_onnxruntime(m, node, x)
 
 
+def test_the_reference_backend_normalizes_every_channel_as_onnxruntime(managers):
+    """onnx's evaluator's LRN loops over the batch axis where the channels are meant (odd
+    sizes: onnxruntime takes no other)."""
+    m = managers("d0", "reference")
+    for size in (1, 3, 5):
+        node = helper.make_node("LRN", ["x"], ["y"], size=size, alpha=0.5, bias=1.5)
+        assert_reference_runs_as_onnxruntime(
+            m, node, RNG.standard_normal((2, 6, 3, 4)).astype(np.float32))
+
+
 def random_pool(op: str) -> onnx.NodeProto:
     """A pooling node of fresh geometry: explicit pads (any ceil_mode, MaxPool's dilations
     and indices) or SAME (onnxruntime sizes SAME as the spec does only without dilations,

@@ -3,7 +3,8 @@ compares (elementwise |analytic - numeric| <= atol + rtol * |numeric|, eps 1e-6,
 atol 1e-5, rtol 1e-3).
 
 The numeric side never touches Prism's training code: the model runs forward as given
-(onnxruntime, or onnx's reference evaluator where onnxruntime lacks a float64 kernel)
+(onnxruntime, or onnx's reference evaluator where onnxruntime lacks a float64 kernel,
+with the `reference` backend's kernels where the evaluator's own are wrong)
 with its initializers turned into inputs, and the loss is computed here in numpy.
 """
 
@@ -19,6 +20,8 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
+
+from runtime.devices.reference_ops import KERNELS
 
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3  # torch.autograd.gradcheck's defaults
 
@@ -39,6 +42,10 @@ class Gelu(OpRun):
             inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
             return (0.5 * x * (1 + np.tanh(inner)),)
         return (0.5 * x * (1 + _erf(x / math.sqrt(2))),)
+
+
+def float64_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
+    return ReferenceEvaluator(model, new_ops=[Erf, Gelu, *KERNELS])
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -83,7 +90,7 @@ def forward_runner(model: onnx.ModelProto) -> tuple[Callable[[dict], np.ndarray]
     open_model.graph.initializer.extend(kept)
     open_model.graph.input.extend(inputs)
     first = open_model.graph.output[0].name
-    evaluator = ReferenceEvaluator(open_model, new_ops=[Erf, Gelu])
+    evaluator = float64_evaluator(open_model)
     session: ort.InferenceSession | None
     try:
         session = ort.InferenceSession(open_model.SerializeToString(),
@@ -168,7 +175,7 @@ def typed_model(nodes: list[onnx.NodeProto], weights: Mapping[str, np.ndarray],
                                        providers=["CPUExecutionProvider"])
         values = session.run(outputs, dict(inputs))
     except Exception:
-        values = ReferenceEvaluator(loose, new_ops=[Erf, Gelu]).run(outputs, dict(inputs))
+        values = float64_evaluator(loose).run(outputs, dict(inputs))
     return build([helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(v.dtype),
                                                 list(np.shape(v)))
                   for o, v in zip(outputs, values, strict=True)])

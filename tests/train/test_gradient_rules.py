@@ -277,9 +277,9 @@ def conv_case(rng: Rng) -> Check:
 
 
 def conv_transpose_case(rng: Rng) -> Check:
-    """One group, no output_shape, and SAME padding only where the windows reach the
-    output's end: onnx's reference evaluator, which runs float64 ConvTranspose, computes
-    the others unlike onnxruntime (`tests/train/test_gradients.py` checks them there)."""
+    """No output_shape, and SAME padding only where the windows reach the output's end:
+    onnx's reference evaluator, which runs float64 ConvTranspose, computes the others
+    unlike onnxruntime (`tests/train/test_gradients.py` checks them there)."""
     rank = int(rng.integers(1, 3))
     while True:
         kernel, spatial = [int(k) for k in rng.integers(1, 4, rank)], shape_of(rng, rank)
@@ -297,8 +297,9 @@ def conv_transpose_case(rng: Rng) -> Check:
             fits = all(r >= s * i for r, s, i in zip(reach, strides, spatial, strict=True))
         if fits:
             break
-    cin, cout = (int(c) for c in rng.integers(1, 3, 2))
-    weights = {"x": normal(rng, 2, cin, *spatial), "w": normal(rng, cin, cout, *kernel)}
+    attrs["group"] = group = int(rng.integers(1, 3))
+    cin, cout = (group * int(c) for c in rng.integers(1, 3, 2))
+    weights = {"x": normal(rng, 2, cin, *spatial), "w": normal(rng, cin, cout // group, *kernel)}
     if rng.random() < 0.7:
         weights["b"] = normal(rng, cout)
     return node_check(rng, "ConvTranspose", weights, attrs)
@@ -307,17 +308,12 @@ def conv_transpose_case(rng: Rng) -> Check:
 def pool_case(op: str) -> Callable[[Rng], Check]:
     def make(rng: Rng) -> Check:
         kernel = [int(k) for k in rng.integers(1, 4, 2)]
-        strides = [int(s) for s in rng.integers(1, 3, 2)]
-        begin = [min(int(p), k - 1) for p, k in zip(rng.integers(0, 2, 2), kernel, strict=True)]
-        # pads begin = end: onnx's evaluator pools asymmetric pads wrong
-        attrs: dict = {"kernel_shape": kernel, "strides": strides, "pads": begin * 2,
+        attrs: dict = {"kernel_shape": kernel, "strides": [int(s) for s in rng.integers(1, 4, 2)],
+                       "pads": [int(rng.integers(0, k)) for k in kernel * 2],
                        "ceil_mode": int(rng.integers(0, 2))}
-        if attrs["ceil_mode"]:  # where onnxruntime and onnx's evaluator agree: no pads, and
-            attrs["pads"] = [0] * 4  # no window left empty (strides within the kernel)
-            attrs["strides"] = [min(s, k) for s, k in zip(strides, kernel, strict=True)]
         if op == "AveragePool":
             attrs["count_include_pad"] = int(rng.integers(0, 2))
-        spatial = [int(rng.integers(k + 1, k + 5)) for k in kernel]
+        spatial = [int(rng.integers(k, k + 5)) for k in kernel]
         # distinct values: a tie for the max has no derivative
         x = rng.permutation(2 * 2 * spatial[0] * spatial[1]).reshape(2, 2, *spatial) / 7.0
         return node_check(rng, op, {"x": x}, attrs)
@@ -535,6 +531,62 @@ def gather_nd_case(rng: Rng) -> Check:
                       inputs={"i": indices.astype(np.int64)}, order=["x", "i"])
 
 
+def inside_unit(rng: Rng, *shape: int) -> np.ndarray:
+    return rng.uniform(-0.9, 0.9, shape)
+
+
+def above_one(rng: Rng, *shape: int) -> np.ndarray:
+    return rng.uniform(1.1, 3.0, shape)
+
+
+def trilu_case(rng: Rng) -> Check:
+    shape = shape_of(rng, int(rng.integers(2, 4)), low=2)
+    return node_check(rng, "Trilu", {"x": normal(rng, *shape)}, {"upper": int(rng.integers(0, 2))},
+                      inputs={"k": np.asarray(int(rng.integers(-2, 3)), np.int64)},
+                      order=["x", "k"])
+
+
+def global_max_pool_case(rng: Rng) -> Check:
+    shape = (2, 3, *shape_of(rng, 2))
+    x = rng.permutation(int(np.prod(shape))).reshape(shape) / 7.0  # no ties
+    return node_check(rng, "GlobalMaxPool", {"x": x})
+
+
+def scatter_case(op: str) -> Callable[[Rng], Check]:
+    """Distinct positions (repeated ones without a reduction are undefined), reduction
+    none or add; the updates are weights too."""
+    def make(rng: Rng) -> Check:
+        shape = shape_of(rng, int(rng.integers(1, 4)), low=2)
+        attrs = {"reduction": str(rng.choice(["none", "add"]))}
+        if op == "ScatterND":
+            depth = int(rng.integers(1, len(shape) + 1))
+            cells = np.array(list(np.ndindex(*shape[:depth])))
+            picked = cells[rng.choice(len(cells), int(rng.integers(1, len(cells) + 1)),
+                                      replace=False)]
+            indices, updates = picked, (len(picked), *shape[depth:])
+        else:
+            attrs["axis"] = int(rng.integers(0, len(shape)))
+            taken = [int(rng.integers(1, d + 1)) for d in shape]
+            taken[attrs["axis"]] = int(rng.integers(1, shape[attrs["axis"]] + 1))
+            indices = np.stack([rng.permutation(shape[attrs["axis"]])[:taken[attrs["axis"]]]
+                                for _ in range(int(np.prod(taken)) // taken[attrs["axis"]])],
+                               axis=-1)
+            indices = np.moveaxis(indices.reshape(taken[attrs["axis"]], *[
+                t for i, t in enumerate(taken) if i != attrs["axis"]]), 0, attrs["axis"])
+            updates = tuple(taken)
+        return node_check(rng, op, {"x": normal(rng, *shape), "u": normal(rng, *updates)},
+                          attrs, inputs={"i": indices.astype(np.int64)}, order=["x", "i", "u"],
+                          opset=18)
+    return make
+
+
+def lrn_case(rng: Rng) -> Check:
+    size = int(rng.integers(1, 6))
+    return node_check(rng, "LRN", {"x": normal(rng, 2, int(rng.integers(1, 7)), *shape_of(rng, 2))},
+                      {"size": size, "alpha": float(rng.uniform(0.1, 1)),
+                       "beta": float(rng.uniform(0.5, 1)), "bias": float(rng.uniform(1, 2))})
+
+
 EQUATIONS = ["ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "ij,j->i", "i,j->ij",
              "bhqd,bhkd->bhqk", "ij,ij->", "ijk->", "ij,jk", "ij,kj->ik"]
 
@@ -580,7 +632,13 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "ReduceMax": reduce_case("ReduceMax"), "ReduceMin": reduce_case("ReduceMin"),
     "ReduceSumSquare": reduce_case("ReduceSumSquare"), "ReduceL2": reduce_case("ReduceL2"),
     "ReduceLogSumExp": reduce_case("ReduceLogSumExp"), "Resize": resize_case,
-    "TopK": top_k_case, "GatherND": gather_nd_case,
+    "TopK": top_k_case, "GatherND": gather_nd_case, "Tan": unary("Tan", inside_unit),
+    "Sinh": unary("Sinh"), "Cosh": unary("Cosh"), "Asin": unary("Asin", inside_unit),
+    "Acos": unary("Acos", inside_unit), "Atan": unary("Atan"), "Asinh": unary("Asinh"),
+    "Acosh": unary("Acosh", above_one), "Atanh": unary("Atanh", inside_unit),
+    "Trilu": trilu_case, "GlobalMaxPool": global_max_pool_case,
+    "ScatterND": scatter_case("ScatterND"), "ScatterElements": scatter_case("ScatterElements"),
+    "LRN": lrn_case,
 }
 DRAWS = 3  # random shapes per rule and run
 

@@ -33,10 +33,10 @@ def spread_back(g: Grad, axes: list[int]) -> str:
     return g.e.expand(kept(g, dy, axes), g.shape(g.x()))
 
 
-def to_reduced_extremes(g: Grad) -> dict[int, str]:
-    """ReduceMax and ReduceMin: the gradient goes to the elements equal to the result,
-    split evenly among ties (as PyTorch's amax and amin)."""
-    axes, e = reduced_axes(g), g.e
+def to_reduced_extremes(g: Grad, axes: list[int] | None = None) -> dict[int, str]:
+    """ReduceMax and ReduceMin (over `axes`, else the node's): the gradient goes to the
+    elements equal to the result, split evenly among ties (as PyTorch's amax and amin)."""
+    axes, e = reduced_axes(g) if axes is None else axes, g.e
     elem = helper.np_dtype_to_tensor_dtype(g.facts.dtype(g.x()))
     hit = e.op("Cast", [e.op("Equal", [g.x(), kept(g, g.y(), axes)])], to=elem)
     share = e.op("Div", [spread_back(g, axes), e.sum(hit, axes, keepdims=True)])

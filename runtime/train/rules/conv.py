@@ -1,10 +1,9 @@
 """Conv (any spatial rank, groups, strides, dilations, pads or auto_pad).
 
-dX is a ConvTranspose of dY by the same weights (one per group, concatenated, unless each
-group is one channel: onnx's reference evaluator computes grouped ConvTranspose right
-only then). dW is itself a convolution: of X with
-batch and channels swapped, by dY as the kernel, strides and dilations exchanged, cut to
-the kernel's size; groups ride along by folding each group's channels next to the batch.
+dX is a ConvTranspose of dY by the same weights and groups. dW is itself a convolution:
+of X with batch and channels swapped, by dY as the kernel, strides and dilations
+exchanged, cut to the kernel's size; groups ride along by folding each group's channels
+next to the batch.
 dB sums dY over batch and space.
 """
 
@@ -20,7 +19,8 @@ from runtime.train.rules._windows import Windows
 @gradient("Conv")
 def conv(g: Grad) -> dict[int, str]:
     win = Windows.of(g, tuple(g.shape(g.x(1))[2:]))
-    return convolution(g, win, lambda dy, w, group: _input_gradient(g, dy, w, group, win))
+    return convolution(g, win, lambda dy, w, group: g.e.op("ConvTranspose", [dy, w], group=group,
+                                                           **win.spread()))
 
 
 def convolution(g: Grad, win: Windows, input_gradient: Callable[[str, str, int], str],
@@ -60,17 +60,3 @@ def _weight_gradient(g: Grad, x: str, dy: str, w_shape: Shape, group: int, win: 
     cut = e.op("Slice", [full, e.ints([0] * rank), e.ints(list(kernel)),
                          e.ints(list(range(2, 2 + rank)))])
     return e.transpose(cut, [1, 0, *range(2, 2 + rank)])
-
-
-def _input_gradient(g: Grad, dy: str, w: str, group: int, win: Windows) -> str:
-    e = g.e
-    w_shape = g.shape(w)
-    cout, cin = w_shape[0] // group, w_shape[1]
-    if group == 1 or cout == cin == 1:
-        return e.op("ConvTranspose", [dy, w], group=group, **win.spread())
-    parts = []
-    for j in range(group):
-        dy_j = e.op("Slice", [dy, e.ints([j * cout]), e.ints([(j + 1) * cout]), e.ints([1])])
-        w_j = e.op("Slice", [w, e.ints([j * cout]), e.ints([(j + 1) * cout]), e.ints([0])])
-        parts.append(e.op("ConvTranspose", [dy_j, w_j], **win.spread()))
-    return e.op("Concat", parts, axis=1)

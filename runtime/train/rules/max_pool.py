@@ -1,12 +1,10 @@
 """MaxPool: each output's gradient goes to the input element it took. For training the
-node also gives its argmax indices. onnxruntime counts them over the whole tensor and
-onnx's reference evaluator within each (n, c) plane, so the rule takes them modulo the
-plane and adds the plane's offset itself; repeated indices (overlapping windows) add up
-in ScatterElements."""
+node also gives its argmax indices, counted over the whole tensor (onnxruntime and the
+`reference` backend alike); repeated indices (overlapping windows) add up in
+ScatterElements."""
 
 from __future__ import annotations
 
-import numpy as np
 from onnx import helper
 
 from runtime.errors import TrainingError
@@ -33,10 +31,7 @@ def max_pool(g: Grad) -> dict[int, str]:
     dy, e = g.dy(), g.e
     assert dy is not None
     shape = g.shape(g.x())
-    n, c, plane = shape[0], shape[1], volume(shape[2:])
-    offsets = (np.arange(n * c, dtype=np.int64) * plane).reshape(n, c, *[1] * (len(shape) - 2))
-    within = e.op("Mod", [g.y(1), e.ints([plane])])
-    flat = e.reshape(e.op("Add", [within, e.const(offsets, np.int64)]), [-1])
-    scattered = e.op("ScatterElements", [zeros(g, (volume(shape),), g.x()), flat,
-                                         e.reshape(dy, [-1])], axis=0, reduction="add")
+    scattered = e.op("ScatterElements", [zeros(g, (volume(shape),), g.x()),
+                                         e.reshape(g.y(1), [-1]), e.reshape(dy, [-1])],
+                     axis=0, reduction="add")
     return {0: e.reshape(scattered, shape)}
