@@ -2,7 +2,8 @@
 than onnx's spec (and onnxruntime) do.
 
 - ConvTranspose of more than one group: the evaluator adds bias[0] alone, and fails on
-  groups wider than one channel.
+  groups wider than one channel; and one whose `output_shape` cuts the output by a stride
+  or more, where it fails.
 - LRN: the evaluator loops over the batch axis where the channels are meant, leaving
   the channels past the batch size unnormalized.
 - MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
@@ -22,9 +23,15 @@ from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
 
 
 class ConvTranspose(_ConvTranspose):
-    """Groups one at a time."""
+    """Groups one at a time; an `output_shape` cut from the whole output (or the whole
+    output padded at its end), as the spec pads it, before the bias."""
 
-    def _run(self, X, W, B=None, group=None, **attrs):  # type: ignore[override]
+    def _run(self, X, W, B=None, group=None, output_shape=None, **attrs):  # type: ignore[override]
+        if output_shape:
+            auto_pad = attrs.get("auto_pad")
+            attrs.update(auto_pad="NOTSET", pads=None)
+            y = _fitted(self._run(X, W, None, group=group, **attrs)[0], output_shape, auto_pad)
+            return (y if B is None else y + B.reshape(-1, *[1] * (y.ndim - 2)),)
         if not group or group == 1:
             return super()._run(X, W, B, group=group, **attrs)
         biases = np.split(B, group) if B is not None else [None] * group
@@ -38,6 +45,17 @@ def same_pads(total: int, auto_pad: str) -> tuple[int, int]:
     end for SAME_UPPER, at the beginning for SAME_LOWER."""
     begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
     return begin, total - begin
+
+
+def _fitted(whole: np.ndarray, shape: list[int], auto_pad: str | None) -> np.ndarray:
+    """`whole` cut to spatial `shape` as SAME splits the excess (SAME_LOWER unless told),
+    or padded with zeros at the end where `shape` is larger."""
+    cut, grown = [slice(None), slice(None)], [(0, 0), (0, 0)]
+    for size, want in zip(whole.shape[2:], shape, strict=True):
+        begin = same_pads(size - want, auto_pad or "SAME_LOWER")[0] if size > want else 0
+        cut.append(slice(begin, begin + want))
+        grown.append((0, max(0, want - size)))
+    return np.pad(whole[tuple(cut)], grown)
 
 
 @dataclass(frozen=True)

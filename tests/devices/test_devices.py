@@ -169,18 +169,34 @@ def assert_reference_runs_as_onnxruntime(m: DeviceManager, node: onnx.NodeProto,
                                    err_msg=f"{name} of {node}")
 
 
-@pytest.mark.parametrize(("channels", "per_group", "group"), [(2, 1, 2), (4, 3, 2), (6, 2, 3)])
-def test_the_reference_backend_runs_a_grouped_conv_transpose_as_onnxruntime(
-        managers, channels, per_group, group):
-    """onnx's evaluator adds only the first group's bias to a depthwise one and fails on
-    wider groups."""
-    w = RNG.standard_normal((channels, per_group, 3, 2)).astype(np.float32)
-    b = RNG.standard_normal(per_group * group).astype(np.float32)
-    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=group,
-                            strides=[2, 1], pads=[1, 0, 0, 1])
-    assert_reference_runs_as_onnxruntime(
-        managers("d0", "reference"), node,
-        RNG.standard_normal((2, channels, 4, 3)).astype(np.float32), w=w, b=b)
+def random_conv_transpose() -> tuple[onnx.NodeProto, np.ndarray, dict[str, np.ndarray]]:
+    """A ConvTranspose of fresh geometry: groups, explicit pads and output padding, or an
+    output_shape within a stride of the windows' reach (cut, or padded with zeros)."""
+    rank, group, per_in, per_out = (int(v) for v in RNG.integers(1, 4, 4))
+    rank = min(rank, 2)
+    kernel, strides, dilations, spatial = (RNG.integers(1, 4, rank), RNG.integers(1, 4, rank),
+                                           RNG.integers(1, 3, rank), RNG.integers(1, 5, rank))
+    attrs: dict = {"group": group, "strides": strides.tolist(), "dilations": dilations.tolist()}
+    reach = strides * (spatial - 1) + (kernel - 1) * dilations + 1
+    if RNG.random() < 0.5:
+        attrs["pads"] = [int(RNG.integers(0, 2)) if r > 2 else 0 for r in [*reach, *reach]]
+        attrs["output_padding"] = [int(RNG.integers(0, s)) for s in strides]
+    else:
+        attrs["output_shape"] = [max(1, int(r + RNG.integers(1 - s, s)))
+                                 for r, s in zip(reach, strides, strict=True)]
+    weights = {"w": RNG.standard_normal((group * per_in, per_out, *kernel)).astype(np.float32),
+               "b": RNG.standard_normal(group * per_out).astype(np.float32)}
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    return node, RNG.standard_normal((2, group * per_in, *spatial)).astype(np.float32), weights
+
+
+def test_the_reference_backend_runs_conv_transpose_as_onnxruntime(managers):
+    """onnx's evaluator adds only the first group's bias to a depthwise one, fails on
+    wider groups, and fails on an output_shape that cuts the output; 40 fresh geometries."""
+    m = managers("d0", "reference")
+    for _ in range(40):
+        node, x, weights = random_conv_transpose()
+        assert_reference_runs_as_onnxruntime(m, node, x, **weights)
 
 
 def test_the_reference_backend_pools_ceil_mode_windows_as_onnxruntime(managers):

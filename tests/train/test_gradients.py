@@ -129,8 +129,10 @@ def test_a_cnn_matches_pytorch_autograd() -> None:
                                    err_msg=name)
 
 
-# ConvTranspose as onnx's reference evaluator (which runs float64) computes it unlike
-# onnxruntime: kernel, attributes
+# ConvTranspose where onnx's reference evaluator (which runs float64) computes it unlike
+# onnxruntime: groups and output_shape, where the reference backend's kernels now stand
+# in, and SAME with a kernel shorter than its stride, where the spec and onnxruntime part.
+# kernel, attributes
 CONV_TRANSPOSE_WAYS = {
     "groups": ((3, 2), {"group": 2, "strides": [2, 2], "output_padding": [1, 0],
                         "pads": [1, 0, 0, 1]}),
