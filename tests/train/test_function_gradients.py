@@ -105,7 +105,6 @@ def nll_case(rng: Rng) -> Check:
 
 CASES: dict[str, Callable[[Rng], Check]] = {
     "Selu": selu_case, "ThresholdedRelu": thresholded_relu_case,
-    "ReduceL1": reduce_case("ReduceL1", normal),
     "ReduceLogSum": reduce_case("ReduceLogSum", positive), "Swish": swish_case,
     "GroupNormalization": group_normalization_case,
     "RMSNormalization": rms_normalization_case, "Attention": attention_case,

@@ -401,10 +401,17 @@ def softmax_cross_entropy_case(rng: Rng) -> Check:
 
 
 def pad_case(rng: Rng) -> Check:
-    shape = shape_of(rng, 3, low=3)  # a crop of one at each end leaves something
-    pads = [int(p) for p in rng.integers(-1, 3, 6)]
-    return node_check(rng, "Pad", {"x": normal(rng, *shape), "pads": np.asarray(pads, np.int64),
-                                   "value": np.asarray(0.0)})
+    """Constant (a crop of one at each end leaves something), or reflect, edge or wrap
+    (reflect's pads within the axis, its edge not repeated)."""
+    shape = shape_of(rng, 3, low=3)
+    mode = str(rng.choice(["constant", "reflect", "edge", "wrap"]))
+    if mode == "constant":
+        pads = [int(p) for p in rng.integers(-1, 3, 6)]
+        return node_check(rng, "Pad", {"x": normal(rng, *shape), "pads": np.asarray(
+            pads, np.int64), "value": np.asarray(0.0)})
+    pads = [int(rng.integers(0, d)) for d in shape * 2]
+    return node_check(rng, "Pad", {"x": normal(rng, *shape), "pads": np.asarray(pads, np.int64)},
+                      {"mode": mode})
 
 
 def split_case(rng: Rng) -> Check:
@@ -585,6 +592,18 @@ def scatter_case(op: str) -> Callable[[Rng], Check]:
     return make
 
 
+def reduce_prod_case(rng: Rng) -> Check:
+    """Elements away from zero, or with one or two exact zeros, whose gradient is the
+    product of the others (kinks elsewhere: central differences step off zero)."""
+    check = reduce_case("ReduceProd")(rng)
+    x = numpy_helper.to_array(check.model.graph.initializer[0]).copy()
+    x = np.where(np.abs(x) < 0.3, 0.3, x)
+    for _ in range(int(rng.integers(0, 3))):
+        x.flat[int(rng.integers(0, x.size))] = 0.0
+    check.model.graph.initializer[0].CopyFrom(numpy_helper.from_array(x, "x"))
+    return check
+
+
 def lrn_case(rng: Rng) -> Check:
     size = int(rng.integers(1, 6))
     return node_check(rng, "LRN", {"x": normal(rng, 2, int(rng.integers(1, 7)), *shape_of(rng, 2))},
@@ -643,7 +662,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "Acosh": unary("Acosh", above_one), "Atanh": unary("Atanh", inside_unit),
     "Trilu": trilu_case, "GlobalMaxPool": global_max_pool_case,
     "ScatterND": scatter_case("ScatterND"), "ScatterElements": scatter_case("ScatterElements"),
-    "LRN": lrn_case,
+    "LRN": lrn_case, "ReduceL1": reduce_case("ReduceL1"), "ReduceProd": reduce_prod_case,
 }
 DRAWS = 3  # random shapes per rule and run
 
