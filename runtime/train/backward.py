@@ -14,7 +14,7 @@ refused in one line naming the node and its op.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,10 +43,12 @@ class Backward:
     shapes: Mapping[str, tuple[int, ...]]  # each gradient tensor's shape (its tensor's)
 
 
-def differentiate(fwd: TrainingForward, seed: str = SEED) -> Backward:
+def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | None = None
+                  ) -> Backward:
+    """The gradients of the weights `of` (default: every float initializer)."""
     facts = fwd.facts
     floats = {t for t, d in facts.dtypes.items() if d.kind == "f"}
-    needs = _needing(fwd.nodes, set(fwd.weights) & floats, floats)
+    needs = _needing(fwd.nodes, set(fwd.weights if of is None else of) & floats, floats)
     active = _active(fwd.nodes, needs)
     walked = [n for n in fwd.nodes if id(n) in active]
     for node in walked:

@@ -10,7 +10,7 @@ rules read, probed on one real batch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -27,6 +27,7 @@ from runtime.train.registry import Rewriting, rule_for
 
 TRAINING_OPSET = 17  # the oldest ai.onnx opset a training graph is written in
 LOSS = "train/loss"
+SHARED = "shared:"  # + a weight: the origin its copy serves (`_shared_through_copies`)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class TrainingForward:
     loss: Loss
     facts: Facts
     batch: Mapping[str, np.ndarray]  # the batch it was probed on, labels (LABELS) included
+    # the origin a shared weight's copy serves -> the model's nodes reading it
+    shared: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -105,7 +108,8 @@ class TrainingForward:
         loss.write(e, prediction, len(given.shape(prediction)), LOSS)
         nodes.extend(e.nodes[written:])
         origins.update(e.origins)
-        nodes = _shared_through_copies(nodes, set(weights), e, origins)
+        nodes, shared = _shared_through_copies(
+            nodes, {w for w, v in weights.items() if v.ndim > 0}, e, origins)
         constants = (*[t for t in model.graph.initializer if t.name not in weights],
                      *e.initializers.values())
         trained = _forward_model(model, nodes, constants, weights, LABELS, label_array)
@@ -113,7 +117,7 @@ class TrainingForward:
         facts = probe(trained, feeds_all, set(feeds_all) | set(weights))
         return cls(graph, model_opset(model), tuple(nodes), origins, weights,
                    tuple(constants), statistics, tuple(arrays), prediction, loss, facts,
-                   feeds_all)
+                   feeds_all, shared)
 
 
 def _forward_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
@@ -172,31 +176,29 @@ OPTIONAL_OUTPUTS = frozenset({"BatchNormalization", "Dropout", "LayerNormalizati
 
 
 def _shared_through_copies(nodes: list[onnx.NodeProto], weights: set[str], e: Emitter,
-                           origins: dict[str, str]) -> list[onnx.NodeProto]:
-    """A weight read for several of the model's nodes reaches all but the first through
-    an Identity serving that first one: wherever a plan puts them, the weight lives on
-    one stage, and its copy crosses to the others as an activation does, its gradient
-    crossing back into the one accumulator (tied embeddings; an exporter's one initializer
-    for equal ones)."""
-    first: dict[str, str] = {}  # weight -> the origin of its first reader
+                           origins: dict[str, str]
+                           ) -> tuple[list[onnx.NodeProto], dict[str, tuple[str, ...]]]:
+    """A weight read for several of the model's nodes reaches them all through one
+    Identity, which serves `SHARED + weight`; the stages put it with its earliest reader
+    (`stages.build_stages`, from the origin -> readers map returned). Wherever a plan puts
+    the readers, the weight lives on one stage, its copy crosses to the others as an
+    activation does, and its gradient crosses back into the one accumulator (tied
+    embeddings; an exporter's one initializer for equal ones)."""
+    readers: dict[str, dict[str, None]] = {}
+    for node in nodes:
+        for t in node.input:
+            if t in weights:
+                readers.setdefault(t, {})[origins[node.name]] = None
+    shared = {t: tuple(r) for t, r in readers.items() if len(r) > 1}
     copies: dict[str, str] = {}
     out = []
-    for node in nodes:
-        origin = origins[node.name]
-        moved = {}
-        for t in dict.fromkeys(node.input):
-            if t not in weights or first.setdefault(t, origin) == origin:
-                continue
-            if t not in copies:
-                with e.serving(first[t]):
-                    copies[t] = e.op("Identity", [t])
-                out.append(e.nodes[-1])
-                origins[e.nodes[-1].name] = first[t]
-            moved[t] = copies[t]
-        if moved:
-            node = _reading(node, moved)
-        out.append(node)
-    return out
+    for t in shared:
+        with e.serving(SHARED + t):
+            copies[t] = e.op("Identity", [t])
+        out.append(e.nodes[-1])
+        origins[out[-1].name] = SHARED + t
+    out += [_reading(n, copies) if copies.keys() & set(n.input) else n for n in nodes]
+    return out, {SHARED + t: r for t, r in shared.items()}
 
 
 def _reading(node: onnx.NodeProto, renamed: Mapping[str, str]) -> onnx.NodeProto:

@@ -31,9 +31,11 @@ class TrainingGraph:
 
     @classmethod
     def build(cls, graph: Graph, feeds: Mapping[str, object], labels: object, loss: Loss,
-              what: str = "labels") -> TrainingGraph:
+              what: str = "labels", trained_only: bool = False) -> TrainingGraph:
+        """`trained_only`: gradients of the weights the optimizer updates alone, none of
+        the scalars (whose parts would meet across the stages that read them)."""
         fwd = TrainingForward.build(graph, feeds, labels, loss, what)
-        return cls(fwd, differentiate(fwd))
+        return cls(fwd, differentiate(fwd, of=fwd.trained if trained_only else None))
 
     @property
     def nodes(self) -> tuple[onnx.NodeProto, ...]:

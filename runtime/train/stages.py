@@ -100,6 +100,8 @@ def build_stages(tg: TrainingGraph, plan: Plan, optimizer: Optimizer, key: str
     stage_of = {n: k for k, p in enumerate(plan.partitions) for n in p.nodes}
     prediction_node = next(n for n in tg.forward.nodes if tg.forward.prediction in n.output)
     stage_of[LOSS_ORIGIN] = stage_of[origins[prediction_node.name]]
+    for origin, readers in tg.forward.shared.items():  # a shared weight: its first stage's
+        stage_of[origin] = min(stage_of[r] for r in readers)
     forward = [[n for n in tg.forward.nodes if stage_of[origins[n.name]] == k]
                for k in range(len(devices))]
     backward = [[n for n in tg.backward.nodes if stage_of[origins[n.name]] == k]
@@ -132,12 +134,13 @@ def build_stages(tg: TrainingGraph, plan: Plan, optimizer: Optimizer, key: str
 def _weight_homes(tg: TrainingGraph, forward: list[list[onnx.NodeProto]], plan: Plan
                   ) -> dict[str, int]:
     """weight -> the one stage that reads it. The forward reads a weight shared by several
-    nodes through a copy its first reader's stage makes (`forward._shared_through_copies`);
-    one read from inside a subgraph on another stage is refused."""
+    nodes through a copy on its earliest reader's stage (`forward._shared_through_copies`);
+    one read from inside a subgraph on another stage is refused. Scalars are constants,
+    in every stage that reads them."""
     homes: dict[str, int] = {}
     for k, nodes in enumerate(forward):
         for t in _reads(nodes):
-            if t not in tg.forward.weights:
+            if t not in tg.forward.weights or not tg.forward.weights[t].ndim:
                 continue
             if homes.setdefault(t, k) != k:
                 a, b = plan.partitions[homes[t]].name, plan.partitions[k].name

@@ -33,7 +33,7 @@ from runtime.devices.device import Device
 from runtime.errors import TrainingError
 from runtime.graph import Graph, load_graph
 from runtime.inputs import array_text
-from runtime.partition.planning import plan_network
+from runtime.partition.planning import PartitionSpec, plan_network
 from runtime.train.loss import LABELS, Loss
 from runtime.train.optimizers import Optimizer
 from runtime.train.pipeline import Pipeline, StepReport
@@ -49,7 +49,7 @@ class TrainConfig:
     micro_batches: int = 1
     epochs: int = 1
     schedule: str = "1f1b"
-    partition: str = "balanced"
+    partition: PartitionSpec = "balanced"  # a mode, or a user map
     seed: int | None = 0  # the shuffle's
 
     def __post_init__(self) -> None:
@@ -111,7 +111,7 @@ class Trainer:
         self.data, self.labels = _checked_data(self.graph, data, labels, config, labels_name)
         first = {k: v[:config.micro_size] for k, v in self.data.items()}
         self.tg = TrainingGraph.build(self.graph, first, self.labels[:config.micro_size],
-                                      Loss(config.loss), what=labels_name)
+                                      Loss(config.loss), what=labels_name, trained_only=True)
         self.labels = Loss(config.loss).labels(
             self.labels, (len(self.labels), *self.tg.forward.facts.shape(
                 self.tg.forward.prediction)[1:]), self.tg.forward.facts.dtype(

@@ -179,6 +179,30 @@ def functions(rng: Rng, dtype=np.float32, width: int = 8, classes: int = 3
                   "logits", ["batch", classes], dtype, opset)
 
 
+def interleaved(rng: Rng, dtype=np.float32, width: int = 8, classes: int = 3
+                ) -> tuple[onnx.ModelProto, dict]:
+    """A weight `shared` and a scalar `s` each read on two stages, listed so that the
+    later stage's reader comes first in the graph: fc0 (Gemm); then b_mul, b_scale (the
+    second stage's branch) before a_mul, a_scale (the first's), all by `shared` and `s`;
+    join (Add), out (Gemm) -> logits. With the user map it returns for two devices."""
+    weights = {"w0": _uniform(rng, width, width, width), "b0": _uniform(rng, width, width),
+               "shared": rng.uniform(0.5, 1.5, width), "s": np.asarray(1.5),
+               "w1": _uniform(rng, width, classes, width), "b1": _uniform(rng, width, classes)}
+    mk = helper.make_node
+    nodes = [mk("Gemm", ["x", "w0", "b0"], ["h"], transB=1, name="fc0"),
+             mk("Mul", ["h", "shared"], ["u"], name="b_mul"),
+             mk("Mul", ["u", "s"], ["u2"], name="b_scale"),
+             mk("Mul", ["h", "shared"], ["v"], name="a_mul"),
+             mk("Mul", ["v", "s"], ["v2"], name="a_scale"),
+             mk("Add", ["u2", "v2"], ["j"], name="join"),
+             mk("Gemm", ["j", "w1", "b1"], ["logits"], transB=1, name="out")]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = _model(nodes, weights, [helper.make_tensor_value_info("x", elem, ["batch", width])],
+                   "logits", ["batch", classes], dtype)
+    return model, {"default": "first", "partitions": {"first": "cpu0", "second": "cpu1"},
+                   "nodes": dict.fromkeys(["b_mul", "b_scale", "join", "out"], "second")}
+
+
 def batch_for(model: onnx.ModelProto, rng: Rng, batch: int) -> dict[str, np.ndarray]:
     """Random feeds for one of the models above."""
     name = model.graph.input[0].name

@@ -17,7 +17,16 @@ from runtime.train import loss_and_gradients
 from runtime.train.optimizers import Optimizer
 from runtime.train.trainer import TrainConfig, Trainer
 from tests.support.fakes import FakeDevice
-from tests.support.train_models import attention, batch_for, cnn, exported, functions, mlp, tied
+from tests.support.train_models import (
+    attention,
+    batch_for,
+    cnn,
+    exported,
+    functions,
+    interleaved,
+    mlp,
+    tied,
+)
 
 WEIGHTS_ATOL = 1e-5
 
@@ -63,6 +72,33 @@ class Reference:
 def data_for(model: onnx.ModelProto, rng: np.random.Generator, rows: int, classes: int
              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return batch_for(model, rng, rows), rng.integers(0, classes, rows)
+
+
+def test_a_weight_and_a_scalar_read_on_both_stages_later_reader_first():
+    """The copy of a shared weight goes with its earliest stage's reader, not its first
+    in the graph (there, the second stage's: the first stage read from the second, and
+    the step waited out its timeout); a scalar's readers take it as a constant, with no
+    gradient whose parts meet across the stages. Same weights as the full-batch step."""
+    rng = np.random.default_rng()
+    model, user_map = interleaved(rng)
+    data, labels = data_for(model, rng, 8, 3)
+    opt = Optimizer("sgd", lr=0.1)
+    config = TrainConfig(optimizer=opt, batch_size=8, micro_batches=2, epochs=1,
+                         partition=user_map, seed=None)
+    with Trainer(model, data, labels, parse_devices("cpu:2"), config) as trainer:
+        plan = trainer.pipeline.plan
+        assert (plan.partition_of("b_mul").name, plan.partition_of("a_mul").name) == (
+            "second", "first")
+        before = trainer.pipeline.weights()
+        report = trainer.pipeline.step(trainer._micro_batches(np.arange(8)), opt.lr, 0,
+                                       timeout=30)
+        got = trainer.pipeline.weights()
+    want_loss, grads = loss_and_gradients(model, data, labels)
+    assert report.loss == pytest.approx(want_loss, abs=1e-5)
+    for w in ("w0", "b0", "shared", "w1", "b1"):
+        np.testing.assert_allclose(got[w], before[w] - 0.1 * grads[w], atol=WEIGHTS_ATOL,
+                                   rtol=0, err_msg=w)
+    assert "s" not in got  # a constant, not trained
 
 
 @pytest.mark.parametrize(("schedule", "optimizer", "devices", "name", "ignored"), [
