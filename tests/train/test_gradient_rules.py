@@ -604,6 +604,25 @@ def reduce_prod_case(rng: Rng) -> Check:
     return check
 
 
+def grid_sample_case(rng: Rng) -> Check:
+    """Linear or nearest, every padding mode, both corner conventions; the grid (a weight
+    too) reaching past the input, its source coordinates kept off the kinks: whole and
+    half pixels, where a corner, a rounding or a reflection changes."""
+    attrs = {"mode": str(rng.choice(["linear", "nearest"])), "align_corners":
+             int(rng.integers(0, 2)), "padding_mode": str(rng.choice(["zeros", "border",
+                                                                        "reflection"]))}
+    n, c, height, width, h_out, w_out = (int(v) for v in rng.integers(1, 5, 6))
+    sizes = np.array([width, height])
+    source = rng.uniform(-2, sizes + 1, (n, h_out, w_out, 2))
+    source = np.floor(source * 2) / 2 + rng.uniform(0.1, 0.4, source.shape)  # off the kinks
+    if attrs["align_corners"]:
+        grid = source / np.maximum(sizes - 1, 1) * 2 - 1
+    else:
+        grid = (source * 2 + 1) / sizes - 1
+    return node_check(rng, "GridSample", {"x": normal(rng, n, c, height, width), "grid": grid},
+                      attrs, opset=20)
+
+
 def lrn_case(rng: Rng) -> Check:
     size = int(rng.integers(1, 6))
     return node_check(rng, "LRN", {"x": normal(rng, 2, int(rng.integers(1, 7)), *shape_of(rng, 2))},
@@ -663,6 +682,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "Trilu": trilu_case, "GlobalMaxPool": global_max_pool_case,
     "ScatterND": scatter_case("ScatterND"), "ScatterElements": scatter_case("ScatterElements"),
     "LRN": lrn_case, "ReduceL1": reduce_case("ReduceL1"), "ReduceProd": reduce_prod_case,
+    "GridSample": grid_sample_case,
 }
 DRAWS = 3  # random shapes per rule and run
 
