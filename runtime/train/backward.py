@@ -55,7 +55,9 @@ def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | No
         rule = rule_for(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if rule is None or rule.backward is None:
             op = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
-            raise TrainingError(f"node {node.name} ({op}) has no gradient rule; "
+            hint = " (an If trains where the shapes, not the data, decide its condition)" \
+                if op == "If" else ""
+            raise TrainingError(f"node {node.name} ({op}) has no gradient rule{hint}; "
                                 f"{fwd.name} cannot be trained")
     e = Emitter(fwd.opset, prefix="grad")
     producer = {o: n for n in fwd.nodes for o in n.output if o}

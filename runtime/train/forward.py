@@ -20,13 +20,14 @@ from runtime.errors import TrainingError
 from runtime.graph import DEFAULT_DOMAINS, Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
 from runtime.train.emit import Emitter
+from runtime.train.expand import expand_nodes
 from runtime.train.facts import Facts, probe
-from runtime.train.functions import expand_functions
 from runtime.train.loss import LABELS, Loss
 from runtime.train.registry import Rewriting, rule_for
 
 TRAINING_OPSET = 17  # the oldest ai.onnx opset a training graph is written in
 LOSS = "train/loss"
+EXPANSIONS = 8  # rounds of `expand_nodes`, each probed: Ifs and bodies inside others
 SHARED = "shared:"  # + a weight: the origin its copy serves (`_shared_through_copies`)
 
 
@@ -83,8 +84,12 @@ class TrainingForward:
                                 f"initializers)")
         arrays = check_feeds(graph.name, input_specs(graph), feeds)
         given = probe(model, arrays, set(arrays) | set(weights))
-        model, served = expand_functions(model, given, model_opset(model))
-        if served:
+        served: dict[str, str] = {}  # a node expanded -> the model's node it stands for
+        for _ in range(EXPANSIONS):
+            model, more = expand_nodes(model, given, model_opset(model))
+            if not more:
+                break
+            served.update((n, served.get(m, m)) for n, m in more.items())
             given = probe(model, arrays, set(arrays) | set(weights))
         prediction = model.graph.output[0].name
         label_array = loss.labels(labels, given.shape(prediction), given.dtype(prediction),

@@ -1,5 +1,5 @@
 """Ops onnx defines as functions, with no rule of their own, train as their bodies
-(runtime/train/functions.py): against central differences in float64 where the body
+(runtime/train/expand.py): against central differences in float64 where the body
 computes in float64, against PyTorch's autograd in float32 where onnx writes the body in
 float32 (Celu, MeanVarianceNormalization) or onnxruntime's float64 kernel computes in
 float32 (Shrink, which the central differences run on)."""

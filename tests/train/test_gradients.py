@@ -253,6 +253,38 @@ def test_a_branch_reading_a_weight_from_around_it_is_refused_naming_it() -> None
     assert "the_if (If) has no gradient rule" in str(info.value)
 
 
+def test_an_if_the_shapes_decide_trains_as_its_branch_nested_ones_too() -> None:
+    """TorchScript tests ranks and sizes with an If (LocalResponseNorm's squeeze): its
+    condition fixed by the batch, the taken branch is inlined, so a weight read inside
+    trains. The taken branch holds another such If, decided on the next probe."""
+    rng = np.random.default_rng()
+    mk, dbl = helper.make_node, onnx.TensorProto.DOUBLE
+
+    def branch(name: str, nodes: list[onnx.NodeProto], out: str) -> onnx.GraphProto:
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, dbl, None)])
+
+    inner = [branch("relu", [mk("MatMul", ["x", "v"], ["a1"]), mk("Relu", ["a1"], ["r"])], "r"),
+             branch("neg", [mk("MatMul", ["x", "v"], ["a2"]), mk("Neg", ["a2"], ["g"])], "g")]
+    then = branch("then", [mk("Shape", ["x"], ["s"]),
+                           mk("Gather", ["s", "zero"], ["rows"], axis=0),
+                           mk("Greater", ["rows", "one"], ["many"]),
+                           mk("If", ["many"], ["t"], then_branch=inner[0],
+                              else_branch=inner[1])], "t")
+    other = branch("else", [mk("Neg", ["x"], ["e"])], "e")
+    nodes = [mk("Shape", ["x"], ["shape"]), mk("Size", ["shape"], ["rank"]),
+             mk("Equal", ["rank", "two"], ["is_matrix"]),
+             mk("If", ["is_matrix"], ["h"], name="by_rank", then_branch=then, else_branch=other),
+             mk("MatMul", ["h", "w"], ["y"], name="mm")]
+    ints = {"two": np.asarray(2, np.int64), "zero": np.asarray(0, np.int64),
+            "one": np.asarray(1, np.int64)}
+    model = typed_model(nodes, {"v": rng.standard_normal((3, 3)), "w": rng.standard_normal((3, 2)),
+                                **ints}, ["y"], {"x": rng.standard_normal((4, 3))})
+    feeds, target = {"x": rng.standard_normal((4, 3))}, rng.standard_normal((4, 2))
+    ours = gradients(model, feeds, target, loss="mse")
+    assert not mismatches(ours, numeric_gradients(model, feeds, target, "mse"))
+    assert ours["v"].any() and ours["w"].any()
+
+
 @pytest.mark.parametrize("step", ["Floor", "Ceil", "Round", "Sign"])
 def test_a_step_passes_no_gradient_back_as_in_pytorch(step: str) -> None:
     rng = np.random.default_rng()

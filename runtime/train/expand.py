@@ -1,13 +1,18 @@
-"""ai.onnx ops that onnx defines as functions (Selu, Celu, Shrink, GroupNormalization,
-MeanVarianceNormalization, RMSNormalization, Attention, RotaryEmbedding, ...) train as
-their bodies when they have no rule of their own: each such node is replaced by its
-body's nodes, whose rules give its gradient, as onnxruntime's training expands them.
+"""Nodes the training forward replaces before its rules see it, each by ai.onnx nodes
+whose rules give its gradient (their names -> the node they stand for, which their
+stage follows):
 
-The body is onnx's for the node's op version (Selu-6's is written in opset 18's ops).
-Where its ops are other versions at the model's opset, onnx's version converter rewrites
-it. A body built from the node's input types (a context-dependent one) takes them from
-a run's facts, so one nested in another body stays whole; so does a body holding a
-subgraph (an op without a rule, refused as before).
+- an op that onnx defines as a function (Selu, Celu, Shrink, GroupNormalization,
+  MeanVarianceNormalization, RMSNormalization, Attention, RotaryEmbedding, ...) and no
+  rule covers: by its body, as onnxruntime's training expands them. The body is onnx's
+  for the node's op version (Selu-6's is written in opset 18's ops); where its ops are
+  other versions at the model's opset, onnx's version converter rewrites it. A body
+  holding a subgraph stays whole (an op without a rule, refused as before).
+- an If whose condition the batch's facts fix (not the data: a rank or a size, as
+  TorchScript's exports test): by its taken branch.
+
+A body built from the node's input types (context-dependent), or an If's condition,
+needs facts of a run; the forward expands again after probing what it expanded.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import defs, helper, version_converter
 
@@ -24,10 +30,10 @@ from runtime.train.facts import Facts
 from runtime.train.registry import rule_for
 
 
-def expand_functions(model: onnx.ModelProto, facts: Facts, opset: int
-                     ) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """`model` with every function node that has no rule replaced by its body, and each
-    new node's name -> the name of the model's node it stands for."""
+def expand_nodes(model: onnx.ModelProto, facts: Facts, opset: int
+                 ) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """`model` with the nodes above replaced, and each new node's name -> the name of
+    the node it stands for."""
     served: dict[str, str] = {}
     ids = itertools.count()
     nodes: list[onnx.NodeProto] = []
@@ -47,14 +53,43 @@ def expand_functions(model: onnx.ModelProto, facts: Facts, opset: int
 
 def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterator[int]
               ) -> Iterator[onnx.NodeProto]:
-    """`node`, or its body's nodes (those of bodies inside it too)."""
-    body = _body(node, facts, opset) if node.domain in DEFAULT_DOMAINS \
-        and rule_for(node.op_type) is None else None
-    if body is None:
+    """`node`, or what replaces it (and what replaces those in turn)."""
+    if node.domain not in DEFAULT_DOMAINS:
         yield node
         return
-    for inner in _renamed(node, body, next(ids)):
-        yield from _expanded(inner, None, opset, ids)
+    if node.op_type == "If":
+        inner = _taken(node, facts, next(ids)) if facts is not None else None
+    else:
+        body = _body(node, facts, opset) if rule_for(node.op_type) is None else None
+        inner = _renamed(node, body, next(ids)) if body is not None else None
+    if inner is None:
+        yield node
+        return
+    for n in inner:
+        yield from _expanded(n, None, opset, ids)
+
+
+def _taken(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] | None:
+    """The branch an If takes, if its condition is fixed: its initializers as Constants,
+    its nodes (renamed: another graph's names may repeat), its outputs into the If's."""
+    condition = node.input[0]
+    if condition in facts.data or condition not in facts.values:
+        return None
+    which = "then_branch" if bool(np.asarray(facts.values[condition]).reshape(-1)[0]) \
+        else "else_branch"
+    branch = next(a.g for a in node.attribute if a.name == which)
+    if branch.sparse_initializer:
+        return None
+    out = [helper.make_node("Constant", [], [t.name], value=t, name=f"{node.name}/f{k}/{t.name}")
+           for t in branch.initializer]
+    for index, inner in enumerate(branch.node):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner)
+        copy.name = f"{node.name}/f{k}/{index}:{inner.op_type}"
+        out.append(copy)
+    out += [helper.make_node("Identity", [b.name], [o], name=f"{node.name}/f{k}/{o}")
+            for b, o in zip(branch.output, node.output, strict=True) if o]
+    return out
 
 
 def _body(node: onnx.NodeProto, facts: Facts | None, opset: int) -> onnx.FunctionProto | None:
