@@ -55,8 +55,10 @@ def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | No
         rule = rule_for(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if rule is None or rule.backward is None:
             op = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
-            hint = " (an If trains where the shapes, not the data, decide its condition)" \
-                if op == "If" else ""
+            hint = {"If": " (an If trains where the shapes, not the data, decide its "
+                          "condition)",
+                    "Loop": " (a Loop trains where the shapes fix its trip count and its "
+                            "condition stays true)"}.get(op, "")
             raise TrainingError(f"node {node.name} ({op}) has no gradient rule{hint}; "
                                 f"{fwd.name} cannot be trained")
     e = Emitter(fwd.opset, prefix="grad")

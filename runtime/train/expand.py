@@ -10,9 +10,12 @@ stage follows):
   holding a subgraph stays whole (an op without a rule, refused as before).
 - an If whose condition the batch's facts fix (not the data: a rank or a size, as
   TorchScript's exports test): by its taken branch.
+- a Loop whose trip count they fix and whose condition stays true (TorchScript's
+  EmbeddingBag): unrolled.
 
-A body built from the node's input types (context-dependent), or an If's condition,
-needs facts of a run; the forward expands again after probing what it expanded.
+A body built from the node's input types (context-dependent), an If's condition or a
+Loop's trip count needs facts of a run: the forward expands again after probing what it
+expanded.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import defs, helper, version_converter
+from onnx import defs, helper, numpy_helper, version_converter
 
 from runtime.graph import DEFAULT_DOMAINS
 from runtime.train.facts import Facts
 from runtime.train.registry import rule_for
+
+UNROLLED = 512  # the most iterations a Loop is unrolled for
 
 
 def expand_nodes(model: onnx.ModelProto, facts: Facts, opset: int
@@ -57,8 +62,8 @@ def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterat
     if node.domain not in DEFAULT_DOMAINS:
         yield node
         return
-    if node.op_type == "If":
-        inner = _taken(node, facts, next(ids)) if facts is not None else None
+    if node.op_type in _DECIDED:
+        inner = _DECIDED[node.op_type](node, facts, next(ids)) if facts is not None else None
     else:
         body = _body(node, facts, opset) if rule_for(node.op_type) is None else None
         inner = _renamed(node, body, next(ids)) if body is not None else None
@@ -72,11 +77,10 @@ def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterat
 def _taken(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] | None:
     """The branch an If takes, if its condition is fixed: its initializers as Constants,
     its nodes (renamed: another graph's names may repeat), its outputs into the If's."""
-    condition = node.input[0]
-    if condition in facts.data or condition not in facts.values:
+    condition = _fixed(node.input[0], facts)
+    if condition is None:
         return None
-    which = "then_branch" if bool(np.asarray(facts.values[condition]).reshape(-1)[0]) \
-        else "else_branch"
+    which = "then_branch" if bool(condition) else "else_branch"
     branch = next(a.g for a in node.attribute if a.name == which)
     if branch.sparse_initializer:
         return None
@@ -90,6 +94,79 @@ def _taken(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] |
     out += [helper.make_node("Identity", [b.name], [o], name=f"{node.name}/f{k}/{o}")
             for b, o in zip(branch.output, node.output, strict=True) if o]
     return out
+
+
+def _unrolled(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] | None:
+    """A Loop whose trip count is fixed (up to UNROLLED) and whose condition stays true
+    (absent, or its body passing a fixed true one on through Identity or Cast), as its
+    body once per iteration: the iteration number and condition Constants, the carried
+    values threaded through, each scan output's values stacked by Concat."""
+    trips = _fixed(node.input[0], facts) if node.input[0] else None
+    body = next(a.g for a in node.attribute if a.name == "body")
+    if trips is None or not 0 < int(trips) <= UNROLLED or body.sparse_initializer or any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for n in body.node for a in n.attribute) or not _stays_true(node, body, facts):
+        return None
+    carried = list(node.input[2:])
+    scans: list[list[str]] = [[] for _ in body.output[1 + len(carried):]]
+    out: list[onnx.NodeProto] = []
+
+    def constant(name: str, value: np.ndarray) -> str:
+        out.append(helper.make_node("Constant", [], [name], name=name,
+                                    value=numpy_helper.from_array(value, name)))
+        return name
+
+    axis = constant(f"{node.name}/f{k}/axis", np.asarray([0], np.int64))
+    for step in range(int(trips)):
+        prefix = f"{node.name}/f{k}/{step}"
+        names = dict(zip((i.name for i in body.input), [
+            constant(f"{prefix}/iteration", np.asarray(step, np.int64)),
+            constant(f"{prefix}/condition", np.asarray(True)), *carried], strict=True))
+        out += [helper.make_node("Constant", [], [names.setdefault(t.name, f"{prefix}/{t.name}")],
+                                 value=t, name=f"{prefix}/{t.name}") for t in body.initializer]
+        for index, inner in enumerate(body.node):
+            copy = onnx.NodeProto()
+            copy.CopyFrom(inner)
+            copy.name = f"{prefix}/{index}:{inner.op_type}"
+            reads = [names.get(t, t) for t in inner.input]
+            writes = [names.setdefault(t, f"{prefix}/{t}") if t else "" for t in inner.output]
+            del copy.input[:], copy.output[:]
+            copy.input.extend(reads)
+            copy.output.extend(writes)
+            out.append(copy)
+        results = [names.get(o.name, o.name) for o in body.output[1:]]
+        carried = results[:len(carried)]
+        for stacked, value in zip(scans, results[len(carried):], strict=True):
+            stacked.append(f"{prefix}/stacked{len(stacked)}:{value}")
+            out.append(helper.make_node("Unsqueeze", [value, axis], [stacked[-1]],
+                                        name=stacked[-1]))
+    finals = [*(helper.make_node("Identity", [v], [o], name=f"{node.name}/f{k}/{o}")
+                for v, o in zip(carried, node.output, strict=False) if o),
+              *(helper.make_node("Concat", parts, [o], axis=0, name=f"{node.name}/f{k}/{o}")
+                for parts, o in zip(scans, node.output[len(carried):], strict=True) if o)]
+    return out + finals
+
+
+def _stays_true(node: onnx.NodeProto, body: onnx.GraphProto, facts: Facts) -> bool:
+    """Is the Loop's condition true on entry and every body's condition out, a fixed
+    true one or its condition in, through Identity or Cast only?"""
+    if node.input[1] and not _fixed(node.input[1], facts):
+        return False
+    made = {o: n for n in body.node for o in n.output}
+    t = body.output[0].name
+    while t in made and made[t].op_type in ("Identity", "Cast"):
+        t = made[t].input[0]
+    return t == body.input[1].name or (t not in made and bool(_fixed(t, facts)))
+
+
+def _fixed(name: str, facts: Facts) -> np.ndarray | None:
+    """The value of `name` if the batch's facts fix it (a shape, not the data)."""
+    if name in facts.data or name not in facts.values:
+        return None
+    return np.asarray(facts.values[name]).reshape(-1)[0]
+
+
+_DECIDED = {"If": _taken, "Loop": _unrolled}
 
 
 def _body(node: onnx.NodeProto, facts: Facts | None, opset: int) -> onnx.FunctionProto | None:

@@ -285,6 +285,46 @@ def test_an_if_the_shapes_decide_trains_as_its_branch_nested_ones_too() -> None:
     assert ours["v"].any() and ours["w"].any()
 
 
+def test_a_loop_the_shapes_decide_trains_unrolled() -> None:
+    """A recurrence over x's rows as TorchScript exports one (its trip count from Shape,
+    its condition passed through): unrolled, its carried state and weights train; a trip
+    count the data gives leaves it refused."""
+    rng = np.random.default_rng()
+    mk, dbl = helper.make_node, onnx.TensorProto.DOUBLE
+    body = helper.make_graph(
+        [mk("Gather", ["x", "i"], ["row"], axis=0), mk("MatMul", ["h", "w"], ["hw"]),
+         mk("Add", ["hw", "row"], ["pre"]), mk("Tanh", ["pre"], ["h_next"]),
+         mk("Identity", ["cond"], ["cond_out"]), mk("Identity", ["h_next"], ["h_seen"])],
+        "step", [helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h", dbl, None)],
+        [helper.make_tensor_value_info(n, t, None) for n, t in (
+            ("cond_out", onnx.TensorProto.BOOL), ("h_next", dbl), ("h_seen", dbl))])
+    rows, width = (int(v) for v in rng.integers(2, 5, 2))
+
+    def model(trips: list[onnx.NodeProto], feeds: dict) -> onnx.ModelProto:
+        nodes = [*trips, mk("Loop", ["trips", "", "h0"], ["h_last", "seen"], name="recur",
+                            body=body),
+                 mk("Reshape", ["seen", "flat"], ["states"]),
+                 mk("MatMul", ["states", "w2"], ["y"], name="out")]
+        return typed_model(nodes, {"w": rng.standard_normal((width, width)) / 2,
+                                   "h0": rng.standard_normal((1, width)),
+                                   "w2": rng.standard_normal((width, 2)),
+                                   "zero": np.asarray(0, np.int64),
+                                   "flat": np.asarray([-1, width], np.int64)}, ["y"], feeds)
+
+    x = rng.standard_normal((rows, width))
+    shaped = model([mk("Shape", ["x"], ["shape"]), mk("Gather", ["shape", "zero"], ["trips"])],
+                   {"x": x})
+    target = rng.standard_normal((rows, 2))
+    ours = gradients(shaped, {"x": x}, target, loss="mse")
+    assert not mismatches(ours, numeric_gradients(shaped, {"x": x}, target, "mse"))
+    assert ours["w"].any() and ours["h0"].any()
+    fed = model([], {"x": x, "trips": np.asarray(rows, np.int64)})
+    with pytest.raises(TrainingError, match="recur \\(Loop\\) has no gradient rule"):
+        gradients(fed, {"x": x, "trips": np.asarray(rows, np.int64)}, target, loss="mse")
+
+
 @pytest.mark.parametrize("step", ["Floor", "Ceil", "Round", "Sign"])
 def test_a_step_passes_no_gradient_back_as_in_pytorch(step: str) -> None:
     rng = np.random.default_rng()
