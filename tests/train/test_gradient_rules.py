@@ -623,6 +623,24 @@ def grid_sample_case(rng: Rng) -> Check:
                       attrs, opset=20)
 
 
+def col2im_case(rng: Rng) -> Check:
+    """Blocks of any size, strides, dilations and pads that tile the image exactly."""
+    block = [int(b) for b in rng.integers(1, 4, 2)]
+    strides, dilations = ([int(v) for v in rng.integers(1, 3, 2)] for _ in range(2))
+    pads = [int(p) for p in rng.integers(0, 2, 4)]
+    counts = [int(c) for c in rng.integers(1, 4, 2)]  # blocks along each axis
+    image = [(c - 1) * s + (b - 1) * d + 1 - lo - hi for c, s, b, d, lo, hi in zip(
+        counts, strides, block, dilations, pads[:2], pads[2:], strict=True)]
+    if min(image) < 1:
+        return col2im_case(rng)
+    channels = int(rng.integers(1, 3))
+    return node_check(rng, "Col2Im", {"x": normal(rng, 2, channels * block[0] * block[1],
+                                                  counts[0] * counts[1]),
+                                      "image": np.asarray(image, np.int64),
+                                      "block": np.asarray(block, np.int64)},
+                      {"strides": strides, "dilations": dilations, "pads": pads}, opset=18)
+
+
 def lrn_case(rng: Rng) -> Check:
     size = int(rng.integers(1, 6))
     return node_check(rng, "LRN", {"x": normal(rng, 2, int(rng.integers(1, 7)), *shape_of(rng, 2))},
@@ -682,7 +700,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "Trilu": trilu_case, "GlobalMaxPool": global_max_pool_case,
     "ScatterND": scatter_case("ScatterND"), "ScatterElements": scatter_case("ScatterElements"),
     "LRN": lrn_case, "ReduceL1": reduce_case("ReduceL1"), "ReduceProd": reduce_prod_case,
-    "GridSample": grid_sample_case,
+    "GridSample": grid_sample_case, "Col2Im": col2im_case,
 }
 DRAWS = 3  # random shapes per rule and run
 
