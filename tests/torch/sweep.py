@@ -120,7 +120,8 @@ def _clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 def run_sample(op: Any, sample: Any, options: OffloadOptions) -> tuple[bool, str | None, str]:
     """(ran on Prism, how it differs from eager or None, why nodes stayed in PyTorch)."""
     call, tensors = _as_function(op, sample)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # what a sample warns of (stft without a window)
         expected = call(*_clones(tensors))
         # an operator whose values PyTorch leaves undefined (torch.empty_like: its memory
         # may happen to hold the same bytes twice) or draws at random differs from
