@@ -21,7 +21,7 @@ expanded.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -103,9 +103,8 @@ def _unrolled(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto
     values threaded through, each scan output's values stacked by Concat."""
     trips = _fixed(node.input[0], facts) if node.input[0] else None
     body = next(a.g for a in node.attribute if a.name == "body")
-    if trips is None or not 0 < int(trips) <= UNROLLED or body.sparse_initializer or any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for n in body.node for a in n.attribute) or not _stays_true(node, body, facts):
+    if trips is None or not 0 < int(trips) <= UNROLLED or body.sparse_initializer \
+            or _holds_subgraphs(body.node) or not _stays_true(node, body, facts):
         return None
     carried = list(node.input[2:])
     scans: list[list[str]] = [[] for _ in body.output[1 + len(carried):]]
@@ -166,6 +165,11 @@ def _fixed(name: str, facts: Facts) -> np.ndarray | None:
     return np.asarray(facts.values[name]).reshape(-1)[0]
 
 
+def _holds_subgraphs(nodes: Iterable[onnx.NodeProto]) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for n in nodes for a in n.attribute)
+
+
 _DECIDED = {"If": _taken, "Loop": _unrolled}
 
 
@@ -214,11 +218,11 @@ def _resolved(body: onnx.FunctionProto, node: onnx.NodeProto, opset: int) -> boo
               for name, a in defs.get_schema(node.op_type, opset).attributes.items()
               if a.default_value.type != onnx.AttributeProto.UNDEFINED}
     values.update((a.name, a) for a in node.attribute)
+    if _holds_subgraphs(body.node):
+        return False
     for inner in body.node:
         kept = []
         for a in inner.attribute:
-            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                return False
             if a.ref_attr_name:
                 if a.ref_attr_name not in values:
                     continue
