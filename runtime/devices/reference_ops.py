@@ -6,6 +6,7 @@ than onnx's spec (and onnxruntime) do.
   or more, where it fails.
 - LRN: the evaluator loops over the batch axis where the channels are meant, leaving
   the channels past the batch size unnormalized.
+- GridSample-16: the evaluator fails on its mode names (bilinear, bicubic).
 - MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
   otherwise (GoogLeNet's stride-1 `ceil_mode` MaxPool grows by 2), and counts LpPool's
   ceil_mode windows wrong. Here every window is a strided view of the padded input.
@@ -20,6 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
+from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
 
 
 class ConvTranspose(_ConvTranspose):
@@ -190,4 +192,13 @@ class LRN(OpRun):
         return ((x / (bias + alpha / size * window) ** beta).astype(x.dtype),)
 
 
-KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN)
+class GridSample(_GridSample):
+    """GridSample-16's mode names (bilinear, bicubic), which the evaluator knows only as
+    opset 20 renamed them."""
+
+    def _run(self, X, grid, mode=None, **attrs):  # type: ignore[override]
+        return super()._run(X, grid, mode=_RENAMED.get(mode, mode), **attrs)
+
+
+_RENAMED = {"bilinear": "linear", "bicubic": "cubic"}
+KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample)

@@ -220,6 +220,22 @@ def test_the_reference_backend_normalizes_every_channel_as_onnxruntime(managers)
             m, node, RNG.standard_normal((2, 6, 3, 4)).astype(np.float32))
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_the_reference_backend_samples_grids_by_opset_16s_mode_names(managers, mode):
+    """onnx's evaluator knows them only by opset 20's names (linear, cubic). Bicubic with
+    border padding is left out: the evaluator clamps the coordinate, onnxruntime and
+    PyTorch each tap."""
+    m = managers("d0", "reference")
+    paddings = ("zeros", "reflection") if mode == "bicubic" else ("zeros", "border",
+                                                                 "reflection")
+    for padding in paddings:
+        node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode,
+                                padding_mode=padding, align_corners=int(RNG.integers(0, 2)))
+        grid = RNG.uniform(-1.2, 1.2, (2, 3, 4, 2)).astype(np.float32)
+        assert_reference_runs_as_onnxruntime(
+            m, node, RNG.standard_normal((2, 3, 5, 4)).astype(np.float32), grid=grid)
+
+
 def random_pool(op: str) -> onnx.NodeProto:
     """A pooling node of fresh geometry: explicit pads (any ceil_mode, MaxPool's dilations
     and indices) or SAME (onnxruntime sizes SAME as the spec does only without dilations,
