@@ -135,8 +135,18 @@ class Pipeline:
 
 
 def _links(stages: Sequence[Stage]) -> Links:
+    """Who feeds whom; activations flow to later stages and gradients to earlier ones, or
+    a step would wait on itself until its timeout: that is refused here, in one line."""
     made_f = {t: s.index for s in stages for t in s.forward.outputs}
     made_b = {t: s.index for s in stages for t in s.backward.outputs}
+    for s in stages:
+        # a forward's feed made by a later stage, a backward's by an earlier one
+        for phase, made, wrong_way in (("forward", made_f, 1), ("backward", made_b, -1)):
+            for t in s.program(phase).feeds:
+                if t in made and (made[t] - s.index) * wrong_way > 0:
+                    raise TrainingError(
+                        f"stage {s.index} ({s.partition})'s {phase} reads {t} from stage "
+                        f"{made[t]}'s: the stages would wait on each other")
     before = {s.index: frozenset(made_f[t] for t in s.forward.feeds if t in made_f) - {s.index}
               for s in stages}
     after = {s.index: frozenset(made_b[t] for t in s.backward.feeds if t in made_b) - {s.index}

@@ -4,6 +4,9 @@ device kind."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -15,6 +18,7 @@ from runtime.errors import ProvisionError, TrainingError
 from runtime.observe.events import EVENT_KINDS, Event, EventBus
 from runtime.train import loss_and_gradients
 from runtime.train.optimizers import Optimizer
+from runtime.train.pipeline import _links
 from runtime.train.trainer import TrainConfig, Trainer
 from tests.support.fakes import FakeDevice
 from tests.support.train_models import (
@@ -72,6 +76,24 @@ class Reference:
 def data_for(model: onnx.ModelProto, rng: np.random.Generator, rows: int, classes: int
              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return batch_for(model, rng, rows), rng.integers(0, classes, rows)
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_stages_reading_the_wrong_way_are_refused_at_once(phase: str) -> None:
+    """A forward reading a later stage's output, or a backward an earlier stage's, would
+    wait on itself until the step's timeout: refused as the pipeline is built."""
+    def stage(index: int, reads: tuple[str, ...], gives: tuple[str, ...]) -> Any:
+        sides = {p: SimpleNamespace(feeds=(), outputs=()) for p in ("forward", "backward")}
+        sides[phase] = SimpleNamespace(feeds=reads, outputs=gives)
+        return SimpleNamespace(index=index, partition=f"p{index}", program=sides.__getitem__,
+                               **sides)
+
+    first, second = (("from_p1",), ()), ((), ("from_p1",))
+    if phase == "backward":  # gradients flow back: a backward reading an earlier one's
+        first, second = ((), ("from_p0",)), (("from_p0",), ())
+    with pytest.raises(TrainingError, match=rf"p\d\)'s {phase} reads from_p\d from stage "
+                                            r"\d's: the stages would wait on each other"):
+        _links([stage(0, *first), stage(1, *second)])
 
 
 def test_a_weight_and_a_scalar_read_on_both_stages_later_reader_first():
