@@ -31,7 +31,7 @@ SEED = "train/seed"
 # Ops whose float outputs carry no gradient back to their inputs (steps: zero almost
 # everywhere, as PyTorch has it)
 NOT_DIFFERENTIABLE = SHAPE_ONLY | {"Constant", "RandomNormalLike", "RandomUniformLike",
-                                   "Floor", "Ceil", "Round", "Sign"}
+                                   "Floor", "Ceil", "Round", "Sign", "Hardmax"}
 
 
 @dataclass(frozen=True)

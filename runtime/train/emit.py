@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 Shape = tuple[int, ...]
 # Reductions whose axes became an input at opset 18 (ReduceSum's at 13)
 _AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18,
-                     "ReduceSumSquare": 18, "ReduceProd": 18}
+                     "ReduceSumSquare": 18, "ReduceProd": 18, "ReduceL1": 18, "ReduceL2": 18}
 
 
 class Emitter:

@@ -641,6 +641,13 @@ def col2im_case(rng: Rng) -> Check:
                       {"strides": strides, "dilations": dilations, "pads": pads}, opset=18)
 
 
+def lp_normalization_case(rng: Rng) -> Check:
+    shape = shape_of(rng, low=2)
+    return node_check(rng, "LpNormalization", {"x": away_from_zero(rng, *shape)},
+                      {"axis": int(rng.integers(-len(shape), len(shape))),
+                       "p": int(rng.integers(1, 3))}, opset=int(rng.choice([17, 18])))
+
+
 def lrn_case(rng: Rng) -> Check:
     size = int(rng.integers(1, 6))
     return node_check(rng, "LRN", {"x": normal(rng, 2, int(rng.integers(1, 7)), *shape_of(rng, 2))},
@@ -701,6 +708,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "ScatterND": scatter_case("ScatterND"), "ScatterElements": scatter_case("ScatterElements"),
     "LRN": lrn_case, "ReduceL1": reduce_case("ReduceL1"), "ReduceProd": reduce_prod_case,
     "GridSample": grid_sample_case, "Col2Im": col2im_case,
+    "LpNormalization": lp_normalization_case,
 }
 DRAWS = 3  # random shapes per rule and run
 
