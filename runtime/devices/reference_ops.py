@@ -7,6 +7,8 @@ than onnx's spec (and onnxruntime) do.
 - LRN: the evaluator loops over the batch axis where the channels are meant, leaving
   the channels past the batch size unnormalized.
 - GridSample-16: the evaluator fails on its mode names (bilinear, bicubic).
+- GatherElements: the evaluator fails on an axis longer than 64 (np.choose's limit), or
+  indices smaller than the data off the axis.
 - MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
   otherwise (GoogLeNet's stride-1 `ceil_mode` MaxPool grows by 2), and counts LpPool's
   ceil_mode windows wrong. Here every window is a strided view of the padded input.
@@ -201,4 +203,17 @@ class GridSample(_GridSample):
 
 
 _RENAMED = {"bilinear": "linear", "bicubic": "cubic"}
-KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample)
+
+
+class GatherElements(OpRun):
+    """`take_along_axis` over the data cut to the indices' size off the axis (as PyTorch's
+    gather), negative indices from the end."""
+
+    def _run(self, data, indices, axis=0):
+        axis %= data.ndim
+        cut = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(indices.shape))
+        indices = np.where(indices < 0, indices + data.shape[axis], indices).astype(np.int64)
+        return (np.take_along_axis(data[cut], indices, axis=axis),)
+
+
+KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample, GatherElements)

@@ -236,6 +236,21 @@ def test_the_reference_backend_samples_grids_by_opset_16s_mode_names(managers, m
             m, node, RNG.standard_normal((2, 3, 5, 4)).astype(np.float32), grid=grid)
 
 
+def test_the_reference_backend_gathers_elements_as_onnxruntime(managers):
+    """onnx's evaluator fails on an axis longer than 64 and on indices smaller than the
+    data off the axis; 30 fresh shapes, negative indices among them."""
+    m = managers("d0", "reference")
+    for _ in range(30):
+        shape = [int(d) for d in RNG.integers(1, 90, int(RNG.integers(1, 4)))]
+        axis = int(RNG.integers(-len(shape), len(shape)))
+        taken = [int(RNG.integers(1, 8)) if k == axis % len(shape) else int(RNG.integers(1, d + 1))
+                 for k, d in enumerate(shape)]
+        node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)
+        assert_reference_runs_as_onnxruntime(
+            m, node, RNG.standard_normal(shape).astype(np.float32),
+            i=RNG.integers(-shape[axis], shape[axis], taken).astype(np.int64))
+
+
 def random_pool(op: str) -> onnx.NodeProto:
     """A pooling node of fresh geometry: explicit pads (any ceil_mode, MaxPool's dilations
     and indices) or SAME (onnxruntime sizes SAME as the spec does only without dilations,

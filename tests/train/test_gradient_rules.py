@@ -648,6 +648,17 @@ def lp_normalization_case(rng: Rng) -> Check:
                        "p": int(rng.integers(1, 3))}, opset=int(rng.choice([17, 18])))
 
 
+def max_unpool_case(rng: Rng) -> Check:
+    """SegNet's decoder: MaxPool's values put back where its indices say (distinct values:
+    a tie for the max has no derivative)."""
+    n, c, h, w = (int(v) for v in rng.integers(1, 3, 4))
+    x = rng.permutation(n * c * 4 * h * 4 * w).reshape(n, c, 4 * h, 4 * w) / 7.0
+    pool = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], name="pool", **pool),
+             helper.make_node("MaxUnpool", ["p", "i"], ["y0"], name="unpool", **pool)]
+    return checked(rng, typed_model(nodes, {"x": x}, ["y0"]))
+
+
 def lrn_case(rng: Rng) -> Check:
     size = int(rng.integers(1, 6))
     return node_check(rng, "LRN", {"x": normal(rng, 2, int(rng.integers(1, 7)), *shape_of(rng, 2))},
@@ -708,7 +719,7 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "ScatterND": scatter_case("ScatterND"), "ScatterElements": scatter_case("ScatterElements"),
     "LRN": lrn_case, "ReduceL1": reduce_case("ReduceL1"), "ReduceProd": reduce_prod_case,
     "GridSample": grid_sample_case, "Col2Im": col2im_case,
-    "LpNormalization": lp_normalization_case,
+    "LpNormalization": lp_normalization_case, "MaxUnpool": max_unpool_case,
 }
 DRAWS = 3  # random shapes per rule and run
 
