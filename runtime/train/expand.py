@@ -86,11 +86,8 @@ def _taken(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] |
         return None
     out = [helper.make_node("Constant", [], [t.name], value=t, name=f"{node.name}/f{k}/{t.name}")
            for t in branch.initializer]
-    for index, inner in enumerate(branch.node):
-        copy = onnx.NodeProto()
-        copy.CopyFrom(inner)
-        copy.name = f"{node.name}/f{k}/{index}:{inner.op_type}"
-        out.append(copy)
+    kept = {o: o for n in branch.node for o in n.output}  # a nested subgraph may read them
+    out += _copied(branch.node, kept, f"{node.name}/f{k}")
     out += [helper.make_node("Identity", [b.name], [o], name=f"{node.name}/f{k}/{o}")
             for b, o in zip(branch.output, node.output, strict=True) if o]
     return out
@@ -123,16 +120,7 @@ def _unrolled(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto
             constant(f"{prefix}/condition", np.asarray(True)), *carried], strict=True))
         out += [helper.make_node("Constant", [], [names.setdefault(t.name, f"{prefix}/{t.name}")],
                                  value=t, name=f"{prefix}/{t.name}") for t in body.initializer]
-        for index, inner in enumerate(body.node):
-            copy = onnx.NodeProto()
-            copy.CopyFrom(inner)
-            copy.name = f"{prefix}/{index}:{inner.op_type}"
-            reads = [names.get(t, t) for t in inner.input]
-            writes = [names.setdefault(t, f"{prefix}/{t}") if t else "" for t in inner.output]
-            del copy.input[:], copy.output[:]
-            copy.input.extend(reads)
-            copy.output.extend(writes)
-            out.append(copy)
+        out += _copied(body.node, names, prefix)
         results = [names.get(o.name, o.name) for o in body.output[1:]]
         carried = results[:len(carried)]
         for stacked, value in zip(scans, results[len(carried):], strict=True):
@@ -268,15 +256,21 @@ def _renamed(node: onnx.NodeProto, body: onnx.FunctionProto, k: int) -> list[onn
     name fresh."""
     names = dict(zip(body.input, [*node.input, *[""] * len(body.input)], strict=False))
     names.update(zip(body.output, node.output, strict=False))
-    prefix = f"{node.name}/f{k}"
+    return _copied(body.node, names, f"{node.name}/f{k}")
+
+
+def _copied(nodes: Iterable[onnx.NodeProto], names: dict[str, str], prefix: str
+            ) -> list[onnx.NodeProto]:
+    """Copies of `nodes` named under `prefix`, reading `names`' names for what they read
+    (others as they are: from around them), writing `names`' names or fresh ones under
+    `prefix`, which `names` then holds."""
     out = []
-    for index, inner in enumerate(body.node):
+    for index, inner in enumerate(nodes):
         copy = onnx.NodeProto()
         copy.CopyFrom(inner)
         copy.name = f"{prefix}/{index}:{inner.op_type}"
-        for field in (copy.input, copy.output):
-            renamed = [names.setdefault(t, f"{prefix}/{t}") if t else "" for t in field]
-            del field[:]
-            field.extend(renamed)
+        del copy.input[:], copy.output[:]
+        copy.input.extend(names.get(t, t) for t in inner.input)
+        copy.output.extend(names.setdefault(t, f"{prefix}/{t}") if t else "" for t in inner.output)
         out.append(copy)
     return out

@@ -138,9 +138,10 @@ def _weight_homes(tg: TrainingGraph, forward: list[list[onnx.NodeProto]], plan: 
     one read from inside a subgraph on another stage is refused. Scalars are constants,
     in every stage that reads them."""
     homes: dict[str, int] = {}
+    held = {*tg.forward.trained, *tg.forward.statistics}
     for k, nodes in enumerate(forward):
         for t in _reads(nodes):
-            if t not in tg.forward.weights or not tg.forward.weights[t].ndim:
+            if t not in held:
                 continue
             if homes.setdefault(t, k) != k:
                 a, b = plan.partitions[homes[t]].name, plan.partitions[k].name
