@@ -24,7 +24,7 @@ from onnx import external_data_helper, helper, shape_inference
 from runtime.contrib_types import contrib_value_infos
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
-from runtime.large import inferable, too_large
+from runtime.large import checked, inferable, too_large
 from runtime.run_sizes import run_sizes
 from runtime.units import human_bytes
 
@@ -284,10 +284,10 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
             raise ModelLoadError(f"{label}: unsupported opset {op.version} of ai.onnx "
                                  f"(this onnx knows 1..{newest})")
     try:
-        if not too_large(model):
-            onnx.checker.check_model(model)
-        elif isinstance(source, str | Path):  # past 2 GB the checker reads the files
-            onnx.checker.check_model(str(source))
+        if too_large(model) and isinstance(source, str | Path):
+            onnx.checker.check_model(str(source))  # its files: their data is not read
+        else:
+            checked(model)
     except onnx.checker.ValidationError as exc:
         raise ModelLoadError(f"{label} fails the ONNX checker: {_one_line(exc)}") from None
 
@@ -410,7 +410,7 @@ def _bind(dims: tuple[Dim, ...] | None, bindings: Mapping[str, int], default: in
 
 
 def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    model = inferable(model)
+    """Value infos of `model` (an `inferable` one) by onnx's shape inference."""
     try:
         inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
                                                 data_prop=True)
@@ -428,8 +428,9 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 
 def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: int
                  ) -> onnx.ModelProto:
+    """A copy of `model` whose inputs have the shapes the graph is costed at."""
     bound = onnx.ModelProto()
-    bound.CopyFrom(inferable(model))  # past 2 GB without the weights: no run sizes it
+    bound.CopyFrom(model)
     for value in bound.graph.input:
         if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
             for d in value.type.tensor_type.shape.dim:
@@ -438,13 +439,15 @@ def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: i
     return bound
 
 
-def _size_unknowns(tensors: dict[str, Tensor], bound: onnx.ModelProto) -> None:
-    """Node outputs shape inference left without a size: sized by a run (`run_sizes`)."""
-    unknown = [t for node in bound.graph.node for t in node.output if t and (
+def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
+                   bindings: Mapping[str, int], default: int) -> None:
+    """Node outputs shape inference left without a size: sized by a run (`run_sizes`),
+    unless the model is past 2 GB, which onnxruntime cannot be handed whole."""
+    unknown = [t for node in model.graph.node for t in node.output if t and (
         t not in tensors or tensors[t].shape is None or tensors[t].dtype is None)]
-    if not unknown:
+    if not unknown or too_large(model):
         return
-    for t, (dtype, shape) in run_sizes(bound, unknown).items():
+    for t, (dtype, shape) in run_sizes(_bound_model(model, bindings, default), unknown).items():
         old = tensors.get(t)
         tensors[t] = Tensor(t, dtype.name, shape, old.dims if old else None,
                             old.elem_type if old and old.elem_type else
@@ -476,9 +479,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     if fold:
         model, report = fold_constants(model)
     bindings = dict(bindings or {})
-    declared = _infer(model)
-    bound_model = _bound_model(model, bindings, default_dim)
-    bound = _infer(bound_model)
+    shapes = inferable(model)
+    declared = _infer(shapes)
+    bound = _infer(_bound_model(shapes, bindings, default_dim))
     g = model.graph
     initializers = {t.name: t for t in g.initializer}
     tensors: dict[str, Tensor] = {}
@@ -494,7 +497,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         elem = elem or belem
         bound_shape = _bind(bdims if bdims is not None else dims, bindings, default_dim)
         tensors[tname] = Tensor(tname, _np_dtype(elem), bound_shape, dims, elem)
-    _size_unknowns(tensors, bound_model)
+    _size_unknowns(tensors, model, bindings, default_dim)
     nodes = []
     for i, proto in enumerate(g.node):
         outer = tuple(r for r in reads_of(proto) if r not in proto.input)

@@ -67,8 +67,28 @@ def typed_only(init: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model, or past 2 GB its shell of typed weights: what shape inference takes."""
-    return shell(model, typed_only) if too_large(model) else model
+    """What shape inference takes: the model, or its shell of typed weights if it holds a
+    large one. Handing weights over costs seconds a gigabyte, and peak memory three times
+    their size (encoded, copied, decoded back), and no shape rests on them; past 2 GB it
+    is the only way."""
+    large = any(tensor_bytes(t) >= LARGE_INIT for t in model.graph.initializer)
+    return shell(model, typed_only) if large else model
+
+
+def checked(model: onnx.ModelProto) -> None:
+    """onnx's checker on `model` (ValidationError), its large initializers one at a time:
+    whole, it would copy every weight twice at once (encoded, then decoded in C++), for a
+    check that reads each on its own. Past 2 GB the only way to check it in memory."""
+    onnx.checker.check_model(shell(model, _dataless))
+    for init in model.graph.initializer:
+        if tensor_bytes(init) >= LARGE_INIT:
+            onnx.checker.check_tensor(init)
+
+
+def _dataless(init: onnx.TensorProto) -> onnx.TensorProto:
+    """A tensor of no elements by the initializer's name and type: what the model's check
+    needs of it (the tensor's own is `check_tensor`)."""
+    return onnx.TensorProto(name=init.name, data_type=init.data_type, dims=[0])
 
 
 def _copy_field(message: Message, name: str, value: Any) -> None:

@@ -9,7 +9,7 @@ measured is cached."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,33 @@ ModelSource = str | Path | bytes | onnx.ModelProto | Graph  # a Graph: loaded al
 Placed = tuple[tuple[tuple[LoadedPartition, ...], ...], tuple[Executor, ...]]
 
 
-def programs(graph: Graph, plan: Plan) -> dict[str, Program]:
+class Programs(Mapping[str, Program]):
     """partition name -> its program: the sub-model, its weights (large ones held beside
     it as it is made: not copied into it first), the device's arena (the peak of its
-    memory plan) and the stage time a modelled device is held for."""
-    with one_line_errors(plan.network):
-        return {p.name: _program(graph, p, plan.arenas[p.device]) for p in plan.partitions}
+    memory plan) and the stage time a modelled device is held for. Each is made when it is
+    asked for, so a load holds one partition's copy of the weights at a time, not all of
+    them; `keep` keeps each, for a load of several replicas."""
+
+    def __init__(self, graph: Graph, plan: Plan, keep: bool = False):
+        self.graph, self.plan = graph, plan
+        self.parts = {p.name: p for p in plan.partitions}
+        self.kept: dict[str, Program] | None = {} if keep else None
+
+    def __getitem__(self, name: str) -> Program:
+        if self.kept is not None and name in self.kept:
+            return self.kept[name]
+        part = self.parts[name]
+        with one_line_errors(self.plan.network):
+            made = _program(self.graph, part, self.plan.arenas[part.device])
+        if self.kept is not None:
+            self.kept[name] = made
+        return made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
 
 
 def _program(graph: Graph, partition: Partition, arena: int) -> Program:
@@ -95,8 +116,8 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
         twin_sets: list[Mapping[str, str] | None] = [None]  # per replica: device -> twin
         if replicas != 1:
             twin_sets += twin_maps(plan, configs, further(replicas))
-        return place_replicas(name, plan, programs(graph, plan), devices, bus, twin_sets,
-                              face, graph, tag)
+        return place_replicas(name, plan, Programs(graph, plan, keep=len(twin_sets) > 1),
+                              devices, bus, twin_sets, face, graph, tag)
 
     def lay(plan: Plan, tag: str = "", placed: Placed | None = None) -> LoadedNetwork:
         loaded, executors = placed or place(plan, tag)

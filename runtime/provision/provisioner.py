@@ -3,8 +3,9 @@
 A partition goes to the device its plan names when that device has room; otherwise to
 another device with the same backend and figures. Any failure unloads everything this
 call loaded, so a failed add leaves every device as it was. Programs are made once per
-plan (extracted just in time by `from_model.programs`, or read from a bundle) and loaded once
-per replica.
+plan (extracted just in time by `from_model.Programs`, each as it is first loaded, or read
+from a bundle) and loaded once per replica; what each load frees goes back to the system
+(`heap.give_back`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device, Program
 from runtime.errors import DeviceMemoryError, PrismError, ProvisionError, first_line
 from runtime.executor.executor import LoadedPartition
+from runtime.heap import give_back
 from runtime.partition.plan import Partition, Plan
 
 
@@ -71,6 +73,7 @@ def provision(plan: Plan, made: Mapping[str, Program], devices: Mapping[str, Dev
                 target = (onto or {}).get(part.device, part.device)
                 loaded.append(_load(part, made[part.name], devices, groups, network, tag,
                                    target, bus))
+                give_back()  # what its program and compiling it freed, before the next
     except BaseException:
         unload(loaded, network=network, bus=bus)
         raise
@@ -111,3 +114,4 @@ def unload(loaded: Sequence[LoadedPartition], *, network: str, bus: Any = None) 
         if bus is not None and bus.active:
             bus.publish("provision.evicted", network=network, partition=item.partition.name,
                         device=item.device.name, bytes=freed)
+    give_back()

@@ -133,16 +133,6 @@ def test_ray_cpu_and_sim_together_answer_as_onnxruntime(mixed, kind, name):
     check_against_onnxruntime(mixed, ["ray0", "cpu0", "sim0"], kind, name)
 
 
-def test_weights_held_beside_a_model_reach_its_actors(two_ray, monkeypatch):
-    """A program with its weights in memory beside it (a model past 2 GB, or with over
-    HOLD_FROM bytes of them) ships them to the actor; before, the actor got the model
-    alone and could not load it."""
-    import runtime.devices.external as external
-
-    monkeypatch.setattr(external, "HOLD_FROM", 0)
-    check_against_onnxruntime(two_ray, ["ray0", "ray1"], "real", "bert")
-
-
 def test_a_bundle_compiled_for_ray_devices_loads_on_them(two_ray, tmp_path):
     """Before: `prism compile --devices ray:2` stopped with `internal error: KeyError:
     'ray'`. The bundle's weights reach the actors as a held file (weights.bin)."""

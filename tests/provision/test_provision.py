@@ -24,7 +24,7 @@ from runtime.inputs import signature
 from runtime.observe.events import EventBus
 from runtime.partition import partition
 from runtime.partition.replicas import twin_maps
-from runtime.provision.from_model import load_network, programs
+from runtime.provision.from_model import Programs, load_network
 from runtime.provision.network import LoadedNetwork, place_replicas, unload_network
 from runtime.provision.provisioner import provision, twins, unload
 from runtime.units import human_bytes
@@ -77,7 +77,7 @@ def test_a_failed_provision_leaves_every_device_as_it_was_and_says_what_did_not_
                for i in range(3)]  # one byte apart: no two are twins
     graph = load_graph(TRANSFORMER)
     plan = partition(graph, configs, "balanced")
-    made = programs(graph, plan)
+    made = Programs(graph, plan)
     # the first partition on the device of the last: nothing of this plan is on it yet
     victim = next(p for p in plan.partitions if p.device == plan.partitions[-1].device)
     before_it = plan.partitions[:plan.partitions.index(victim)]
@@ -122,7 +122,7 @@ def test_what_a_partition_needs_counts_its_devices_whole_arena(opened):
     small = DeviceConfig(name=first.device, memory_bytes=(first.memory_bytes + arena) // 2)
     devices, bus = opened([small, configs[1]])
     with pytest.raises(DeviceMemoryError) as info:
-        provision(plan, programs(graph, plan), devices, network="middle", bus=bus)
+        provision(plan, Programs(graph, plan), devices, network="middle", bus=bus)
     assert str(info.value) == (
         f"middle/{first.name} needs {human_bytes(first.weight_bytes + arena)} on "
         f"{first.device}, {human_bytes(small.memory_bytes)} free of "
@@ -164,7 +164,7 @@ def test_two_replicas_on_twin_devices_load_each_partition_twice_under_distinct_k
     assert set(twin) == own and not own & set(twin.values())
     devices, bus = opened(configs)
     sub = bus.subscribe(maxlen=10_000, kinds=("provision.loaded",))
-    loaded, executors = place_replicas("m", plan, programs(graph, plan), devices, bus,
+    loaded, executors = place_replicas("m", plan, Programs(graph, plan), devices, bus,
                                        [None, twin], signature(graph), graph)
     assert len(loaded) == len(executors) == 2
     want = [[(p.name, f"m/{p.name}", p.device) for p in plan.partitions],

@@ -3,7 +3,8 @@ partition, run one at a time in arrival order.
 
 Plain Python: `device.py` wraps the class with `ray.remote` when it starts an actor,
 so this module imports no Ray, and like the standalone driver only numpy, onnxruntime,
-the session options every cpu partition runs under, and the modelled clock: a worker
+the session options every cpu partition runs under, the modelled clock and the heap's
+trim (`runtime.heap`, ctypes alone): a worker
 process starts in well under a second. Expected failures come back as a message (the
 first of `run`'s returns), never as an exception: Ray would print its traceback, and the
 device names the device and partition itself.
@@ -22,6 +23,7 @@ import onnxruntime as ort
 from runtime.devices.ort.options import refuse_empty, session_options
 from runtime.devices.timeline import Timeline
 from runtime.errors import first_line
+from runtime.heap import give_back
 
 # (error message or None, the run's seconds, each output's dtype and shape or None)
 Status = tuple[str | None, float, list[tuple[str, tuple[int, ...]] | None]]
@@ -52,10 +54,12 @@ class PartitionWorker:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]
         self.sessions[key] = (session, names, max(0.0, seconds), refuse_empty(ops))
+        give_back()  # what making the session freed (its copies of the weights)
         return None, names
 
     def unload(self, key: str) -> None:
         self.sessions.pop(key, None)
+        give_back()
 
     def held(self) -> list[str]:
         """The keys loaded here (what a removed network must no longer hold)."""
