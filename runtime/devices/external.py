@@ -56,7 +56,9 @@ def holdable(init: onnx.TensorProto) -> bool:
 
 
 def _raw(init: onnx.TensorProto) -> bytes:
-    return init.raw_data or numpy_helper.to_array(init).tobytes()
+    """The tensor's bytes as external data keeps them: its raw data, or its typed field's
+    values encoded so (4-bit values two to a byte, as `tobytes` would not)."""
+    return init.raw_data or numpy_helper.from_array(numpy_helper.to_array(init)).raw_data
 
 
 class Held:

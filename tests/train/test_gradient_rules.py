@@ -534,14 +534,25 @@ def top_k_case(rng: Rng) -> Check:
 
 
 def gather_nd_case(rng: Rng) -> Check:
-    """Indices reaching 1 to all of the axes, repeated ones and negative ones among them."""
+    """Indices reaching 1 to all of the axes after 0-2 batch axes, repeated ones and
+    negative ones among them."""
+    batch = shape_of(rng, int(rng.integers(0, 3)), low=2)
     shape = shape_of(rng, int(rng.integers(1, 4)), low=2)
     depth = int(rng.integers(1, len(shape) + 1))
-    rows = shape_of(rng, int(rng.integers(0, 3)))
+    rows = (*batch, *shape_of(rng, int(rng.integers(0, 3))))
     indices = np.stack([rng.integers(-d, d, rows) for d in shape[:depth]], axis=-1)
-    return node_check(rng, "GatherND", {"x": normal(rng, *shape)},
-                      inputs={"i": indices.astype(np.int64)}, order=["x", "i"])
+    return node_check(rng, "GatherND", {"x": normal(rng, *batch, *shape)},
+                      {"batch_dims": len(batch)}, inputs={"i": indices.astype(np.int64)},
+                      order=["x", "i"])
 
+
+
+def mod_case(rng: Rng) -> Check:
+    """a kept between multiples of b, where Mod jumps: floats take fmod 1."""
+    a = shape_of(rng)
+    b = away_from_zero(rng, *broadcast_partner(rng, a))
+    steps = rng.integers(-3, 3, a) + rng.uniform(0.2, 0.8, a)
+    return node_check(rng, "Mod", {"a": np.broadcast_to(b, a) * steps, "b": b}, {"fmod": 1})
 
 def inside_unit(rng: Rng, *shape: int) -> np.ndarray:
     return rng.uniform(-0.9, 0.9, shape)
@@ -711,7 +722,8 @@ CASES: dict[str, Callable[[Rng], Check]] = {
     "ReduceMax": reduce_case("ReduceMax"), "ReduceMin": reduce_case("ReduceMin"),
     "ReduceSumSquare": reduce_case("ReduceSumSquare"), "ReduceL2": reduce_case("ReduceL2"),
     "ReduceLogSumExp": reduce_case("ReduceLogSumExp"), "Resize": resize_case,
-    "TopK": top_k_case, "GatherND": gather_nd_case, "Tan": unary("Tan", inside_unit),
+    "TopK": top_k_case, "GatherND": gather_nd_case, "Mod": mod_case,
+    "Tan": unary("Tan", inside_unit),
     "Sinh": unary("Sinh"), "Cosh": unary("Cosh"), "Asin": unary("Asin", inside_unit),
     "Acos": unary("Acos", inside_unit), "Atan": unary("Atan"), "Asinh": unary("Asinh"),
     "Acosh": unary("Acosh", above_one), "Atanh": unary("Atanh", inside_unit),
