@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import heapq
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -292,7 +293,7 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
         raise ModelLoadError(f"{label} fails the ONNX checker: {_one_line(exc)}") from None
 
 
-def _name_nodes(graph: onnx.GraphProto) -> None:
+def name_nodes(graph: onnx.GraphProto) -> None:
     """Give unnamed or clashing nodes stable unique names: `<op>_<index>`."""
     seen: set[str] = set()
     taken = {n.name for n in graph.node if n.name}
@@ -358,6 +359,37 @@ def reads_of(node: onnx.NodeProto) -> tuple[str, ...]:
     read from the scope around it."""
     inner = (r for sub in subgraphs(node) for r in _outer_reads(sub))
     return tuple(dict.fromkeys(r for r in (*node.input, *inner) if r))
+
+
+def sort_nodes(graph: onnx.GraphProto) -> None:
+    """Put the graph's nodes in an order where each comes after the nodes making what it
+    reads, its subgraphs' reads from around it included, as ONNX asks (onnxruntime sorts
+    a graph itself, and its quantizer writes a Loop before the node making what its body
+    reads). Stable: a node sorted already keeps its place. Nodes that cannot be ordered
+    (a cycle, a read nothing makes) keep theirs, after the rest, for the checker to name."""
+    nodes = list(graph.node)
+    maker = {t: i for i, n in enumerate(nodes) for t in n.output if t}
+    waits = [{maker[r] for r in reads_of(n) if r in maker} - {i} for i, n in enumerate(nodes)]
+    if all(w < i for i, wait in enumerate(waits) for w in wait):
+        return
+    readers: dict[int, list[int]] = {}
+    for i, wait in enumerate(waits):
+        for w in wait:
+            readers.setdefault(w, []).append(i)
+    ready = [i for i, wait in enumerate(waits) if not wait]
+    heapq.heapify(ready)
+    left, order = [len(w) for w in waits], []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for r in readers.get(i, ()):
+            left[r] -= 1
+            if not left[r]:
+                heapq.heappush(ready, r)
+    placed = set(order)
+    order += [i for i in range(len(nodes)) if i not in placed]
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
 
 
 def _outer_reads(graph: onnx.GraphProto) -> list[str]:
@@ -471,8 +503,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         source = source.model
     model = read_model(source, max_bytes)
     label = str(source) if isinstance(source, str | Path) else "model"
+    sort_nodes(model.graph)
     _check(model, label, source)
-    _name_nodes(model.graph)
+    name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
     unlist_initializers(model, in_place=True)  # read_model's copy
     report = FoldReport()

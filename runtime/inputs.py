@@ -94,6 +94,7 @@ class InputSpec:
     dtype: np.dtype | None
     dims: tuple[Dim, ...] | None
     type: ValueType | None = None
+    rows: int | None = None  # an index into a table of this many rows: made-up values stay below
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
 
     def accepts(self, array: np.ndarray) -> bool:
@@ -127,6 +128,8 @@ class InputSpec:
             "dims": None if self.dims is None else list(self.dims)}
         if self.type is not None:
             out["type"] = self.type.to_dict()
+        if self.rows is not None:
+            out["rows"] = self.rows
         return out
 
     @classmethod
@@ -137,7 +140,7 @@ class InputSpec:
         structured = None if kind == "tensor" else ValueType.from_dict(
             data.get("type") or {"kind": kind})
         return cls(data["name"], np.dtype(data["dtype"]) if data.get("dtype") else None,
-                   None if dims is None else tuple(dims), structured)
+                   None if dims is None else tuple(dims), structured, data.get("rows"))
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,45 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
-    return tensor_specs(graph, graph.inputs)
+    rows = indexed_rows(graph)
+    return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name))
+            for s in tensor_specs(graph, graph.inputs)]
+
+
+_SAME_VALUES = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                          "Expand", "Transpose", "Slice", "Split", "Tile"})
+
+
+def indexed_rows(graph: Graph) -> dict[str, int]:
+    """Graph input -> the rows of the smallest table it indexes: a Gather's data along its
+    axis, reached through ops that pass values on unchanged, in subgraphs too (class
+    labels into a table of ten embeddings, say)."""
+    from runtime.graph import subgraphs
+
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    todo_graphs = [graph.model.graph]
+    while todo_graphs:  # ONNX names are unique across nested scopes: one map holds all
+        for node in todo_graphs.pop().node:
+            for t in node.input:
+                readers.setdefault(t, []).append(node)
+            todo_graphs += subgraphs(node)
+    out = {}
+    for name in graph.inputs:
+        rows, todo, seen = [], [name], {name}
+        while todo:
+            tensor = todo.pop()
+            for node in readers.get(tensor, ()):
+                if node.op_type in _SAME_VALUES and node.input[0] == tensor:
+                    todo += [t for t in node.output if t not in seen]
+                    seen.update(node.output)
+                elif node.op_type == "Gather" and node.input[1:2] == [tensor]:
+                    data = graph.tensors.get(node.input[0])
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    if data is not None and data.shape:
+                        rows.append(data.shape[axis])
+        if rows and min(rows) > 0:
+            out[name] = min(rows)
+    return out
 
 
 def tensor_specs(graph: Graph, names: Iterable[str]) -> list[InputSpec]:
@@ -397,7 +438,7 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng)
+            feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng, spec.rows)
         elif dtype.kind == "b":  # an array even at shape (): numpy gives a scalar there
             feeds[spec.name] = np.asarray(rng.random(shape) < 0.5)
         else:
@@ -406,17 +447,18 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
     return feeds
 
 
-def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator
-              ) -> np.ndarray:
+def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator,
+              rows: int | None = None) -> np.ndarray:
     """Integer inputs as text models expect them: masks of ones, segment ids of zero,
-    positions counting up, anything else (token ids) small non-negative numbers."""
+    positions counting up, anything else (token ids) small non-negative numbers, below
+    the `rows` of the table they index."""
     if "mask" in name:
         return np.ones(shape, dtype)
     if "type" in name or "segment" in name:
         return np.zeros(shape, dtype)
     if "position" in name and shape:
         return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
-    return rng.integers(0, 16, shape).astype(dtype)
+    return rng.integers(0, min(16, rows or 16), shape).astype(dtype)
 
 
 def _random_value(kind: ValueType, rng: np.random.Generator) -> object:

@@ -2,6 +2,8 @@
 
 `image` of shape [N, 3, 32, 32] for a model taking [batch, 3, 32, 32] is N samples. A
 model with a fixed first dimension B takes them B at a time (N must be a multiple of B).
+An input the model takes as a scalar (a loop's step count, a threshold) is one value,
+the same for every run.
 Names, dtypes and the other dimensions must match the model's inputs exactly: anything
 else is refused in one line naming the file, the input and what the model takes.
 """
@@ -36,11 +38,12 @@ class Samples:
 
     @property
     def count(self) -> int:
-        return len(next(iter(self.arrays.values())))
+        return next((len(v) for v in self.arrays.values() if v.ndim), 1)
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
         for start in range(0, self.count, self.batch):
-            yield {k: v[start:start + self.batch] for k, v in self.arrays.items()}
+            yield {k: v[start:start + self.batch] if v.ndim else v
+                   for k, v in self.arrays.items()}
 
     def runs(self) -> int:
         return -(-self.count // self.batch)
@@ -57,8 +60,8 @@ class Samples:
         if keep < unit:
             raise QuantizeError(f"{self.source}: {self.count} samples are too few to hold out "
                                 f"{holdout:.0%} and still calibrate; give more samples")
-        head = {k: v[:keep] for k, v in self.arrays.items()}
-        tail = {k: v[keep:] for k, v in self.arrays.items()}
+        head = {k: v[:keep] if v.ndim else v for k, v in self.arrays.items()}
+        tail = {k: v[keep:] if v.ndim else v for k, v in self.arrays.items()}
         return (Samples(head, self.batch, self.source, self.fixed),
                 Samples(tail, self.batch, self.source, self.fixed))
 
@@ -90,7 +93,13 @@ def check_samples(arrays: dict[str, np.ndarray], graph: Graph, source: str) -> S
             raise QuantizeError(f"{where}input {name!r} is {value.dtype}; {graph.name} takes "
                                 f"{spec.dtype}")
         dims = spec.dims
-        wrong = value.ndim != len(dims) or not dims or any(
+        if not dims:
+            if value.ndim:
+                raise QuantizeError(f"{where}input {name!r} has shape {tuple(value.shape)}; "
+                                    f"{graph.name} takes a scalar: give one value, the same "
+                                    f"for every run")
+            continue
+        wrong = value.ndim != len(dims) or any(
             isinstance(d, int) and d != s for d, s in zip(dims[1:], value.shape[1:],
                                                           strict=False))
         if wrong:
@@ -103,7 +112,7 @@ def check_samples(arrays: dict[str, np.ndarray], graph: Graph, source: str) -> S
                                     f"{graph.name} takes them {dims[0]} at a time")
             batch, fixed = dims[0], True
         counts.add(value.shape[0])
-    if len(counts) != 1 or not min(counts):
+    if len(counts) > 1 or (counts and not min(counts)):
         raise QuantizeError(f"{where}inputs have different or no sample counts "
                             f"({', '.join(f'{k}: {len(v)}' for k, v in arrays.items())})")
     return Samples({n: arrays[n] for n in specs}, batch, source, fixed)

@@ -40,6 +40,8 @@ from runtime.graph import (
     default_opset,
     external_data,
     load_graph,
+    name_nodes,
+    sort_nodes,
     unlist_initializers,
 )
 from runtime.quantize.data import QuantizeError, Samples
@@ -73,9 +75,13 @@ class QuantizeOptions:
         return replace(self, exclude_nodes=tuple(dict.fromkeys((*self.exclude_nodes, *nodes))))
 
     def float_nodes(self, graph: Graph) -> list[str]:
-        """The nodes kept in float by name: those asked for, then the narrow ones."""
+        """The nodes kept in float by name: those asked for, the narrow ones, and with
+        per-channel weights each grouped ConvTranspose (onnxruntime's quantizer scales its
+        weight per channel of one group, fewer than its bias has, and fails)."""
         narrow = slow_in_int8(graph) if self.narrow_float else []
-        return list(dict.fromkeys((*self.exclude_nodes, *narrow)))
+        grouped = [n.name for n in graph.nodes if n.op_type == "ConvTranspose"
+                   and n.attributes.get("group", 1) > 1] if self.per_channel else []
+        return list(dict.fromkeys((*self.exclude_nodes, *narrow, *grouped)))
 
 
 DEFAULTS = QuantizeOptions()
@@ -179,7 +185,8 @@ def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
-    """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs."""
+    """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs, its nodes
+    named."""
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src = Path(tmp) / "in.onnx"
         source = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
@@ -190,7 +197,9 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
         except Exception as exc:
             raise QuantizeError(f"onnxruntime cannot prepare the model for quantization: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
-        return _per_channel_opset(onnx.load(str(out)))
+        prepared = _per_channel_opset(onnx.load(str(out)))
+        name_nodes(prepared.graph)  # as its graph names them: what exclusions name
+        return prepared
 
 
 class _Reader:
@@ -240,10 +249,18 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     return len(ranges.data)
 
 
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                           "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger"})
+
+
 def _has_work(model: onnx.ModelProto, ops: Sequence[str]) -> None:
-    """QuantizeError, before any calibration run, for a model with no node of a type
+    """QuantizeError, before any calibration run, for a model quantized already (its
+    profile would miss what its QuantizeLinear nodes read) or with no node of a type
     onnxruntime quantizes (a scikit-learn forest): its profile would hold no range."""
     present = sorted({op for _, op in body_ops(model.graph)})
+    if done := sorted(QUANTIZED_OPS.intersection(present)):
+        raise QuantizeError(f"{model.graph.name or 'the model'} is quantized already: it holds "
+                            f"{' and '.join(done[:2])} nodes; quantize its float original")
     if not set(ops) & set(present):
         raise QuantizeError(f"{model.graph.name or 'the model'} has nothing to quantize: none "
                             f"of its ops ({', '.join(present[:8])}{', ...' * (len(present) > 8)}) "
@@ -302,8 +319,10 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
         except Exception as exc:
             raise QuantizeError(f"onnxruntime could not quantize {graph.name}: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
+        model = onnx.load(str(out))
+        sort_nodes(model.graph)  # its own sort misses what a Loop's body reads around it
         try:
-            return channels_last_handoff(onnx.load(str(out)))
+            return channels_last_handoff(model)
         except ModelLoadError as exc:
             raise QuantizeError(_invalid_output(exc, graph, options)) from None
 

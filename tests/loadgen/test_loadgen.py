@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from app.cli import main
 from app.loadgen import LoadGenerator
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
@@ -362,3 +363,34 @@ def test_random_inputs_have_the_right_dtype_and_shape(no_leftover_threads):
                 assert feeds["input_ids"].min() >= 0
             ids = np.stack([f["input_ids"] for f in proxy.feeds])
             assert len(np.unique(ids)) > 1, "token ids never vary"
+
+
+def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, tmp_path):
+    """An integer input that reaches a Gather (here through a Cast and an Unsqueeze)
+    indexes its table: made-up values stay below its rows. Before, labels drawn up to 15
+    into a table of ten embeddings failed most requests, and `prism run` with them."""
+    rows = int(np.random.default_rng().integers(2, 12))
+    table = np.random.default_rng().standard_normal((rows, 4)).astype(np.float32)
+    nodes = [helper.make_node("Cast", ["label"], ["l64"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["l64", "one"], ["l2"]),
+             helper.make_node("Gather", ["table", "l2"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "labels", [helper.make_tensor_value_info("label", TensorProto.INT32, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1, 4])],
+        [onnx.numpy_helper.from_array(table, "table"),
+         onnx.numpy_helper.from_array(np.array([1]), "one")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("labels", model)
+        assert [s.rows for s in host.inputs("labels")] == [rows]
+        proxy = Counting(host)
+        gen = LoadGenerator(proxy, "labels", concurrency=2, requests=40,
+                            bindings={"n": 8}).start()
+        assert gen.wait(timeout=WAIT)
+        gen.stop(timeout=5)
+        assert gen.stats.ok == 40, gen.stats.errors[:3]
+        labels = np.concatenate([f["label"] for f in proxy.feeds])
+        assert labels.min() >= 0 and labels.max() == min(rows, 16) - 1
+    path = tmp_path / "labels.onnx"
+    onnx.save(model, path)
+    assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0

@@ -715,3 +715,94 @@ def test_a_text_model_quantizes_and_leaves_the_working_directory_as_it_was(
     want = plain(model, feeds)["y"]
     np.testing.assert_allclose(got, plain(quantized, feeds)["y"], rtol=1e-4, atol=1e-5)
     assert np.linalg.norm(got - want) < 0.1 * np.linalg.norm(want)
+
+
+# -- models onnxruntime's quantizer trips on ----------------------------------------------
+
+
+def grouped_transpose_model() -> onnx.ModelProto:
+    """Conv, then a ConvTranspose of three groups with a bias: per channel, onnxruntime's
+    quantizer scales its weight per channel of one group (2), fewer than its bias has (6)."""
+    r = np.random.default_rng(0)
+    weights = {"w": r.standard_normal((6, 16, 3, 3)).astype(np.float32) / 8,
+               "t": r.standard_normal((6, 2, 3, 3)).astype(np.float32) / 4,
+               "b": r.standard_normal(6).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("ConvTranspose", ["r", "t", "b"], ["out"], group=3, strides=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "grouped", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                         ["n", 16, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 6, 17, 17])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def loop_reading_around_model() -> onnx.ModelProto:
+    """A Loop whose inputs are all constants and whose body reads a Relu's output from
+    around it, then a MatMul: onnxruntime's quantizer sorts the Loop before the Relu."""
+    r = np.random.default_rng(0)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "r"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, ["n", 8])])
+    nodes = [helper.make_node("MatMul", ["image", "w0"], ["m"]),
+             helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Loop", ["trips", "go", "zero"], ["acc"], body=body),
+             helper.make_node("MatMul", ["acc", "w1"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "looped", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(r.standard_normal((8, 8)).astype(np.float32), "w0"),
+         numpy_helper.from_array(r.standard_normal((8, 4)).astype(np.float32), "w1"),
+         numpy_helper.from_array(np.array(3, np.int64), "trips"),
+         numpy_helper.from_array(np.array(True), "go"),
+         numpy_helper.from_array(np.zeros((1, 8), np.float32), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("case", ["grouped_conv_transpose", "loop_reading_around", "gru_loop"])
+def test_models_onnxruntimes_quantizer_trips_on_quantize_and_run(case, tmp_path, capsys):
+    """Before: the grouped ConvTranspose stopped `prism quantize` with "operands could not
+    be broadcast together with shapes (6,) (2,)" (now kept in float, per channel); the
+    Loop's int8 model failed the ONNX checker ("Nodes in a graph must be topologically
+    sorted"; now sorted as it loads); gru_loop's scalar step count could not be given
+    ("samples along the first axis"; now one value for every run)."""
+    r = rng()
+    if case == "gru_loop":
+        src = REAL / "gru_loop.onnx"
+        samples = {"x": r.standard_normal((8, 5, 16)).astype(np.float32),
+                   "steps": np.array(5, np.int64)}
+    else:
+        model = grouped_transpose_model() if case == "grouped_conv_transpose" else \
+            loop_reading_around_model()
+        src = tmp_path / f"{case}.onnx"
+        onnx.save(model, src)
+        samples = feeds_for(model, 16)
+    data, out = tmp_path / "cal.npz", tmp_path / "int8.onnx"
+    np.savez(data, **samples)
+    assert main(["quantize", str(src), "--calibrate", str(data), "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["int8_nodes"] > 0
+    onnx.checker.check_model(str(out))
+    feeds = {k: v[:4] if v.ndim else v for k, v in samples.items()}
+    want = plain(onnx.load(str(out)), feeds)
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network(case, str(out))
+        got = host.infer(case, feeds)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4,
+                                   atol=0.05 * np.abs(value).max() + 1e-5)
+
+
+def test_a_quantized_model_is_not_quantized_again(tmp_path, capsys):
+    data = tmp_path / "cal.npz"
+    np.savez(data, image=rng().standard_normal((8, 1, 8, 8)).astype(np.float32))
+    assert main(["quantize", str(TORCH_QDQ), "--calibrate", str(data), "-o",
+                 str(tmp_path / "again.onnx")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "is quantized already: it holds DequantizeLinear and QuantizeLinear nodes" in err
+    assert len(err.splitlines()) == 1
