@@ -6,7 +6,9 @@ than onnx's spec (and onnxruntime) do.
   or more, where it fails.
 - LRN: the evaluator loops over the batch axis where the channels are meant, leaving
   the channels past the batch size unnormalized.
-- GridSample-16: the evaluator fails on its mode names (bilinear, bicubic).
+- GridSample: the evaluator fails on opset 16's mode names (bilinear, bicubic), clips a
+  cubic coordinate under border padding where onnxruntime and PyTorch clip each tap, and
+  samples one output value at a time in Python (seconds for a small image).
 - GatherElements: the evaluator fails on an axis longer than 64 (np.choose's limit), or
   indices smaller than the data off the axis.
 - MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
@@ -16,6 +18,7 @@ than onnx's spec (and onnxruntime) do.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -23,7 +26,6 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
-from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
 
 
 class ConvTranspose(_ConvTranspose):
@@ -194,12 +196,80 @@ class LRN(OpRun):
         return ((x / (bias + alpha / size * window) ** beta).astype(x.dtype),)
 
 
-class GridSample(_GridSample):
-    """GridSample-16's mode names (bilinear, bicubic), which the evaluator knows only as
-    opset 20 renamed them."""
+class GridSample(OpRun):
+    """Every output position at once, as onnxruntime and PyTorch sample: each axis's
+    coordinate unnormalized, rounded half to even (nearest), padded (border: clipped,
+    except for cubic; reflection: reflected into the grid's bounds), then its taps (one,
+    two, or four weighted by Keys' cubic with a = -0.75), each tap padded again (zeros:
+    reads 0 outside) and every combination of the axes' taps summed."""
 
-    def _run(self, X, grid, mode=None, **attrs):  # type: ignore[override]
-        return super()._run(X, grid, mode=_RENAMED.get(mode, mode), **attrs)
+    def _run(self, X, grid, mode=None, padding_mode=None, align_corners=None):
+        mode = mode or getattr(self, "mode", None) or "linear"
+        mode = _RENAMED.get(mode, mode)
+        padding = padding_mode or getattr(self, "padding_mode", None) or "zeros"
+        corners = bool(align_corners or getattr(self, "align_corners", 0))
+        n, c, *size = X.shape
+        axes = [_grid_taps(grid[..., len(size) - 1 - k], d, mode, padding, corners)
+                for k, d in enumerate(size)]
+        values = np.moveaxis(X, 1, -1)  # (n, *size, c): a gather's channels last
+        batch = np.arange(n).reshape(n, *[1] * (grid.ndim - 2))
+        out = np.zeros((*grid.shape[:-1], c), X.dtype)
+        for combination in itertools.product(*axes):
+            weight = np.prod([w for _, w in combination], axis=0)
+            out += values[(batch, *(i for i, _ in combination))] * weight[..., None]
+        return (np.moveaxis(out, -1, 1),)
+
+
+def _grid_taps(g: np.ndarray, size: int, mode: str, padding: str, corners: bool
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One axis's taps for every output position: (index, weight), a tap outside the
+    input weighing 0 under zeros padding."""
+    v = (g + 1) / 2 * (size - 1) if corners else ((g + 1) * size - 1) / 2
+    low, high = (0.0, size - 1.0) if corners else (-0.5, size - 0.5)
+    if mode == "nearest":
+        v = np.rint(v)
+    if padding == "border" and mode != "cubic":
+        v = np.clip(v, 0, size - 1)
+    elif padding == "reflection":
+        v = _reflected(v, low, high)
+    if mode == "nearest":
+        taps = [(v, np.ones_like(v))]
+    else:
+        start = np.floor(v)
+        t = v - start
+        weights = [1 - t, t] if mode == "linear" else _cubic(t)
+        taps = [(start + i - (mode == "cubic"), w) for i, w in enumerate(weights)]
+    out = []
+    for at, weight in taps:
+        if padding == "reflection":
+            at = np.trunc(_reflected(at, low, high))
+        inside = (at >= 0) & (at <= size - 1)
+        index = np.clip(at, 0, size - 1).astype(np.int64)
+        out.append((index, weight if padding != "zeros" else weight * inside))
+    return out
+
+
+def _reflected(v: np.ndarray, low: float, high: float) -> np.ndarray:
+    """`v` reflected off `low` and `high` until within them (PyTorch's reflect_coordinates)."""
+    span = high - low
+    if span <= 0:
+        return np.zeros_like(v)
+    below, above = v < low, v > high
+    away = np.where(below, low - v, v - high)
+    flips = np.floor(away / span)
+    rest = away - flips * span
+    even = flips % 2 == 0
+    return np.where(below, np.where(even, low + rest, high - rest),
+                    np.where(above, np.where(even, high - rest, low + rest), v))
+
+
+def _cubic(t: np.ndarray) -> list[np.ndarray]:
+    """Keys' cubic convolution weights (a = -0.75) of the taps at -1, 0, 1 and 2 from the
+    floor, `t` past it."""
+    a = -0.75
+    near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1  # noqa: E731 (|x| <= 1)
+    far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a  # noqa: E731 (1 < |x| < 2)
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
 
 
 _RENAMED = {"bilinear": "linear", "bicubic": "cubic"}
