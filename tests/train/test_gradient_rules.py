@@ -616,21 +616,24 @@ def reduce_prod_case(rng: Rng) -> Check:
 
 
 def grid_sample_case(rng: Rng) -> Check:
-    """Linear or nearest, every padding mode, both corner conventions; the grid (a weight
-    too) reaching past the input, its source coordinates kept off the kinks: whole and
-    half pixels, where a corner, a rounding or a reflection changes."""
-    attrs = {"mode": str(rng.choice(["linear", "nearest"])), "align_corners":
-             int(rng.integers(0, 2)), "padding_mode": str(rng.choice(["zeros", "border",
-                                                                        "reflection"]))}
-    n, c, height, width, h_out, w_out = (int(v) for v in rng.integers(1, 5, 6))
-    sizes = np.array([width, height])
-    source = rng.uniform(-2, sizes + 1, (n, h_out, w_out, 2))
+    """2-D or 3-D, linear or nearest (or 2-D cubic), every padding mode, both corner
+    conventions; the grid (a weight too) reaching past the input, its source coordinates
+    kept off the kinks: whole and half pixels, where a corner, a rounding or a reflection
+    changes."""
+    rank = int(rng.integers(2, 4))
+    modes = ["linear", "nearest", "cubic"] if rank == 2 else ["linear", "nearest"]
+    attrs = {"mode": str(rng.choice(modes)), "align_corners": int(rng.integers(0, 2)),
+             "padding_mode": str(rng.choice(["zeros", "border", "reflection"]))}
+    n, c = (int(v) for v in rng.integers(1, 4, 2))
+    size, out = rng.integers(1, 5, rank), [int(v) for v in rng.integers(1, 4, rank)]
+    sizes = size[::-1]  # the grid's last axis runs over the input's axes backwards
+    source = rng.uniform(-2, sizes + 1, (n, *out, rank))
     source = np.floor(source * 2) / 2 + rng.uniform(0.1, 0.4, source.shape)  # off the kinks
     if attrs["align_corners"]:
         grid = source / np.maximum(sizes - 1, 1) * 2 - 1
     else:
         grid = (source * 2 + 1) / sizes - 1
-    return node_check(rng, "GridSample", {"x": normal(rng, n, c, height, width), "grid": grid},
+    return node_check(rng, "GridSample", {"x": normal(rng, n, c, *size), "grid": grid},
                       attrs, opset=20)
 
 

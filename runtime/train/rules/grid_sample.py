@@ -1,61 +1,85 @@
-"""GridSample (2-D, linear or nearest, every padding mode) rewritten into ai.onnx ops whose
-rules give its gradient, as PyTorch's grid_sample computes it: each output position's
-source coordinate, unnormalized from the grid and padded (border: clipped; reflection:
-reflected, then clipped), then the four corners around it weighted by their distance
-(linear) or the nearest one (nearest, rounding half to even), each read by GatherElements
-from the flattened input; a corner outside the input reads as 0. The input's gradient
-comes back through GatherElements, the grid's through the corner weights (none where
-nearest, or where a clip holds the coordinate)."""
+"""GridSample (2-D or 3-D; linear, nearest, or 2-D cubic; every padding mode) rewritten
+into ai.onnx ops whose rules give its gradient, as PyTorch's grid_sample computes it:
+each axis's source coordinate unnormalized from the grid, then its taps. Linear and
+nearest pad the coordinate (border: clipped; reflection: reflected, then clipped) and take
+the two taps around it weighted by their distance (linear) or the nearest one (nearest,
+rounding half to even); cubic takes the four around the unpadded coordinate, weighted by
+Keys' cubic (a = -0.75), and pads each tap. Every combination of the axes' taps is read
+by GatherElements from the flattened input and weighted by the product of its axes'
+weights; a tap outside the input reads as 0. The input's gradient comes back through
+GatherElements, the grid's through the weights (none where nearest, or where a clip holds
+the coordinate)."""
 
 from __future__ import annotations
+
+import itertools
+import math
 
 from onnx import TensorProto, helper
 
 from runtime.errors import TrainingError
 from runtime.train.registry import Rewriting, rewrite
 
-_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest"}
+_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic",
+          "cubic": "cubic"}
+Tap = tuple[str, str | None]  # a tap's coordinate along one axis, and its weight
 
 
 @rewrite("GridSample")
 def grid_sample(r: Rewriting) -> dict[str, str]:
     e, (x, grid) = r.e, r.node.input[:2]
     shape, mode = r.shape(x), _MODES.get(r.attr("mode", "bilinear"))
-    if mode is None or len(shape) != 4:
-        raise TrainingError(f"node {r.node.name} (GridSample): training takes 2-D linear or "
-                            f"nearest sampling, not {len(shape) - 2}-D {r.attr('mode')}")
-    n, c, height, width = shape
-    out = r.shape(grid)[1:3]
-    flat = e.reshape(x, [n, c, height * width])
-    coords = [_source(r, e.op("Gather", [grid, e.ints([axis])], axis=3), size)
-              for axis, size in ((0, width), (1, height))]  # (n, h_out, w_out, 1) each
-    corners: list[tuple[list[str], str | None]]
-    if mode == "nearest":
-        corners = [([e.op("Round", [v]) for v in coords], None)]
-    else:
-        low = [e.op("Floor", [v]) for v in coords]
-        high = [e.op("Add", [v, r.const(1, x)]) for v in low]
-        far = [e.op("Sub", [v, lo]) for v, lo in zip(coords, low, strict=True)]  # to low
-        near = [e.op("Sub", [hi, v]) for v, hi in zip(coords, high, strict=True)]
-        corners = [([cx, cy], e.op("Mul", [wx, wy]))
-                   for cx, wx in ((low[0], near[0]), (high[0], far[0]))
-                   for cy, wy in ((low[1], near[1]), (high[1], far[1]))]
-    parts = [_corner(r, flat, position, weight, (width, height), (n, c, *out))
-             for position, weight in corners]
+    n, c, *size = shape
+    if mode is None or len(size) not in (2, 3) or (mode == "cubic" and len(size) != 2):
+        raise TrainingError(f"node {r.node.name} (GridSample): training takes 2-D or 3-D "
+                            f"linear or nearest sampling, or 2-D cubic, not {len(size)}-D "
+                            f"{r.attr('mode')}")
+    out = r.shape(grid)[1:-1]
+    flat = e.reshape(x, [n, c, math.prod(size)])
+    taps = [_taps(r, e.op("Gather", [grid, e.ints([len(size) - 1 - k])], axis=len(size) + 1),
+                  d, mode) for k, d in enumerate(size)]  # (n, *out, 1) coordinates each
+    parts = [_read(r, flat, combination, size, (n, c, *out))
+             for combination in itertools.product(*taps)]
     e.ops("Sum", parts, [r.node.output[0]])
     return {}
 
 
-def _source(r: Rewriting, g: str, size: int) -> str:
-    """One axis's source coordinate from its normalized grid value, padded."""
+def _taps(r: Rewriting, g: str, size: int, mode: str) -> list[Tap]:
+    """One axis's taps, from its normalized grid values."""
+    e, x = r.e, r.node.input[0]
+    v = _unnormalized(r, g, size)
+    if mode != "cubic":
+        v = _padded(r, v, size)
+        if mode == "nearest":
+            return [(e.op("Round", [v]), None)]
+        low = e.op("Floor", [v])
+        high = e.op("Add", [low, r.const(1, x)])
+        return [(low, e.op("Sub", [high, v])), (high, e.op("Sub", [v, low]))]
+    low = e.op("Floor", [v])
+    t = e.op("Sub", [v, low])
+    weights = [_cubic_far(r, e.op("Add", [t, r.const(1, x)])), _cubic_near(r, t),
+               _cubic_near(r, e.op("Sub", [r.const(1, x), t])),
+               _cubic_far(r, e.op("Sub", [r.const(2, x), t]))]
+    return [(_padded(r, e.op("Add", [low, r.const(i - 1, x)]), size), w)
+            for i, w in enumerate(weights)]
+
+
+def _unnormalized(r: Rewriting, g: str, size: int) -> str:
+    """align_corners: (g + 1) / 2 * (size - 1); else ((g + 1) * size - 1) / 2."""
     e, x = r.e, r.node.input[0]
     corners = bool(r.attr("align_corners", 0))
-    # align_corners: (g + 1) / 2 * (size - 1); else ((g + 1) * size - 1) / 2
     scale = (size - 1) / 2 if corners else size / 2
-    v = e.op("Add", [e.op("Mul", [g, r.const(scale, x)]), r.const(scale if corners else
-                                                                   (size - 1) / 2, x)])
+    return e.op("Add", [e.op("Mul", [g, r.const(scale, x)]),
+                        r.const(scale if corners else (size - 1) / 2, x)])
+
+
+def _padded(r: Rewriting, v: str, size: int) -> str:
+    """A coordinate padded: border clipped; reflection reflected off the input's bounds,
+    then clipped; zeros as it is (its taps outside read 0)."""
+    e, x = r.e, r.node.input[0]
     padding = r.attr("padding_mode", "zeros")
     if padding == "reflection":
+        corners = bool(r.attr("align_corners", 0))
         v = _reflected(r, v, *((0.0, size - 1.0) if corners else (-0.5, size - 0.5)))
     if padding in ("border", "reflection"):
         v = e.op("Clip", [v, r.const(0, x), r.const(size - 1, x)])
@@ -76,25 +100,47 @@ def _reflected(r: Rewriting, v: str, low: float, high: float) -> str:
                           e.op("Sub", [r.const(high, x), extra])])
 
 
-def _corner(r: Rewriting, flat: str, position: list[str], weight: str | None,
-            size: tuple[int, int], shape: tuple[int, ...]) -> str:
-    """The input at one corner (x, y) of every output position, times its weight, 0 where
-    the corner falls outside the input: (n, c, h_out, w_out)."""
+_A = -0.75  # Keys' cubic, as PyTorch and onnxruntime take it
+
+
+def _cubic_near(r: Rewriting, t: str) -> str:
+    """((a + 2) t - (a + 3)) t^2 + 1, for a tap within 1 of the coordinate."""
     e, x = r.e, r.node.input[0]
-    (px, py), (width, height) = position, size
-    inside = None
-    for v, limit in ((px, width), (py, height)):
-        within = e.op("And", [e.op("GreaterOrEqual", [v, r.const(0, x)]),
-                              e.op("LessOrEqual", [v, r.const(limit - 1, x)])])
+    inner = e.op("Sub", [e.op("Mul", [t, r.const(_A + 2, x)]), r.const(_A + 3, x)])
+    return e.op("Add", [e.op("Mul", [inner, e.op("Mul", [t, t])]), r.const(1, x)])
+
+
+def _cubic_far(r: Rewriting, t: str) -> str:
+    """((a t - 5a) t + 8a) t - 4a, for a tap between 1 and 2 from the coordinate."""
+    e, x = r.e, r.node.input[0]
+    inner = e.op("Sub", [e.op("Mul", [t, r.const(_A, x)]), r.const(5 * _A, x)])
+    inner = e.op("Add", [e.op("Mul", [inner, t]), r.const(8 * _A, x)])
+    return e.op("Sub", [e.op("Mul", [inner, t]), r.const(4 * _A, x)])
+
+
+def _read(r: Rewriting, flat: str, combination: tuple[Tap, ...], size: list[int],
+          shape: tuple[int, ...]) -> str:
+    """The input at one combination of the axes' taps for every output position, times
+    its weight, 0 where a tap falls outside the input: (n, c, *out)."""
+    e, x = r.e, r.node.input[0]
+    inside, index, weight = None, None, None
+    stride = math.prod(size)
+    for (at, w), limit in zip(combination, size, strict=True):
+        within = e.op("And", [e.op("GreaterOrEqual", [at, r.const(0, x)]),
+                              e.op("LessOrEqual", [at, r.const(limit - 1, x)])])
         inside = within if inside is None else e.op("And", [inside, within])
-    assert inside is not None
-    clipped = [e.op("Clip", [v, r.const(0, x), r.const(limit - 1, x)])
-               for v, limit in ((px, width), (py, height))]
-    index = e.op("Cast", [e.op("Add", [e.op("Mul", [clipped[1], r.const(width, x)]),
-                                       clipped[0]])], to=TensorProto.INT64)
-    n, c, h_out, w_out = shape
-    index = e.expand(e.reshape(index, [n, 1, h_out * w_out]), [n, c, h_out * w_out])
+        stride //= limit
+        term = e.op("Mul", [e.op("Clip", [at, r.const(0, x), r.const(limit - 1, x)]),
+                            r.const(stride, x)])
+        index = term if index is None else e.op("Add", [index, term])
+        if w is not None:
+            weight = w if weight is None else e.op("Mul", [weight, w])
+    assert inside is not None and index is not None
+    n, c, *out = shape
+    cells = math.prod(out)
+    index = e.op("Cast", [index], to=TensorProto.INT64)
+    index = e.expand(e.reshape(index, [n, 1, cells]), [n, c, cells])
     taken = e.reshape(e.op("GatherElements", [flat, index], axis=2), list(shape))
     mask = e.op("Cast", [inside], to=helper.np_dtype_to_tensor_dtype(r.facts.dtype(x)))
     scale = mask if weight is None else e.op("Mul", [weight, mask])
-    return e.op("Mul", [taken, e.reshape(scale, [n, 1, h_out, w_out])])
+    return e.op("Mul", [taken, e.reshape(scale, [n, 1, *out])])
