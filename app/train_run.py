@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from runtime.devices import parse_devices
+from runtime.devices.external import save
 from runtime.errors import PrismError, TrainingError
 from runtime.observe.events import EventBus
 from runtime.train.data import read_training_data
@@ -91,7 +90,7 @@ class TrainingRun:
         result = self.trainer.run(on_step)
         self.result = result
         if result.complete and self.settings.output is not None:
-            onnx.save(self.trainer.trained_model(), self.settings.output)
+            save(self.trainer.trained_model(), self.settings.output)  # past 2 GB too
             self.saved = self.settings.output
         return result
 

@@ -273,3 +273,31 @@ def test_a_large_model_loads_in_about_twice_its_weights(tmp_path):
     weights, peak, after = map(int, done.stdout.split())
     assert after < 2.5 * weights, (after / weights, peak / weights)
     assert peak < 4 * weights, (after / weights, peak / weights)
+
+
+def test_past_the_limit_a_model_trains_and_saves_its_weights_beside_it(
+        model, tmp_path, monkeypatch, capsys):
+    """Gradients past the limit equal those below it, and `prism train -o` writes the
+    trained weights beside the model (before, onnx.save failed past 2 GB)."""
+    from runtime.train import gradients
+
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((8, WIDTH)).astype(np.float32)}
+    target = rng.standard_normal((8, WIDTH))
+    below = gradients(str(model), feeds, target, loss="mse")
+    monkeypatch.setattr(large, "LIMIT", 100 << 10)
+    monkeypatch.setattr(large, "ROOM", 0)
+    past = gradients(str(model), feeds, target, loss="mse")
+    assert below.keys() == past.keys()
+    for name, value in below.items():
+        np.testing.assert_allclose(past[name], value, rtol=1e-6, atol=1e-7)
+    data, out = tmp_path / "train.npz", tmp_path / "trained.onnx"
+    np.savez(data, x=rng.standard_normal((32, WIDTH)).astype(np.float32),
+             y=rng.standard_normal((32, WIDTH)).astype(np.float32))
+    assert main(["train", str(model), "--data", str(data), "--labels", "y", "--loss", "mse",
+                 "--optimizer", "sgd", "--lr", "0.01", "--batch-size", "8", "--micro-batches",
+                 "2", "--epochs", "1", "--devices", "cpu:2", "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["complete"]
+    assert (tmp_path / "trained.onnx.data").stat().st_size >= WIDTH * WIDTH * 4 * LAYERS
+    trained = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert np.isfinite(trained.run(None, feeds)[0]).all()
