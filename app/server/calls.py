@@ -22,17 +22,19 @@ STRING_COST = 64  # a byte of binary BYTES data decodes as slowly as this many o
 
 
 async def run(runs: RunThread, network: str, feeds: Mapping[str, np.ndarray], priority: int,
-              timeout: float | None, *, large: bool = False) -> dict[str, np.ndarray]:
-    """One request's outputs. `large`: its feeds are checked (in `host.run`) off the loop."""
-    answer = runs.submit(network, feeds, priority, timeout)
+              timeout: float | None, *, large: bool = False, rows: int = 1
+              ) -> dict[str, np.ndarray]:
+    """One request's outputs. `large`: its feeds are checked (in `host.run`) off the loop;
+    `rows`: the inferences it counts as (`host.run`)."""
+    answer = runs.submit(network, feeds, priority, timeout, rows)
     if answer is not None:
         return await answer
     host = runs.host
     if large:
         future = await run_in_threadpool(host.run, network, feeds, priority, timeout,
-                                         inline=False)
+                                         inline=False, rows=rows)
     else:
-        future = host.run(network, feeds, priority, timeout, inline=False)
+        future = host.run(network, feeds, priority, timeout, inline=False, rows=rows)
     return await answer_of(future)
 
 

@@ -71,10 +71,14 @@ class Served:
     devices: tuple[tuple[str, str], ...] = ()  # (name, backend) of the devices it runs on
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # output -> classes
 
-    @functools.cached_property
-    def rows_uncounted(self) -> bool:
-        """Does its configuration batch without the host's batcher, which counts rows?"""
-        return self.options.max_batch_size > 0 and not self.options.dynamic_batching
+    def counted_rows(self, feeds: Mapping[str, np.ndarray]) -> int:
+        """The inferences a request counts as in the host's events: its batch where the
+        configuration batches without the host's batcher (which counts rows itself), one
+        execution of that many rows, as Triton counts it; else 1."""
+        if self.options.max_batch_size > 0 and not self.options.dynamic_batching:
+            first = next(iter(feeds.values()), None)
+            return len(first) if first is not None and first.ndim else 1
+        return 1
 
     @property
     def platform(self) -> str:

@@ -69,8 +69,6 @@ class _Triton:
             name: defaultdict(float) for name, _ in _TRITON_COUNTERS}
         self.failures: defaultdict[tuple[str, str, str], int] = defaultdict(int)
         self.rejected: defaultdict[tuple[str, str, str], int] = defaultdict(int)
-        # rows beyond one per request, where the host's batcher does not count them
-        self.rows: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.pending: dict[tuple[str, str], set[int]] = defaultdict(set)
         self.last: dict[tuple[str, str], float] = {}  # wall seconds of the last answer
         # (model, version, requests an execution held) -> [executions, compute seconds]
@@ -83,8 +81,6 @@ class _Triton:
             for (model, version), value in sorted(self.sums[name].items()):
                 if name == "nv_inference_exec_count":
                     value = round(value)  # a batch's members each add 1/size
-                if name == "nv_inference_count":
-                    value += self.rows.get((model, version), 0)
                 family.add_sample(name, {"model": model, "version": version}, value)
             yield family
         family = Metric("nv_inference_request_failure", "Number of failed inference requests, "
@@ -213,7 +209,7 @@ class ServerMetrics:
         with self._lock:
             t = self._triton
             counts: list[dict[tuple, Any]] = [*t.sums.values(), t.pending, t.failures,
-                                               t.rejected, t.last, t.batches, t.rows]
+                                               t.rejected, t.last, t.batches]
             for count in counts:
                 for key in [k for k in count if k[:2] == (model, version)]:
                     del count[key]
@@ -223,12 +219,6 @@ class ServerMetrics:
         on the event loop, so it takes no lock (the fold may hold one for a while): only
         the loop writes these counts."""
         self._triton.rejected[(model, version, reason)] += 1
-
-    def rows(self, model: str, version: str, rows: int) -> None:
-        """A request of `rows` rows answered by a model whose configuration batches but
-        whose host network has no batcher (which would count them): Triton counts its
-        rows as inferences. Called on the event loop, as `rejected` is."""
-        self._triton.rows[(model, version)] += rows - 1
 
     def model_stats(self, model: str, version: str) -> dict[str, Any]:
         """Triton's statistics extension for one model version, from the same sums as
@@ -242,7 +232,6 @@ class ServerMetrics:
                          if k[:2] == key)
             batches = sorted((k[2], v) for k, v in t.batches.items() if k[:2] == key)
             last = t.last.get(key)
-            rows = t.rows.get(key, 0)
         ok = round(sums["nv_inference_request_success"])
 
         def timed(count: float, micros: float = 0.0) -> dict[str, int]:
@@ -250,7 +239,7 @@ class ServerMetrics:
 
         return {"name": model, "version": version,
                 "last_inference": 0 if last is None else round(last * 1e3),
-                "inference_count": round(sums["nv_inference_count"]) + rows,
+                "inference_count": round(sums["nv_inference_count"]),
                 "execution_count": round(sums["nv_inference_exec_count"]),
                 "inference_stats": {
                     "success": timed(ok, sums["nv_inference_request_duration_us"]),

@@ -39,6 +39,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     answer: asyncio.Future
     args: tuple[Any, ...]  # host.run's: network, feeds, priority, timeout
+    rows: int  # and its rows
 
     def settle(self, outputs: Any, error: BaseException | None) -> None:
         """Answer the awaiting task, from any thread (a closed loop: nobody waits)."""
@@ -66,7 +67,7 @@ class RunThread:
         self.thread.start()
 
     def submit(self, network: str, feeds: Mapping[str, np.ndarray], priority: int,
-               timeout: float | None) -> asyncio.Future | None:
+               timeout: float | None, rows: int = 1) -> asyncio.Future | None:
         """On the event loop: the request's outputs to await, or None when this thread is
         busy or closed (the caller then hands the request to the host itself)."""
         with self._cv:
@@ -74,7 +75,8 @@ class RunThread:
                 return None
             loop = asyncio.get_running_loop()
             answer = loop.create_future()
-            self._job, self._busy = _Job(loop, answer, (network, feeds, priority, timeout)), True
+            self._job = _Job(loop, answer, (network, feeds, priority, timeout), rows)
+            self._busy = True
             self._cv.notify()
         return answer
 
@@ -98,7 +100,7 @@ class RunThread:
                     return  # closed, nothing in hand
                 if not job.answer.done():  # read across threads: at worst, a wasted run
                     try:
-                        future = self.host.run(*job.args)
+                        future = self.host.run(*job.args, rows=job.rows)
                     except Exception as exc:  # refused: bad input, queue full, closed
                         job.settle(None, exc)
                     else:

@@ -53,7 +53,7 @@ def lean_path(net: ServedNetwork, slots: Dispatcher) -> LeanRun | None:
     check_feeds, tokens, queue, bus = net.check_feeds, net.lean_runs, slots.queue, slots.bus
     run_now, refused, clock = replica.run_now, slots.refused, time.monotonic
 
-    def run(feeds: Mapping[str, object], timeout: float | None, priority: int
+    def run(feeds: Mapping[str, object], timeout: float | None, priority: int, rows: int
             ) -> Future | None:
         checked = check_feeds(feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
@@ -62,7 +62,7 @@ def lean_path(net: ServedNetwork, slots: Dispatcher) -> LeanRun | None:
             if refused(net) is not None or queue.size:
                 return None  # the general path refuses, or queues it behind the others
             if bus.active:
-                return _run_listened(net, replica, slots, checked, timeout, priority)
+                return _run_listened(net, replica, slots, checked, timeout, priority, rows)
             start = clock()
             try:
                 outputs = run_now(checked, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
@@ -78,11 +78,11 @@ def lean_path(net: ServedNetwork, slots: Dispatcher) -> LeanRun | None:
 
 
 def _run_listened(net: ServedNetwork, replica: Executor, slots: Dispatcher,
-                  feeds: dict[str, np.ndarray], timeout: float, priority: int
+                  feeds: dict[str, np.ndarray], timeout: float, priority: int, rows: int
                   ) -> Future | None:
     """A lean run with someone listening: only on an idle device, with a record and the
     general path's events."""
-    record = Request(net.name, feeds, priority)
+    record = Request(net.name, feeds, priority, rows=rows)
     start = time.monotonic()
     try:
         outputs = replica.run_now(feeds, 0.0, record.id)  # type: ignore[misc]

@@ -174,7 +174,7 @@ class HostManager:
     # -- requests ----------------------------------------------------------------------
 
     def run(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
-            timeout: float | None = None, *, inline: bool = True) -> Future:
+            timeout: float | None = None, *, inline: bool = True, rows: int = 1) -> Future:
         """Queue one request; the future resolves to {output name: array}.
 
         `timeout`: seconds it may take, queued and running, after which it ends with
@@ -183,11 +183,13 @@ class HostManager:
         at once, and its first partition runs right on this thread if its device is idle
         (no hand-off; an answer past the timeout is then dropped and the request times
         out). `inline=False` never runs anything on this thread: for callers that must not
-        block, like load generators and servers.
+        block, like load generators and servers. `rows`: the inferences the request counts
+        as in its events (a server's model that batches without the host's batcher, which
+        counts them itself, as Triton counts them).
         """
         net = self._slots.networks.get(name)
         if inline and net is not None and (lean := net.lean_run) is not None:
-            ready = lean(feeds, timeout, priority)  # it checks the host and the network
+            ready = lean(feeds, timeout, priority, rows)  # it checks host and network
             if ready is not None:
                 return ready
         if net is None:
@@ -196,7 +198,7 @@ class HostManager:
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
         now = time.monotonic()
         request = Request(name, checked, priority, now + timeout if timeout < math.inf else None,
-                          now)  # positional: keywords cost a tenth of making it
+                          now, rows)  # positional: keywords cost a tenth of making it
         if (batcher := net.batcher) is not None:
             return self._slots.submit_batched(net, batcher, request, self.max_queue)
         return self._slots.submit(net, request, self.max_queue, inline)

@@ -15,7 +15,7 @@ from runtime.provision.network import LoadedNetwork
 
 # A network's lean path: run(feeds, timeout, priority) -> a finished future, or None to
 # take the general path (runtime/host/lean.py).
-LeanRun = Callable[[Mapping[str, object], "float | None", int], "Future | None"]
+LeanRun = Callable[[Mapping[str, object], "float | None", int, int], "Future | None"]
 
 
 RUN_WEIGHT = 0.1  # each run's weight in the moving averages of its network's run time

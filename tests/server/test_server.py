@@ -446,13 +446,15 @@ def test_classification_gives_the_top_classes_as_triton_does(client, server):
 def test_statistics_count_what_ran_as_tritons_extension_does(client, server):
     """tritonclient's get_inference_statistics (perf_analyzer reads it): 404 before. The
     configuration batches with Triton's default scheduler (no dynamic batcher), so each
-    request's rows are inferences: they counted one a request."""
+    request's rows are inferences (they counted one a request) and each request is one
+    execution of that many rows (batch_stats keyed them 1)."""
     url, state = server
     assert "statistics" in client.get_server_metadata()["extensions"]
     folder = state.catalog.repository.root / "counted"
     shutil.copytree(state.catalog.repository.root / "mlp", folder)
     (folder / "config.pbtxt").write_text("max_batch_size: 8\n")
-    feeds = _feeds(state, "mlp", rows=3)
+    rows = int(np.random.default_rng().integers(2, 9))
+    feeds = _feeds(state, "mlp", rows=rows)
     tensor = triton.InferInput("x", list(feeds["x"].shape), "FP32")
     tensor.set_data_from_numpy(feeds["x"])
     runs = int(np.random.default_rng().integers(3, 9))
@@ -469,10 +471,11 @@ def test_statistics_count_what_ran_as_tritons_extension_does(client, server):
         assert done["success"]["count"] == done["queue"]["count"] == runs
         assert done["compute_infer"]["count"] == runs and done["fail"]["count"] == 1
         assert done["success"]["ns"] >= done["compute_infer"]["ns"] > 0
-        assert (stats["inference_count"], stats["execution_count"]) == (3 * runs, runs)
-        assert metric(url, "nv_inference_count", model="counted") == 3 * runs
+        assert (stats["inference_count"], stats["execution_count"]) == (rows * runs, runs)
+        assert metric(url, "nv_inference_count", model="counted") == rows * runs
+        # one execution of `rows` rows a request, as Triton's default scheduler runs it
         assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] \
-            == [(1, runs)]
+            == [(rows, runs)]
         assert abs(stats["last_inference"] / 1e3 - time.time()) < 60
         assert done["success"]["count"] == metric(url, "nv_inference_request_success",
                                                   model="counted")

@@ -66,7 +66,8 @@ class Infer:
                 parsed = replace(parsed, feeds=feeds)
             try:
                 outputs = await run(self.runs, served.network, parsed.feeds, parsed.priority,
-                                    parsed.timeout, large=large)
+                                    parsed.timeout, large=large,
+                                    rows=served.counted_rows(parsed.feeds))
             except NetworkNotFoundError:
                 served, outputs = await self._after_reload(served, version, parsed, large)
             outputs = on_the_wire(served.to_client(outputs))
@@ -77,8 +78,6 @@ class Infer:
                 reason = "REJECTED" if isinstance(exc, QueueFullError) else "OTHER"
                 self.metrics.rejected(served.name, served.version, reason)
             raise in_public(exc, served.name) from None
-        if served.rows_uncounted and (first := next(iter(parsed.feeds.values()))).ndim:
-            self.metrics.rows(served.name, served.version, len(first))
         size = sum(a.nbytes for a in outputs.values())
         content, json_length = await maybe_offload(size, encode_response, served.name,
                                                    served.version, parsed, outputs)
@@ -100,7 +99,8 @@ class Infer:
             served = now
             try:
                 return served, await run(self.runs, served.network, parsed.feeds,
-                                         parsed.priority, parsed.timeout, large=large)
+                                         parsed.priority, parsed.timeout, large=large,
+                                         rows=served.counted_rows(parsed.feeds))
             except NetworkNotFoundError:
                 continue
         raise NetworkNotFoundError(f"model {served.name!r} is being unloaded or reloaded; "
