@@ -11,7 +11,9 @@ their newest run times. Estimates within `TRUSTED` of them and stages within `BA
 of each other leave the plan as it is. Stages further apart than that, and by more than
 a GIL wait can make (`calibrate.LOAD_WAIT_MAX`; where it is the waits that differ,
 moving nodes moves no time), are planned again on those medians (`planning.live_costs`).
-A plan that moves nodes and promises a bottleneck `GAIN` shorter is laid on the devices
+A plan that moves nodes and promises a bottleneck `GAIN` shorter is moved to only when
+the look before promised one too (one slow second, a collection or a neighbour's burst,
+moves nothing; the look between corrects the estimates). It is laid on the devices
 beside the one serving (keys `network~N/partition`), requests switch to it at once, and
 the old one is unloaded when its last request has ended; if it does not fit beside it,
 the old keeps serving. The look after is skipped (the new sessions warm up); the next
@@ -63,6 +65,7 @@ class PlanLearner:
         self._seen: dict[str, dict[str, int]] = {}  # network -> key -> runs at the last look
         self._tried: dict[str, Plan] = {}  # network -> the plan before its last re-plan
         self._settling: dict[str, bool] = {}  # network -> a plan was just laid for it
+        self._leaning: set[str] = set()  # networks whose last look found a better plan
         self._tags = itertools.count(1)  # a laid plan's keys: network~N/partition
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -108,6 +111,7 @@ class PlanLearner:
                 self._seen.pop(name, None)
                 self._tried.pop(name, None)
                 self._settling.pop(name, None)
+                self._leaning.discard(name)
             return
         loaded = net.loaded
         medians = _medians(loaded, self._seen.setdefault(name, {}))
@@ -131,6 +135,7 @@ class PlanLearner:
                   f"{spread:.2f}x the fastest")
         # A gap a GIL wait could make is not moved: where it is the waits that differ,
         # moving nodes moves no time (docs/performance.md, "Plans that learn")
+        leaning, self._leaning = name in self._leaning, self._leaning - {name}
         if spread > BALANCED and slowest - fastest > LOAD_WAIT_MAX and \
                 self._moves[name] < MOVES:
             # here, not at the top: a host serving bundles never imports the partitioner
@@ -140,11 +145,16 @@ class PlanLearner:
             steps, new = loaded.replanning.replan(live_costs(loaded.graph, plan, medians))
             if not same_assignment(new, plan) and \
                     new.bottleneck_seconds <= (1 - GAIN) * now.bottleneck_seconds:
-                self._moves[name] += 1
-                if self._move(net, loaded, new, steps, medians, f"{detail}: re-planned on them"):
-                    self._tried[name] = now
-                    return
-                detail += "; a better plan did not fit beside it"
+                if not leaning:  # the next look moves, if it finds a better plan too
+                    self._leaning.add(name)
+                    detail += "; a better plan found, to be confirmed by the next look"
+                else:
+                    self._moves[name] += 1
+                    if self._move(net, loaded, new, steps, medians,
+                                  f"{detail}: re-planned on them"):
+                        self._tried[name] = now
+                        return
+                    detail += "; a better plan did not fit beside it"
         if self._swap(net, replace(loaded, plan=now)):
             self._learned(name, now, medians, False, f"{detail}: estimates corrected")
 

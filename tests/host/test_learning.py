@@ -129,6 +129,39 @@ def test_a_plan_served_at_other_shapes_is_remade_on_its_run_times_and_requests_n
         assert host.stats().outstanding == {"m": 0}
 
 
+
+def test_a_move_waits_for_a_second_look_to_find_a_better_plan_too(tmp_path, monkeypatch):
+    """One look's imbalance (a slow second: a collection, a neighbour's burst) moves
+    nothing. Every other look here sees its stages even: the plan never moves, though
+    every look between finds the better plan; once looks agree, it moves."""
+    real, looks, alternate = learning._medians, [0], [True]
+
+    def medians(loaded, seen):
+        got = real(loaded, seen)
+        if got is None:
+            return None
+        looks[0] += 1
+        if alternate[0] and looks[0] % 2 == 0:
+            return dict.fromkeys(got, max(got.values()))
+        return got
+
+    monkeypatch.setattr(learning, "_medians", medians)
+    model = rows_then_one(tmp_path / "m.onnx")
+
+    def agree() -> bool:
+        assert not any(e["moved"] for e in learned.all())
+        assert any("confirmed by the next look" in e["reason"] for e in learned.all())
+        alternate[0] = False
+        return True
+
+    with HostManager(cpus(), max_queue=64) as host:
+        learned = Events(host, kinds=("plan.learned",))
+        first = host.add_network("m", model, bindings={"batch": 1}, costs="measured")
+        assert len(first.partitions) == 2
+        served_until(host, "m", model, lambda: looks[0] >= 8, agree,
+                     lambda: any(e["moved"] for e in learned.all()))
+        assert not same_assignment(host.plan("m"), first)
+
 def test_stages_apart_by_what_a_wait_could_make_keep_their_nodes_and_estimates_follow(
         tmp_path, monkeypatch):
     # A GIL wait as long as a second: no gap here is more than one could make
