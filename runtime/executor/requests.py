@@ -35,7 +35,7 @@ class Request:
     priority: int = 0
     deadline: float | None = None
     queued_at: float = 0.0
-    rows: int = 1  # its first dimension, when its network batches
+    rows: int = 1  # inferences it counts as: its first dimension when its network batches
     slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
     members: list[Request] | None = None  # a batch: the requests it runs as one

@@ -4,10 +4,10 @@ partition, run one at a time in arrival order.
 Plain Python: `device.py` wraps the class with `ray.remote` when it starts an actor,
 so this module imports no Ray, and like the standalone driver only numpy, onnxruntime,
 the session options every cpu partition runs under, the modelled clock and the heap's
-trim (`runtime.heap`, ctypes alone): a worker
-process starts in well under a second. Expected failures come back as a message (the
-first of `run`'s returns), never as an exception: Ray would print its traceback, and the
-device names the device and partition itself.
+trim (`runtime.heap`, ctypes alone): a worker process starts in well under a second.
+Expected failures come back as a message (the first of `run`'s returns), never as an
+exception: Ray would print its traceback, and the device names the device and partition
+itself.
 """
 
 from __future__ import annotations
