@@ -345,15 +345,15 @@ def test_a_step_passes_no_gradient_back_as_in_pytorch(step: str) -> None:
 def test_an_op_without_a_rule_is_refused_naming_node_and_op() -> None:
     rng = np.random.default_rng()
     model = mlp(rng, sizes=(4, 3))
-    node = helper.make_node("Mod", ["h0", "three"], ["bent"], name="the_mod", fmod=1)
+    node = helper.make_node("ReverseSequence", ["h0", "lengths"], ["bent"], name="the_turn",
+                            batch_axis=0, time_axis=1)
     model.graph.node.append(node)
-    model.graph.initializer.append(numpy_helper.from_array(np.asarray(3.0, np.float32),
-                                                           "three"))
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray([2, 3]), "lengths"))
     model.graph.output[0].name = "bent"
     with pytest.raises(TrainingError) as info:
         gradients(model, batch_for(model, rng, 2), rng.integers(0, 3, 2))
     message = str(info.value)
-    assert "the_mod" in message and "(Mod)" in message and "\n" not in message
+    assert "the_turn" in message and "(ReverseSequence)" in message and "\n" not in message
 
 
 def test_an_lstm_with_what_pytorch_never_exports_is_refused_naming_it() -> None:
