@@ -14,6 +14,7 @@ from benchmarks import (
     clients,
     cold_start,
     http_serving,
+    loading,
     overhead,
     partition_speed,
     pipeline,
@@ -27,8 +28,9 @@ from benchmarks import (
 
 SUITES = {"partition": partition_speed.run, "overhead": overhead.run, "pipeline": pipeline.run,
           "serving": serving.run, "clients": clients.run, "quantized": quantized.run,
-          "cold": cold_start.run, "http": http_serving.run, "ray": ray_devices.run,
-          "training": training.run, "plans": plans.run, "torch": torch_offload.run}
+          "cold": cold_start.run, "load": loading.run, "http": http_serving.run,
+          "ray": ray_devices.run, "training": training.run, "plans": plans.run,
+          "torch": torch_offload.run}
 HERE = Path(__file__).parent
 
 
