@@ -3,14 +3,16 @@
 A 200 MB float MLP (twelve 2048x2048 MatMuls with Relu, weights inside the file), in
 fresh interpreters that first import numpy and onnxruntime: plain onnxruntime (a session
 from the file, one run) against `HostManager.add_network` on `cpu:2` with default
-settings (one run). Per process: seconds to the answer, its peak resident memory, and
-what it holds once loaded, each less the memory before the load. Ratios against
+settings (one run), its first load (which measures the network's costs) and a later one
+(costs cached). Per process: seconds to the answer, its peak resident memory, and what
+it holds once loaded, each less the memory before the load. Ratios against
 onnxruntime measured the same way, in the same run (docs/performance.md, "Loading
 large models").
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -19,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.common import result
+from benchmarks.common import relu_mlp, result
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH, LAYERS = 2048, 12
@@ -56,27 +57,14 @@ host.run("mlp", feeds).result()
 """ + _REPORT
 
 
-def _model(path: Path) -> int:
-    """Write the MLP; returns its weights' bytes."""
-    rng = np.random.default_rng(0)
-    nodes, weights, x = [], [], "x"
-    for i in range(LAYERS):
-        weights.append(numpy_helper.from_array(
-            rng.standard_normal((WIDTH, WIDTH), np.float32) / WIDTH ** 0.5, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
-        x = f"r{i}"
-    graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", WIDTH])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n", WIDTH])], weights)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return LAYERS * WIDTH * WIDTH * 4
 
 
-def _load(script: str, path: Path) -> tuple[float, int, int]:
-    """(seconds to the first answer, peak bytes, bytes held after) of one new process."""
+def _load(script: str, path: Path, cache: str) -> tuple[float, int, int]:
+    """(seconds to the first answer, peak bytes, bytes held after) of one new process,
+    Prism's cost cache in `cache`."""
     done = subprocess.run([sys.executable, "-c", script, str(path), str(WIDTH)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=True)
+                          capture_output=True, text=True, timeout=600, check=True,
+                          env={**os.environ, "PRISM_CACHE_DIR": cache})
     seconds, peak, held = done.stdout.split()
     return float(seconds), int(peak), int(held)
 
@@ -85,30 +73,41 @@ def run(quick: bool = False) -> list[dict]:
     if not Path("/proc/self/clear_refs").exists():
         return []  # the peak is read from Linux's /proc
     runs = 1 if quick else 3
+    measured: dict[str, list[tuple[float, int, int]]] = {"onnxruntime": [], "first": [],
+                                                         "later": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mlp.onnx"
-        weights = _model(path)
-        measured: dict[str, list[tuple[float, int, int]]] = {"onnxruntime": [], "prism": []}
-        for _ in range(runs):  # interleaved, so drift in the machine's load hits both
-            measured["onnxruntime"].append(_load(ONNXRUNTIME, path))
-            measured["prism"].append(_load(PRISM, path))
-    (ort_s, ort_peak, ort_held), (our_s, our_peak, our_held) = (
+        onnx.save(relu_mlp(WIDTH, LAYERS, np.random.default_rng(0)), path)
+        for _ in range(runs):  # interleaved, so drift in the machine's load hits all
+            with tempfile.TemporaryDirectory() as cache:  # the first load measures costs
+                for name, script in (("onnxruntime", ONNXRUNTIME), ("first", PRISM),
+                                     ("later", PRISM)):
+                    measured[name].append(_load(script, path, cache))
+    (ort_s, ort_peak, ort_held), (first_s, first_peak, _), (later_s, later_peak, held) = (
         tuple(statistics.median(x) for x in zip(*v, strict=True)) for v in measured.values())
+    weights = LAYERS * WIDTH * WIDTH * 4
     mb = weights / 2**20
 
-    def said(seconds: float, peak: float, held: float) -> str:
-        return f"{seconds:.2f} s, peak {peak / weights:.2f}x, held {held / weights:.2f}x"
+    def said(seconds: float, peak: float) -> str:
+        return f"{seconds:.2f} s, peak {peak / weights:.2f}x"
 
     detail = (f"{mb:.0f} MB of weights, medians of {runs} new processes each; memory as "
-              f"multiples of the weights: onnxruntime {said(ort_s, ort_peak, ort_held)}; "
-              f"prism on cpu:2 {said(our_s, our_peak, our_held)}")
+              f"multiples of the weights: onnxruntime {said(ort_s, ort_peak)}, held "
+              f"{ort_held / weights:.2f}x; prism on cpu:2, first load (measuring its costs) "
+              f"{said(first_s, first_peak)}, a later one {said(later_s, later_peak)}, held "
+              f"{held / weights:.2f}x")
+    peak = max(first_peak, later_peak)
     return [
-        result(f"{mb:.0f} MB model, new process to first answer: prism cpu:2 / onnxruntime",
-               our_s / ort_s, "x", "<= 4x", our_s / ort_s <= 4, detail),
+        result(f"{mb:.0f} MB model, new process to first answer, costs cached: "
+               f"prism cpu:2 / onnxruntime", later_s / ort_s, "x", "<= 4x",
+               later_s / ort_s <= 4, detail),
+        result(f"{mb:.0f} MB model, new process to first answer, first load (measures its "
+               f"costs): prism cpu:2 / onnxruntime", first_s / ort_s, "x", "<= 15x",
+               first_s / ort_s <= 15, detail),
         result(f"{mb:.0f} MB model, peak memory while loading: prism cpu:2 / onnxruntime",
-               our_peak / ort_peak, "x", "<= 3x", our_peak / ort_peak <= 3, detail),
+               peak / ort_peak, "x", "<= 3x", peak / ort_peak <= 3, detail),
         result(f"{mb:.0f} MB model, memory held once loaded: prism cpu:2 / onnxruntime",
-               our_held / ort_held, "x", "<= 2.2x", our_held / ort_held <= 2.2,
+               held / ort_held, "x", "<= 2.2x", held / ort_held <= 2.2,
                "the graph's copy of the weights (plans, dashboards, re-planning) and the "
                "sessions'; onnxruntime holds its session's"),
     ]

@@ -35,6 +35,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import OrtFunction
 from runtime.devices.ort.sessions import cpu_session
 from runtime.graph import Graph
+from runtime.heap import give_back
 from runtime.partition.build import build_plan
 from runtime.partition.plan import Partition, Plan
 from runtime.partition.submodel import extract
@@ -122,10 +123,12 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         if on_progress is not None:
             on_progress(f"{what} {part.name}", i, len(parts))
         try:
-            function = _function(extract(graph, part), threads)
-            taken, outputs = timed_run(function, {t: values[t] for t in part.inputs})
+            taken, outputs = timed_run(_function(extract(graph, part), threads),
+                                       {t: values[t] for t in part.inputs})
         except Exception:  # onnxruntime's errors, an extraction refused: nothing measured
             return None
+        finally:
+            give_back()  # the session and its copies of the weights, before the next
         seconds[part.name] = taken
         values.update(outputs)
         for t in [t for t, last in last_read.items() if last == i]:

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import runtime.devices.external as external
 import runtime.large as large
 from app.cli import main
+from benchmarks.common import relu_mlp
 from runtime.devices import parse_devices
 from runtime.devices.device import Program
 from runtime.devices.ort.sessions import cpu_session
@@ -37,18 +38,8 @@ WIDTH, LAYERS = 128, 6  # 64 KB a weight
 
 def _mlp(path, rng: np.random.Generator) -> None:
     """A ReLU MLP with a symbolic batch, its weights in a file beside it."""
-    nodes, inits, x = [], [], "x"
-    for i in range(LAYERS):
-        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"]),
-                  helper.make_node("Relu", [f"h{i}"], [f"r{i}"])]
-        x = f"r{i}"
-    graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", WIDTH])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n", WIDTH])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
-              save_as_external_data=True, location="mlp.data", size_threshold=0)
+    onnx.save(relu_mlp(WIDTH, LAYERS, rng), path, save_as_external_data=True,
+              location="mlp.data", size_threshold=0)
 
 
 @pytest.fixture
@@ -230,7 +221,7 @@ def test_a_large_initializer_too_short_for_its_dims_is_refused_naming_it(tmp_pat
 MEASURED_LOAD = """
 import sys
 import numpy as np, onnx
-from onnx import TensorProto, helper, numpy_helper
+from benchmarks.common import relu_mlp
 from runtime.devices import parse_devices
 from runtime.host import HostManager
 
@@ -238,16 +229,9 @@ def status(key):
     line = next(l for l in open("/proc/self/status") if l.startswith(key + ":"))
     return int(line.split()[1]) << 10
 
-path, rng, inits, nodes, x = sys.argv[1], np.random.default_rng(), [], [], "x"
-for i in range(6):
-    inits.append(numpy_helper.from_array(rng.standard_normal((2048, 2048), np.float32), f"w{i}"))
-    nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"]))
-    x = f"h{i}"
-graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", 1, ["n", 2048])],
-                          [helper.make_tensor_value_info(x, 1, ["n", 2048])], inits)
-onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-weights = sum(t.ByteSize() for t in inits)
-del inits, graph
+path = sys.argv[1]
+onnx.save(relu_mlp(2048, 6, np.random.default_rng()), path)
+weights = 6 * 2048 * 2048 * 4
 with HostManager(parse_devices("cpu:2")) as host:
     host.add_network("small", sys.argv[2], costs="model")
     before = status("VmRSS")
