@@ -57,8 +57,6 @@ host.run("mlp", feeds).result()
 """ + _REPORT
 
 
-
-
 def _load(script: str, path: Path, cache: str) -> tuple[float, int, int]:
     """(seconds to the first answer, peak bytes, bytes held after) of one new process,
     Prism's cost cache in `cache`."""

@@ -346,12 +346,17 @@ def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
             yield from attr.graphs
 
 
-def body_ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
-    """(domain, op type) of every node of a graph (a model's or a subgraph), its subgraphs' too."""
+def nested_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a graph (a model's or a subgraph), its subgraphs' too."""
     for node in graph.node:
-        yield node.domain, node.op_type
+        yield node
         for sub in subgraphs(node):
-            yield from body_ops(sub)
+            yield from nested_nodes(sub)
+
+
+def body_ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
+    """(domain, op type) of every node of a graph, its subgraphs' too."""
+    return ((node.domain, node.op_type) for node in nested_nodes(graph))
 
 
 def reads_of(node: onnx.NodeProto) -> tuple[str, ...]:

@@ -188,15 +188,13 @@ def indexed_rows(graph: Graph) -> dict[str, int]:
     """Graph input -> the rows of the smallest table it indexes: a Gather's data along its
     axis, reached through ops that pass values on unchanged, in subgraphs too (class
     labels into a table of ten embeddings, say)."""
-    from runtime.graph import subgraphs
+    from runtime.graph import nested_nodes
 
     readers: dict[str, list[onnx.NodeProto]] = {}
-    todo_graphs = [graph.model.graph]
-    while todo_graphs:  # ONNX names are unique across nested scopes: one map holds all
-        for node in todo_graphs.pop().node:
-            for t in node.input:
-                readers.setdefault(t, []).append(node)
-            todo_graphs += subgraphs(node)
+    # ONNX names are unique across nested scopes: one map holds every scope's readers
+    for node in nested_nodes(graph.model.graph):
+        for t in node.input:
+            readers.setdefault(t, []).append(node)
     out = {}
     for name in graph.inputs:
         rows, todo, seen = [], [name], {name}

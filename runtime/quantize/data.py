@@ -42,8 +42,11 @@ class Samples:
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
         for start in range(0, self.count, self.batch):
-            yield {k: v[start:start + self.batch] if v.ndim else v
-                   for k, v in self.arrays.items()}
+            yield self._rows(slice(start, start + self.batch))
+
+    def _rows(self, rows: slice) -> dict[str, np.ndarray]:
+        """Those samples of every input (a scalar input whole: it is every run's)."""
+        return {k: v[rows] if v.ndim else v for k, v in self.arrays.items()}
 
     def runs(self) -> int:
         return -(-self.count // self.batch)
@@ -60,10 +63,8 @@ class Samples:
         if keep < unit:
             raise QuantizeError(f"{self.source}: {self.count} samples are too few to hold out "
                                 f"{holdout:.0%} and still calibrate; give more samples")
-        head = {k: v[:keep] if v.ndim else v for k, v in self.arrays.items()}
-        tail = {k: v[keep:] if v.ndim else v for k, v in self.arrays.items()}
-        return (Samples(head, self.batch, self.source, self.fixed),
-                Samples(tail, self.batch, self.source, self.fixed))
+        return (Samples(self._rows(slice(None, keep)), self.batch, self.source, self.fixed),
+                Samples(self._rows(slice(keep, None)), self.batch, self.source, self.fixed))
 
 
 def _describe(dims) -> str:

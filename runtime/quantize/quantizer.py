@@ -44,6 +44,7 @@ from runtime.graph import (
     sort_nodes,
     unlist_initializers,
 )
+from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
 from runtime.quantize.narrow import slow_in_int8
@@ -249,8 +250,8 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     return len(ranges.data)
 
 
-QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-                           "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger"})
+QUANTIZED_OPS = QUANTIZE_OPS | DEQUANTIZE_OPS | {"QLinearConv", "QLinearMatMul",
+                                                  "MatMulInteger", "ConvInteger"}
 
 
 def _has_work(model: onnx.ModelProto, ops: Sequence[str]) -> None:
