@@ -33,12 +33,13 @@ import onnx
 from runtime.cost import CostModel, Timings, kind_of
 from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import OrtFunction
+from runtime.devices.external import Held
 from runtime.devices.ort.sessions import cpu_session
 from runtime.graph import Graph
 from runtime.heap import give_back
 from runtime.partition.build import build_plan
 from runtime.partition.plan import Partition, Plan
-from runtime.partition.submodel import extract
+from runtime.partition.submodel import held_extract
 from runtime.run_sizes import made_up
 
 CHUNKS = 24  # sub-models per measured network
@@ -78,8 +79,9 @@ def timed_run(function: OrtFunction, feeds: dict[str, np.ndarray]
     return statistics.median(samples), outputs
 
 
-def _function(model: onnx.ModelProto | bytes, threads: int) -> OrtFunction:
-    return OrtFunction(cpu_session(model, threads))
+def _function(model: onnx.ModelProto | bytes, threads: int, held: Held | None = None
+              ) -> OrtFunction:
+    return OrtFunction(cpu_session(model, threads, held.files if held else None))
 
 
 def run_overhead(threads: int) -> float:
@@ -123,7 +125,8 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         if on_progress is not None:
             on_progress(f"{what} {part.name}", i, len(parts))
         try:
-            taken, outputs = timed_run(_function(extract(graph, part), threads),
+            model, held = held_extract(graph, part)
+            taken, outputs = timed_run(_function(model, threads, held),
                                        {t: values[t] for t in part.inputs})
         except Exception:  # onnxruntime's errors, an extraction refused: nothing measured
             return None

@@ -1,6 +1,7 @@
 """One partition -> a self-contained ONNX model.
 
     model = extract(graph, plan.partitions[0])   # its nodes, inputs, outputs and weights
+    model, held = held_extract(graph, part)      # its weights held beside it (Held)
 
 The sub-model keeps declared types (symbolic dims too, so any batch size runs) and is
 stamped with an IR version and ai.onnx opset the installed onnxruntime accepts
@@ -86,3 +87,11 @@ def extract(graph: Graph, partition: Partition, held: Held | None = None,
     model.opset_import.extend(source.opset_import)
     model.functions.extend(source.functions)
     return stamped(model)
+
+
+def held_extract(graph: Graph, partition: Partition) -> tuple[onnx.ModelProto, Held | None]:
+    """`extract` with its weights held beside it (None when it has none to hold): what
+    onnxruntime is handed, each weight's bytes never copied into the model."""
+    weights = weights_of(graph, partition)  # made once, where a partition makes some
+    held = Held.over(weights)
+    return extract(graph, partition, held, weights), held

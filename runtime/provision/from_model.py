@@ -16,7 +16,6 @@ from typing import Any
 import onnx
 
 from runtime.devices.device import Device, Program
-from runtime.devices.external import Held
 from runtime.executor.executor import Executor, LoadedPartition
 from runtime.graph import Graph, load_graph
 from runtime.inputs import Signature, signature
@@ -31,7 +30,7 @@ from runtime.partition.planning import (
     same_assignment,
 )
 from runtime.partition.replicas import further, twin_maps
-from runtime.partition.submodel import extract, weights_of
+from runtime.partition.submodel import held_extract
 from runtime.provision.calibrate import ROUNDS, bounded, loaded_medians
 from runtime.provision.hops import device_hops
 from runtime.provision.network import (
@@ -80,10 +79,8 @@ class Programs(Mapping[str, Program]):
 
 
 def _program(graph: Graph, partition: Partition, arena: int) -> Program:
-    weights = weights_of(graph, partition)  # made once, where a partition makes some
-    held = Held.over(weights)
-    return Program.of(extract(graph, partition, held, weights), partition.weight_bytes, arena,
-                      partition.stage_seconds, held)
+    model, held = held_extract(graph, partition)
+    return Program.of(model, partition.weight_bytes, arena, partition.stage_seconds, held)
 
 
 def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any, *,
