@@ -1,7 +1,7 @@
 """Constant folding before partitioning: every tensor computed from initializers and
 `Constant` nodes alone becomes an initializer, computed once when the model loads.
 
-    model, report = fold_constants(model)   # report.nodes: the nodes folded away
+    report = fold_constants(model)   # in place; report.nodes: the nodes folded away
 
 Exporters leave such nodes in graphs (the legacy PyTorch exporter puts an `Identity` over
 many weights; `Constant` nodes hold shapes and scales). Left in, each is "work" for the
@@ -130,16 +130,16 @@ def _evaluate(node: onnx.NodeProto, values: dict[str, np.ndarray],
         return None
 
 
-def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldReport]:
-    """The model with every foldable constant-only node replaced by initializers, and what
-    was done. The model is returned as it was when there is nothing to fold."""
+def fold_constants(model: onnx.ModelProto) -> FoldReport:
+    """Every foldable constant-only node of the model replaced by initializers, in place
+    (a loaded model's own copy: the weights are not copied again); what was done."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     outputs = {o.name for o in g.output}
     opsets = {op.domain or "": op.version for op in model.opset_import}
     candidates = [i for i, n in enumerate(g.node) if _candidate(n, outputs)]
     if not candidates:
-        return model, FoldReport()
+        return FoldReport()
     sizes = _bounded_sizes(model)
     constant_bytes = sum(_tensor_bytes(t) for t in inits.values())
     constant_bytes += sum(_tensor_bytes(a.t) for n in g.node if n.op_type == "Constant"
@@ -169,11 +169,13 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldReport]
             if t:
                 values[t], producer[t] = v, i
     if not folded:
-        return model, FoldReport(kept=kept)
+        return FoldReport(kept=kept)
     keep = _within_budget(g, folded, producer, values, inits, budget, kept)
-    return _rewritten(model, folded, keep, producer, values), FoldReport(
-        tuple(g.node[i].name for i in folded if i not in keep), kept, constant_bytes,
-        _constant_bytes_after(g, folded, keep, producer, values, inits))
+    report = FoldReport(tuple(g.node[i].name for i in folded if i not in keep), kept,
+                        constant_bytes,
+                        _constant_bytes_after(g, folded, keep, producer, values, inits))
+    _rewrite(model, folded, keep, producer, values)
+    return report
 
 
 def _candidate(node: onnx.NodeProto, outputs: set[str]) -> bool:
@@ -248,16 +250,16 @@ def _within_budget(g: onnx.GraphProto, folded: dict[int, None], producer: dict[s
     return keep
 
 
-def _rewritten(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
-               producer: dict[str, int], values: dict[str, np.ndarray]) -> onnx.ModelProto:
+def _rewrite(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
+             producer: dict[str, int], values: dict[str, np.ndarray]) -> None:
+    """The folded nodes out of the model and what stays reads of them in, in place: the
+    weights it keeps are never copied (protobuf copies each one put into a graph)."""
     g = model.graph
     reads = _live_reads(g, folded, keep) | {o.name for o in g.output}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(n for i, n in enumerate(g.node) if i not in folded or i in keep)
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(t for t in g.initializer if t.name in reads)
-    out.graph.initializer.extend(numpy_helper.from_array(values[t], t)
-                                 for t in _needed(g, folded, keep, producer))
-    return out
+    made = [numpy_helper.from_array(values[t], t) for t in _needed(g, folded, keep, producer)]
+    for i in sorted(set(folded) - keep, reverse=True):
+        del g.node[i]
+    for i in reversed(range(len(g.initializer))):
+        if g.initializer[i].name not in reads:
+            del g.initializer[i]
+    g.initializer.extend(made)
