@@ -323,6 +323,21 @@ def test_difference_tells_nan_on_one_side_from_nan_on_both():
     assert difference(want[:4], want)[1]  # another shape
 
 
+def test_difference_gives_room_in_proportion_to_the_output_not_to_each_element():
+    rng = np.random.default_rng()
+    want = (40 * rng.standard_normal(1000)).astype(np.float32)  # logits of a real network
+    want[0] = 0.0
+    got = want.copy()
+    got[0] = 2e-5  # summed in another order: an error the size of the terms, near zero
+    assert difference(got, want)[1] is None
+    got[0] = 0.05  # a real error still fails
+    assert difference(got, want)[1] is not None
+    small = want / np.abs(want).max()  # below 1, the room is the absolute one
+    off = small.copy()
+    off[0] = 2e-5
+    assert difference(off, small)[1] is not None
+
+
 # -- the console script ------------------------------------------------------------------------
 
 
