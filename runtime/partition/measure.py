@@ -7,9 +7,10 @@ onnxruntime at a device's thread count, the session options and call the devices
 Per node: the model order is cut into contiguous chunks (about `CHUNKS`, of even
 roofline time); each chunk is extracted as a partition would be, loaded in a session,
 fed the values the chunks before it made, and run until `BUDGET` seconds or `MAX_RUNS`
-runs have passed; its median time, less the fixed cost of a run (timed on a one-node
-model), is shared among its nodes in proportion to their roofline times (none to a node
-computed from weights alone, which onnxruntime folds as the session loads). A partition
+runs have passed (a first run that takes `SLOW` is the time, nothing run again); its median
+time, less the fixed cost of a run (timed on a one-node model), is shared among its
+nodes in proportion to their roofline times (none to a node computed from weights alone,
+which onnxruntime folds as the session loads). A partition
 then costs that fixed cost plus the sum of its nodes, and fusions onnxruntime makes
 inside a chunk are in its time. `refined` closes the loop on a plan: each partition's
 own sub-model is timed and its nodes scaled so they sum to what it measured.
@@ -43,8 +44,9 @@ from runtime.partition.submodel import held_extract
 from runtime.run_sizes import made_up
 
 CHUNKS = 24  # sub-models per measured network
-BUDGET = 0.05  # seconds of runs per sub-model (at least MIN_RUNS)
+BUDGET = 0.05  # seconds of runs per sub-model (at least MIN_RUNS, unless SLOW)
 MIN_RUNS, MAX_RUNS = 5, 200
+SLOW = 1.0  # seconds of runs after which a sub-model is run no more
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -66,13 +68,21 @@ def calibration_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray] | No
 
 def timed_run(function: OrtFunction, feeds: dict[str, np.ndarray]
               ) -> tuple[float, dict[str, np.ndarray]]:
-    """(median seconds of a run, the outputs), runs until BUDGET or MAX_RUNS."""
-    outputs = function.run(feeds)  # warm: the first run allocates
-    function.run(feeds)
-    samples: list[float] = []
+    """(median seconds of a run, the outputs), runs until BUDGET (MIN_RUNS at least, unless
+    they pass SLOW) or MAX_RUNS. A first run of SLOW or more is the time: what it spends
+    allocating is a sliver of it, and a detection network's run takes seconds."""
     clock = time.perf_counter
     started = clock()
-    while len(samples) < MAX_RUNS and (len(samples) < MIN_RUNS or clock() - started < BUDGET):
+    outputs = function.run(feeds)  # warm: the first run allocates
+    first = clock() - started
+    if first >= SLOW:
+        return first, outputs
+    if first < BUDGET:
+        function.run(feeds)
+    samples: list[float] = []
+    started = clock()
+    while len(samples) < MAX_RUNS and (clock() - started < BUDGET or (
+            len(samples) < MIN_RUNS and clock() - started < SLOW)):
         t = clock()
         function.run(feeds)
         samples.append(clock() - t)
