@@ -513,7 +513,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
     unlist_initializers(model, in_place=True)  # read_model's copy
-    report = fold_constants(model) if fold else FoldReport()  # read_model's copy
+    report = fold_constants(model) if fold else FoldReport()
     bindings = dict(bindings or {})
     shapes = inferable(model)
     declared = _infer(shapes)

@@ -7,12 +7,12 @@ onnxruntime at a device's thread count, the session options and call the devices
 Per node: the model order is cut into contiguous chunks (about `CHUNKS`, of even
 roofline time); each chunk is extracted as a partition would be, loaded in a session,
 fed the values the chunks before it made, and run until `BUDGET` seconds or `MAX_RUNS`
-runs have passed (a first run that takes `SLOW` is the time, nothing run again); its median
-time, less the fixed cost of a run (timed on a one-node model), is shared among its
-nodes in proportion to their roofline times (none to a node computed from weights alone,
-which onnxruntime folds as the session loads). A partition
-then costs that fixed cost plus the sum of its nodes, and fusions onnxruntime makes
-inside a chunk are in its time. `refined` closes the loop on a plan: each partition's
+runs have passed (a first run that takes `SLOW` is the time, nothing run again); its
+median time, less the fixed cost of a run (timed on a one-node model), is shared among
+its nodes in proportion to their roofline times (none to a node computed from weights
+alone, which onnxruntime folds as the session loads). A partition then costs that fixed
+cost plus the sum of its nodes, and fusions onnxruntime makes inside a chunk are in its
+time. `refined` closes the loop on a plan: each partition's
 own sub-model is timed and its nodes scaled so they sum to what it measured.
 
 Feeds are drawn for the shapes bound at load: floats from a normal distribution,
