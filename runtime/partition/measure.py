@@ -12,8 +12,8 @@ median time, less the fixed cost of a run (timed on a one-node model), is shared
 its nodes in proportion to their roofline times (none to a node computed from weights
 alone, which onnxruntime folds as the session loads). A partition then costs that fixed
 cost plus the sum of its nodes, and fusions onnxruntime makes inside a chunk are in its
-time. `refined` closes the loop on a plan: each partition's
-own sub-model is timed and its nodes scaled so they sum to what it measured.
+time. `refined` closes the loop on a plan: each partition's own sub-model is timed and
+its nodes scaled so they sum to what it measured.
 
 Feeds are drawn for the shapes bound at load: floats from a normal distribution,
 integers and booleans zero (a valid index into any table), strings empty. A network
