@@ -23,6 +23,7 @@ from google.protobuf.message import Message
 from onnx import external_data_helper, helper, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
+from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.large import checked, inferable, too_large
@@ -514,6 +515,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     _drop_empty_trailing_inputs(model.graph)
     unlist_initializers(model, in_place=True)  # read_model's copy
     report = fold_constants(model) if fold else FoldReport()
+    one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})
     shapes = inferable(model)
     declared = _infer(shapes)

@@ -29,13 +29,13 @@ import copy
 from collections import Counter
 from collections.abc import Mapping
 
+from runtime.dequantize import DEQUANTIZE_OPS
 from runtime.devices.config import PRECISIONS
 from runtime.graph import Graph, Node
 
 __all__ = ["PRECISIONS", "assume_precisions", "held_bytes", "node_precisions", "split_pairs",
            "stored_bytes"]
 QUANTIZE_OPS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
-DEQUANTIZE_OPS = frozenset({"DequantizeLinear"})
 INT8_DTYPES = frozenset({"int8", "uint8"})
 FLOAT_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16"})
 _MEMO = "precisions"

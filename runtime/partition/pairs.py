@@ -5,9 +5,10 @@ A cut between a DequantizeLinear and the op it feeds, or between an op and the
 QuantizeLinear after it, copies a float tensor (four times the bytes of the int8 one
 beside it) and stops onnxruntime fusing the op into an integer kernel. After a mode has
 split the graph, each such dequantize node moves to its consumers' partition and each
-such quantize node to its producer's, so the cut falls between the pair. A move is a
-step; a pair left split (a user map, a dequantize feeding several partitions, a move
-the devices cannot take) is a `split` step and a note in the plan's reasons.
+such quantize node to its producer's, so the cut falls between the pair (each reader has
+a dequantize node of its own, `runtime.dequantize`). A move is a step; a pair left split
+(a user map naming both, a dequantize node read from subgraphs too, a move the devices
+cannot take) is a `split` step and a note in the plan's reasons.
 
 Likewise a node the fold kept whose inputs are all weights (a `ConstantOfShape` making a
 weight too large to store folded) moves to the one partition reading what it makes: left

@@ -6,6 +6,12 @@
     p1 = "cpu1"
     [nodes]
     "block2/conv1" = "p1"
+
+A QuantizeLinear or DequantizeLinear the map does not name goes where the op it belongs
+to goes (a dequantize node with its one reader, a quantize node with its producer), not
+to the default: a map written for a float model places its quantized twin's groups whole,
+and each reader of a dequantize node has its own at load (`runtime.dequantize`), named by
+no map.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from runtime.errors import PartitionError
 from runtime.graph import Graph
 from runtime.partition.plan import MODES
 from runtime.partition.record import Recorder, Steps
+from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS
 
 Groups = list[tuple[str, str, list[str]]]
 
@@ -79,7 +86,8 @@ def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, o
     if unknown:
         raise PartitionError(f"partition map names nodes not in {graph.name}: "
                              f"{', '.join(unknown[:5])}")
-    unmapped = [n for n in order if n not in nodes]
+    groups = _group_ops(graph, nodes)
+    unmapped = [n for n in order if n not in nodes and groups.get(n) not in nodes]
     if unmapped and not default:
         raise PartitionError(f"partition map leaves {len(unmapped)} nodes unmapped "
                              f"(first: {unmapped[0]}) and names no default")
@@ -89,8 +97,30 @@ def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, o
         yield rec.step("open", f"open partition {part} on {dev} (from the map)", index[part],
                        dev)
     for n in order:
-        part = nodes[n] if n in nodes else str(default)  # checked above: a default exists
+        op = groups.get(n)
+        # checked above: a default exists for any node the map leaves out
+        part = nodes[n] if n in nodes else nodes.get(op or "", str(default))
         members[part].append(n)
-        why = "mapped" if n in nodes else f"unmapped, default {default}"
+        why = ("mapped" if n in nodes else f"unmapped, with {op}" if op in nodes
+               else f"unmapped, default {default}")
         yield rec.step("assign", f"{n} -> {part} ({why})", index[part], parts[part], (n,))
     return [(part, str(parts[part]), m) for part, m in members.items() if m]
+
+
+def _group_ops(graph: Graph, named: Mapping[str, str]) -> dict[str, str]:
+    """Unnamed quantize or dequantize node -> the op whose partition it takes: a dequantize
+    node's one reader, a quantize node's producer."""
+    out = {}
+    for node in graph.nodes:
+        if node.name in named:
+            continue
+        if node.op_type in DEQUANTIZE_OPS:
+            readers = {c for t in node.writes for c in graph.consumers.get(t, ())}
+            op = readers.pop() if len(readers) == 1 else None
+        elif node.op_type in QUANTIZE_OPS:
+            op = graph.producer.get(node.inputs[0]) if node.inputs else None
+        else:
+            continue
+        if op is not None:
+            out[node.name] = op
+    return out
