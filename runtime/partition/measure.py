@@ -94,6 +94,14 @@ def _function(model: onnx.ModelProto | bytes, threads: int, held: Held | None = 
     return OrtFunction(cpu_session(model, threads, held.files if held else None))
 
 
+def _timed(graph: Graph, part: Partition, threads: int, feeds: dict[str, np.ndarray]
+           ) -> tuple[float, dict[str, np.ndarray]]:
+    """The partition's sub-model timed on `feeds`; its session and weights are gone when
+    this returns, for the heap to give back."""
+    model, held = held_extract(graph, part)
+    return timed_run(_function(model, threads, held), feeds)
+
+
 def run_overhead(threads: int) -> float:
     """The fixed cost of one run: a one-node model's median time."""
     from runtime.devices.hop import probe_program
@@ -135,9 +143,7 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         if on_progress is not None:
             on_progress(f"{what} {part.name}", i, len(parts))
         try:
-            model, held = held_extract(graph, part)
-            taken, outputs = timed_run(_function(model, threads, held),
-                                       {t: values[t] for t in part.inputs})
+            taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
         except Exception:  # onnxruntime's errors, an extraction refused: nothing measured
             return None
         finally:
