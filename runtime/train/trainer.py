@@ -34,6 +34,7 @@ from runtime.errors import TrainingError
 from runtime.graph import Graph, load_graph
 from runtime.inputs import array_text
 from runtime.partition.planning import PartitionSpec, plan_network
+from runtime.train.forward import own_statistics
 from runtime.train.loss import LABELS, Loss
 from runtime.train.optimizers import Optimizer
 from runtime.train.pipeline import Pipeline, StepReport
@@ -226,6 +227,7 @@ class Trainer:
         inference model."""
         model = onnx.ModelProto()
         model.CopyFrom(self.graph.model)
+        own_statistics(model.graph)  # as trained: each running statistic its own
         trained = self.pipeline.weights()
         for t in model.graph.initializer:
             if t.name in trained:

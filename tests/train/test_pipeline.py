@@ -271,9 +271,13 @@ def test_every_device_kind_trains(spec: str) -> None:
         assert a.loss == pytest.approx(b.loss, abs=1e-5)
 
 
-def test_batch_norm_running_statistics_are_updated() -> None:
+@pytest.mark.parametrize("shared", ["no", "identity", "slots"])
+def test_batch_norm_running_statistics_are_updated(shared: str) -> None:
     """BatchNormalization straight on the input: its running mean after one step is
-    0.9 * 0 + 0.1 * the batch's per-channel mean, its variance likewise (unbiased)."""
+    0.9 * 0 + 0.1 * the batch's per-channel mean, its variance likewise (unbiased).
+    `shared`: as PyTorch's exporters write a fresh BatchNorm, one initializer for equal
+    ones: the running mean an Identity of the bias and the variance of the scale
+    (TorchScript), or the bias and scale read again as the statistics (dynamo)."""
     rng = np.random.default_rng()
     c = 3
     weights = {"s": np.ones(c, np.float32), "b": np.zeros(c, np.float32),
@@ -282,6 +286,14 @@ def test_batch_norm_running_statistics_are_updated() -> None:
     nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"]),
              helper.make_node("Flatten", ["n"], ["f"]),
              helper.make_node("MatMul", ["f", "w"], ["y"])]
+    if shared != "no":
+        del weights["m"], weights["v"]
+    if shared == "identity":
+        nodes[:0] = [helper.make_node("Identity", ["b"], ["m"]),
+                     helper.make_node("Identity", ["s"], ["v"])]
+    if shared == "slots":
+        nodes[0] = helper.make_node("BatchNormalization", ["x", "s", "b", "b", "s"], ["n"],
+                                    name="bn")
     graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info(
         "x", onnx.TensorProto.FLOAT, ["batch", c, 2, 2])], [helper.make_tensor_value_info(
             "y", onnx.TensorProto.FLOAT, ["batch", 2])],
@@ -294,8 +306,9 @@ def test_batch_norm_running_statistics_are_updated() -> None:
         trainer.run()
         trained = {t.name: numpy_helper.to_array(t)
                    for t in trainer.trained_model().graph.initializer}
-    np.testing.assert_allclose(trained["m"], 0.1 * x.mean(axis=(0, 2, 3)), atol=1e-5)
-    np.testing.assert_allclose(trained["v"], 0.9 + 0.1 * x.var(axis=(0, 2, 3), ddof=1),
+    mean, var = ("bn/running_mean", "bn/running_var") if shared == "slots" else ("m", "v")
+    np.testing.assert_allclose(trained[mean], 0.1 * x.mean(axis=(0, 2, 3)), atol=1e-5)
+    np.testing.assert_allclose(trained[var], 0.9 + 0.1 * x.var(axis=(0, 2, 3), ddof=1),
                                atol=1e-4)
 
 
