@@ -27,7 +27,8 @@ def one_reader_each(graph: onnx.GraphProto) -> int:
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:
         for k, name in enumerate(node.input):
-            readers.setdefault(name, []).append((node, k))
+            if name:  # an optional input left out reads nothing
+                readers.setdefault(name, []).append((node, k))
     taken = {n.name for n in graph.node} | {t for n in graph.node for t in n.output}
     taken |= {v.name for v in (*graph.input, *graph.initializer)}
     nodes: list[onnx.NodeProto] = []
