@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import onnx
 
+from runtime.names import fresh_name
+
 DEQUANTIZE_OPS = frozenset({"DequantizeLinear"})
 
 
@@ -40,7 +42,7 @@ def one_reader_each(graph: onnx.GraphProto) -> int:
         for reader, k in readers.get(node.output[0], [])[1:]:
             twin = onnx.NodeProto()
             twin.CopyFrom(node)
-            twin.name, twin.output[0] = (_fresh(f"{s}/for_{reader.name}", taken)
+            twin.name, twin.output[0] = (fresh_name(f"{s}/for_{reader.name}", taken)
                                          for s in (node.name, node.output[0]))
             reader.input[k] = twin.output[0]
             nodes.append(twin)
@@ -50,10 +52,3 @@ def one_reader_each(graph: onnx.GraphProto) -> int:
         graph.node.extend(nodes)
     return made
 
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name

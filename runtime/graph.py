@@ -27,6 +27,7 @@ from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.large import checked, inferable, too_large
+from runtime.names import fresh_name
 from runtime.run_sizes import run_sizes
 from runtime.units import human_bytes
 
@@ -300,11 +301,7 @@ def name_nodes(graph: onnx.GraphProto) -> None:
     taken = {n.name for n in graph.node if n.name}
     for i, node in enumerate(graph.node):
         if not node.name or node.name in seen:
-            base = f"{node.name or node.op_type}_{i}"
-            name, k = base, 1
-            while name in taken or name in seen:
-                name, k = f"{base}_{k}", k + 1
-            node.name = name
+            node.name = fresh_name(f"{node.name or node.op_type}_{i}", taken)
         seen.add(node.name)
 
 
