@@ -9,7 +9,6 @@ rules read, probed on one real batch.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ from runtime.train.emit import Emitter
 from runtime.train.expand import expand_nodes
 from runtime.train.facts import Facts, probe
 from runtime.train.loss import LABELS, Loss
+from runtime.train.owners import FLOATS, own_tensors
 from runtime.train.registry import Rewriting, rule_for
 
 TRAINING_OPSET = 17  # the oldest ai.onnx opset a training graph is written in
@@ -157,7 +157,7 @@ def training_opset(graph: Graph) -> onnx.ModelProto:
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     _drop_unread_outputs(model.graph)
-    own_statistics(model.graph)
+    own_tensors(model.graph)
     opset = model_opset(model)
     if opset >= TRAINING_OPSET:
         return model
@@ -217,46 +217,6 @@ def _reading(node: onnx.NodeProto, renamed: Mapping[str, str]) -> onnx.NodeProto
     return clone
 
 
-def own_statistics(graph: onnx.GraphProto) -> None:
-    """Each BatchNormalization's running statistics become initializers of its own, in
-    place. Exporters keep one initializer for equal ones: in a fresh network a running
-    mean is zeros like a bias, a running variance ones like a scale, so PyTorch's
-    TorchScript exporter reads one through an Identity of the other, and its dynamo
-    exporter reads one initializer in several slots (a BatchNorm's bias as its own
-    running mean, another's scale as a running variance). Training updates a statistic
-    where it is read, so shared it would be updated as a weight or by another
-    BatchNorm's batch (DenseNet-121 failed to build from either exporter)."""
-    inits = {t.name: t for t in graph.initializer}
-    makers = {t: i for i, n in enumerate(graph.node) for t in n.output}
-    reads = Counter(o.name for o in graph.output)  # each input slot a read of its own
-    for n in graph.node:
-        reads.update(t for t in n.input if t)
-        reads.update(set(reads_of(n)).difference(n.input))  # from subgraphs
-    gone: list[int] = []
-    for node in graph.node:
-        if node.op_type != "BatchNormalization" or node.domain not in DEFAULT_DOMAINS:
-            continue
-        for k, slot in ((3, "running_mean"), (4, "running_var")):
-            t = node.input[k] if len(node.input) > k else ""
-            i = makers.get(t)
-            if t in inits and reads[t] > 1:  # shared: a copy for this one
-                source, name = t, f"{node.name}/{slot}"
-                node.input[k] = name
-                reads[t] -= 1
-            elif (i is not None and reads[t] == 1 and graph.node[i].op_type == "Identity"
-                  and graph.node[i].input[0] in inits):  # the Identity goes
-                source, name = graph.node[i].input[0], t
-                gone.append(i)
-            else:
-                continue
-            own = onnx.TensorProto()
-            own.CopyFrom(inits[source])
-            own.name = name
-            graph.initializer.append(own)
-    for i in sorted(gone, reverse=True):
-        del graph.node[i]
-
-
 def _drop_unread_outputs(graph: onnx.GraphProto) -> None:
     """Trailing optional outputs nothing reads are left out (a BatchNormalization exported
     in training mode gives its running and saved statistics, which onnxruntime's inference
@@ -279,12 +239,9 @@ def float_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         read.update(t for i, t in enumerate(n.input) if i not in positions)
         read.update(t for t in reads_of(n) if t not in n.input)  # from inside its subgraphs
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-            if t.data_type in _FLOATS and (t.name in read or t.name not in settings)}
+            if t.data_type in FLOATS and (t.name in read or t.name not in settings)}
 
 
 # Inputs that set how an op runs rather than feed it values (Resize's roi and scales)
 _SETTINGS = {"Resize": (1, 2)}
 
-
-_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
-           onnx.TensorProto.BFLOAT16}

@@ -34,9 +34,9 @@ from runtime.errors import TrainingError
 from runtime.graph import Graph, load_graph
 from runtime.inputs import array_text
 from runtime.partition.planning import PartitionSpec, plan_network
-from runtime.train.forward import own_statistics
 from runtime.train.loss import LABELS, Loss
 from runtime.train.optimizers import Optimizer
+from runtime.train.owners import owned
 from runtime.train.pipeline import Pipeline, StepReport
 from runtime.train.program import TrainingGraph
 from runtime.train.schedule import SCHEDULES
@@ -107,7 +107,8 @@ class Trainer:
                  devices: Sequence[DeviceConfig], config: TrainConfig, *, bus: Any = None,
                  name: str | None = None, labels_name: str = "labels") -> None:
         self.config, self.bus = config, bus
-        self.graph = load_graph(model, name=name, fold=False)  # trains the model's own weights
+        # trains the model's own weights, each parameter its own (`owners`)
+        self.graph = owned(load_graph(model, name=name, fold=False))
         self.name = self.graph.name
         self.data, self.labels = _checked_data(self.graph, data, labels, config, labels_name)
         first = {k: v[:config.micro_size] for k, v in self.data.items()}
@@ -224,10 +225,10 @@ class Trainer:
 
     def trained_model(self) -> onnx.ModelProto:
         """The model as given, its weights (and running statistics) as trained: a plain
-        inference model."""
+        inference model, each parameter an exporter merged its own again, each it folded
+        out of another read through that one (`owners`)."""
         model = onnx.ModelProto()
         model.CopyFrom(self.graph.model)
-        own_statistics(model.graph)  # as trained: each running statistic its own
         trained = self.pipeline.weights()
         for t in model.graph.initializer:
             if t.name in trained:

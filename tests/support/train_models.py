@@ -284,3 +284,74 @@ def exported(rng: Rng, dtype=np.float32, classes: int = 4) -> onnx.ModelProto:
     return _model(nodes, weights, [helper.make_tensor_value_info("image", elem,
                                                                  ["batch", 2, 4, 4])],
                   "logits", ["batch", classes], dtype)
+
+
+FRESH_FORMS = ("separate", "identity", "scopes")
+
+
+def fresh(rng: Rng, form: str = "separate", width: int = 8, classes: int = 3
+          ) -> onnx.ModelProto:
+    """A fresh PyTorch network as its exporters write it, x [batch, 6] -> logits: Linear
+    fc1, LayerNorm ln1, Tanh, Linear fc2, LayerNorm ln2, two layer scales of module blk
+    (lambda_1, lambda_2, both 0.1), a matrix emb.weight read again, transposed, by module
+    head (tied), Linear out. Fresh, the biases are zeros, the LayerNorm scales ones.
+    `form`: "separate", each parameter its own initializer (as PyTorch holds them);
+    "identity", as TorchScript writes equal ones (one initializer, the others an Identity
+    of it named as the parameter) and the tie (head reads a folded transpose); "scopes",
+    as dynamo does (one initializer read in every slot, each node naming its module and
+    its FX node's parameters; head transposes a folded copy of emb.weight)."""
+    params = {"fc1.weight": _uniform(rng, 6, width, 6), "fc1.bias": np.zeros(width),
+              "ln1.weight": np.ones(width), "ln1.bias": np.zeros(width),
+              "fc2.weight": _uniform(rng, width, width, width), "fc2.bias": np.zeros(width),
+              "ln2.weight": np.ones(width), "ln2.bias": np.zeros(width),
+              "blk.lambda_1": np.full(width, 0.1), "blk.lambda_2": np.full(width, 0.1),
+              "emb.weight": _uniform(rng, width, width, width),
+              "out.weight": _uniform(rng, width, classes, width),
+              "out.bias": _uniform(rng, width, classes)}
+    # op, module, inputs ("x": the running value), output (None: the next running value)
+    steps = [("Gemm", "fc1", ["x", "fc1.weight", "fc1.bias"], None),
+             ("LayerNormalization", "ln1", ["x", "ln1.weight", "ln1.bias"], None),
+             ("Tanh", "", ["x"], None),
+             ("Gemm", "fc2", ["x", "fc2.weight", "fc2.bias"], None),
+             ("LayerNormalization", "ln2", ["x", "ln2.weight", "ln2.bias"], None),
+             ("Mul", "blk", ["x", "blk.lambda_1"], None), ("Tanh", "blk", ["x"], None),
+             ("Mul", "blk", ["x", "blk.lambda_2"], None),
+             ("MatMul", "emb", ["x", "emb.weight"], None), ("Relu", "", ["x"], None),
+             ("Transpose", "head", ["emb.weight"], "head.t"),
+             ("MatMul", "head", ["x", "head.t"], None),
+             ("Gemm", "out", ["x", "out.weight", "out.bias"], "logits")]
+    kept: dict[bytes, str] = {}  # an exporter's one initializer for equal values
+    reads, nodes = {}, []
+    for name, value in params.items():
+        first = kept.setdefault(value.astype(np.float32).tobytes(), name)
+        reads[name] = name if form == "separate" or first == name else first
+        if form == "identity" and first != name:
+            nodes.append(helper.make_node("Identity", [first], [name], name=f"Identity_{name}"))
+            reads[name] = name
+    weights = {n: v for n, v in params.items()
+               if form == "separate" or kept[v.astype(np.float32).tobytes()] == n}
+    if form == "identity":  # head's Transpose folded
+        steps[10:12] = [("MatMul", "head", ["x", "onnx::MatMul_11"], None)]
+        weights["onnx::MatMul_11"] = params["emb.weight"].T
+    elif form == "scopes":  # head transposes a folded copy
+        steps[10] = ("Transpose", "head", ["val_10"], "head.t")
+        weights["val_10"] = params["emb.weight"].copy()
+    x = "x"
+    for k, (op, module, inputs, output) in enumerate(steps):
+        out = output or f"h{k}"
+        node = helper.make_node(op, [x if i == "x" else reads.get(i, i) for i in inputs], [out],
+                                name=f"node_{op.lower()}_{k}",
+                                **({"transB": 1} if op == "Gemm" else {}))
+        if form == "scopes":
+            scopes = ["", *([module] if module else []), f"{op.lower()}_{k}"]
+            args = ", ".join("%" + (x if i == "x" else "p_" + i.replace(".", "_"))
+                             for i in inputs)
+            helper.set_metadata_props(node, {
+                "pkg.torch.onnx.name_scopes": repr(scopes),
+                "pkg.torch.onnx.fx_node": f"%{op.lower()}_{k} : [num_users=1] = call_function"
+                                          f"[target=torch.ops.aten.{op.lower()}](args = ({args}),"
+                                          f" kwargs = {{}})"})
+        nodes.append(node)
+        x = out if output is None else x
+    return _model(nodes, weights, [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, ["batch", 6])], "logits", ["batch", classes], np.float32)

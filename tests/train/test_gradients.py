@@ -19,12 +19,14 @@ from tests.support.gradcheck import (
     typed_model,
 )
 from tests.support.train_models import (
+    FRESH_FORMS,
     as_float64,
     attention,
     batch_for,
     classes_of,
     cnn,
     exported,
+    fresh,
     mlp,
     tied,
 )
@@ -72,6 +74,23 @@ def test_float32_gradients_agree_with_float64(name: str) -> None:
     for w, want in double.items():
         assert single[w].dtype == np.float32
         np.testing.assert_allclose(single[w], want, rtol=1e-4, atol=1e-6 * scale, err_msg=w)
+
+
+@pytest.mark.parametrize("form", [f for f in FRESH_FORMS if f != "separate"])
+def test_parameters_an_exporter_stored_once_get_gradients_of_their_own(form: str) -> None:
+    """A fresh network's equal parameters (zero biases, unit LayerNorm scales, two layer
+    scales of one module) that an exporter stored once get PyTorch's gradients, each its
+    own under PyTorch's name; the tied matrix, which the exporter read again through a
+    folded transpose or copy, is one weight again, its gradient the sum of both uses."""
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    separate = fresh(np.random.default_rng(seed))
+    feeds, labels = batch_for(separate, rng, 4), rng.integers(0, 3, 4)
+    want = gradients(separate, feeds, labels)
+    got = gradients(fresh(np.random.default_rng(seed), form), feeds, labels)
+    assert got.keys() == want.keys()
+    for name, grad in want.items():
+        np.testing.assert_allclose(got[name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])

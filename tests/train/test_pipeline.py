@@ -22,10 +22,12 @@ from runtime.train.pipeline import _links
 from runtime.train.trainer import TrainConfig, Trainer
 from tests.support.fakes import FakeDevice
 from tests.support.train_models import (
+    FRESH_FORMS,
     attention,
     batch_for,
     cnn,
     exported,
+    fresh,
     functions,
     interleaved,
     mlp,
@@ -310,6 +312,28 @@ def test_batch_norm_running_statistics_are_updated(shared: str) -> None:
     np.testing.assert_allclose(trained[mean], 0.1 * x.mean(axis=(0, 2, 3)), atol=1e-5)
     np.testing.assert_allclose(trained[var], 0.9 + 0.1 * x.var(axis=(0, 2, 3), ddof=1),
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("form", [f for f in FRESH_FORMS if f != "separate"])
+def test_parameters_an_exporter_stored_once_train_apart(form: str) -> None:
+    """Pipelined over two devices, a fresh network as an exporter wrote it trains as
+    PyTorch holds it, each parameter its own and the tied matrix one, and is written out
+    so."""
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    data, labels = data_for(fresh(np.random.default_rng(seed)), rng, 16, 3)
+    config = TrainConfig(optimizer=Optimizer("sgd", lr=0.5), batch_size=8, micro_batches=2,
+                         seed=0)
+    trained = []
+    for model in (fresh(np.random.default_rng(seed)), fresh(np.random.default_rng(seed), form)):
+        with Trainer(model, data, labels, parse_devices("cpu:2"), config) as trainer:
+            trainer.run()
+            trained.append({t.name: numpy_helper.to_array(t)
+                            for t in trainer.trained_model().graph.initializer})
+    want, got = trained
+    assert not np.allclose(want["ln1.weight"], want["ln2.weight"])
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, atol=WEIGHTS_ATOL, err_msg=name)
 
 
 def test_every_stage_step_is_an_event() -> None:
