@@ -26,7 +26,7 @@ from runtime.contrib_types import contrib_value_infos
 from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
-from runtime.large import checked, inferable, too_large
+from runtime.large import Stored, checked, file_version, inferable, too_large
 from runtime.names import fresh_name
 from runtime.run_sizes import run_sizes
 from runtime.units import human_bytes
@@ -99,6 +99,8 @@ class Graph:
     # analyses that hold as long as the graph does (e.g. which backend runs which node)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     folded: FoldReport = field(default_factory=FoldReport)  # what folding did at load
+    # initializers read from external data files, where (their bytes stay mapped there)
+    stored: dict[str, Stored] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_name = {n.name: n for n in self.nodes}
@@ -178,11 +180,17 @@ def read_model(source: str | Path | bytes | onnx.ModelProto,
     """A ModelProto from a path, serialized bytes or a ModelProto (copied). `max_bytes`: a
     file, with its external data, larger than this (and than READ_ANYWAY) is refused
     before any of it is read."""
+    return _read(source, max_bytes)[0]
+
+
+def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
+          ) -> tuple[onnx.ModelProto, dict[str, Stored]]:
+    """`read_model`, and where each initializer read from an external file lies in it."""
     if isinstance(source, onnx.ModelProto):
-        return copy.deepcopy(source)
+        return copy.deepcopy(source), {}
     if isinstance(source, bytes | bytearray):
         try:
-            return onnx.load_from_string(bytes(source))
+            return onnx.load_from_string(bytes(source)), {}
         except Exception as exc:
             raise ModelLoadError(f"bytes given are not an ONNX model: {_one_line(exc)}") from None
     path = Path(source)
@@ -200,12 +208,20 @@ def read_model(source: str | Path | bytes | onnx.ModelProto,
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
     _check_size(path, size + _external_bytes(model, path.parent), max_bytes)
+    stored = {}
+    for init in model.graph.initializer:
+        where = {e.key: e.value for e in init.external_data}
+        if external_data_helper.uses_external_data(init) and "length" in where:
+            file = path.parent / where["location"]
+            with contextlib.suppress(OSError):
+                stored[init.name] = Stored(str(file), int(where.get("offset", 0)),
+                                           int(where["length"]), file_version(file))
     try:
         external_data_helper.load_external_data_for_model(model, str(path.parent))
     except Exception as exc:
         raise ModelLoadError(f"{path}: cannot read its external data: {_one_line(exc)}"
                              ) from None
-    return model
+    return model, stored
 
 
 def _check_size(path: Path, size: int, max_bytes: int | None) -> None:
@@ -504,7 +520,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
             graph.name = name or source.name
             return graph
         source = source.model
-    model = read_model(source, max_bytes)
+    model, stored = _read(source, max_bytes)
     label = str(source) if isinstance(source, str | Path) else "model"
     sort_nodes(model.graph)
     _check(model, label, source)
@@ -550,5 +566,5 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
                  bindings=bindings, name=name or g.name or "network", types=types,
-                 folded=report)
+                 folded=report, stored={t: at for t, at in stored.items() if t in initializers})
 

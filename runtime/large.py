@@ -9,7 +9,9 @@ to external data), nothing of the weights copied.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -19,6 +21,24 @@ from onnx import helper
 LIMIT = onnx.checker.MAXIMUM_PROTOBUF  # 2 GB: protobuf serializes no more
 LARGE_INIT = 1 << 20  # an initializer a shell for shape inference leaves apart
 ROOM = 64 << 20  # what a model holds besides its tensors' data, at most (`too_large`)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where an initializer read from an external data file lies in it: the file's path,
+    and the bytes [offset, offset + length); `version`, the file's size and modification
+    time when it was read (a file written since is not the one read)."""
+
+    path: str
+    offset: int
+    length: int
+    version: tuple[int, int]
+
+
+def file_version(path: str | os.PathLike) -> tuple[int, int]:
+    """A file's size and modification time: what changes when it is written."""
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def tensor_bytes(tensor: onnx.TensorProto) -> int:

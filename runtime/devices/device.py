@@ -37,7 +37,7 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -86,6 +86,12 @@ class Program:
         return cls(data, frozenset(n.op_type for n in model.graph.node), int(weight_bytes),
                    int(activation_bytes), est_seconds, model.graph.name,
                    {**files, **(held.files if held is not None else {})})
+
+    def owned(self) -> Program:
+        """The program with its own copy of each weight mapped from a model's file (`Held`):
+        what is kept to load again later, when the file may have been written since."""
+        return replace(self, external={k: np.array(v) if isinstance(v, np.memmap) else v
+                                       for k, v in self.external.items()})
 
 
 @dataclass(frozen=True)

@@ -244,6 +244,38 @@ def test_a_killed_actor_fails_its_runs_in_flight_and_is_replaced(cluster):
               f"{len(failed)} of {len(sent)} failed")
 
 
+def test_a_replaced_actor_loads_the_weights_read_not_a_file_written_since(cluster, tmp_path):
+    """Weights read from a model's external data file reach an actor as views of the file;
+    the device keeps its own copy to load a replacement actor with, so a file written
+    after the load changes nothing."""
+    import onnx
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(onnx.load(str(SAMPLES_DIR / "mlp.onnx")), str(path), save_as_external_data=True,
+              location="mlp.data", size_threshold=0)
+    with HostManager(parse_devices("ray:2")) as host:
+        host.add_network("mlp", str(path),
+                         partition=split_map(two_ray_graph("mlp"), ["ray0", "ray1"]))
+        feeds = random_feeds(input_specs(host.graph("mlp")), np.random.default_rng(),
+                             {"batch": 2})
+        want = host.infer("mlp", feeds)
+        data = tmp_path / "mlp.data"
+        read = data.stat().st_mtime_ns
+        data.write_bytes(bytes(data.stat().st_size))
+        os.utime(data, ns=(read + 10**9, read + 10**9))
+        sub = host.bus.subscribe()
+        os.kill(host.devices["ray1"].info["pid"], signal.SIGKILL)
+        deadline, seen = time.monotonic() + WAIT, []
+        while time.monotonic() < deadline and "device.restored" not in seen:
+            with contextlib.suppress(DeviceLostError):
+                host.infer("mlp", feeds)  # a run finds the actor gone
+            seen += [e.kind for e in sub.drain()]
+            time.sleep(0.1)
+        assert "device.restored" in seen
+        for name, value in want.items():
+            np.testing.assert_array_equal(host.infer("mlp", feeds)[name], value)
+
+
 def test_with_replicas_a_lost_run_retries_once_elsewhere(cluster):
     with HostManager(parse_devices("ray:2")) as host:
         host.add_network("mlp", str(SAMPLES_DIR / "mlp.onnx"), replicas=2)

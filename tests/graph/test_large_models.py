@@ -10,6 +10,7 @@ path a model past 2 GB takes is taken, by a model of a few hundred kilobytes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import ModelLoadError
 from runtime.graph import load_graph
 from runtime.host import HostManager
-from runtime.partition.submodel import extract
+from runtime.partition.submodel import extract, held_extract
 from runtime.provision.from_model import Programs
 
 WIDTH, LAYERS = 128, 6  # 64 KB a weight
@@ -83,6 +84,33 @@ def test_past_the_limit_a_model_loads_plans_runs_and_checks_with_its_weights_bes
             assert len(program.model) < part.weight_bytes / 10
     whole = cpu_session(graph.model, stamp=True)  # what `prism run --check` compares with
     np.testing.assert_allclose(whole.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_weights_read_from_a_file_are_held_as_views_of_it_until_it_is_written(model):
+    """A partition's weights read from an external data file are handed to onnxruntime as
+    views of that file, mapped, not as copies of the graph's; once the file is written
+    after the load they are the graph's again, and the answers stay the model's."""
+    graph = load_graph(model)
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((3, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with HostManager(parse_devices("cpu:2")) as host:
+        plan = host.add_network("mlp", graph, partition="balanced", costs="model")
+        np.testing.assert_allclose(host.run("mlp", feeds).result(30)["r5"], want[0],
+                                   rtol=1e-5, atol=1e-6)
+    for part in plan.partitions:
+        _, held = held_extract(graph, part)
+        assert held is not None and all(isinstance(f, np.memmap) for f in held.files.values())
+    data = model.with_name("mlp.data")
+    read = data.stat().st_mtime_ns
+    data.write_bytes(bytes(data.stat().st_size))  # zeros, as long, written after the load
+    os.utime(data, ns=(read + 10**9, read + 10**9))  # a second later, on any file system
+    models = [held_extract(graph, part) for part in plan.partitions]
+    assert not any(isinstance(f, np.memmap) for _, held in models for f in held.files.values())
+    x = feeds["x"]
+    for sub, held in models:
+        x = cpu_session(sub, external=held.files).run(None, {sub.graph.input[0].name: x})[0]
+    np.testing.assert_allclose(x, want[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_handed_to_onnxruntime_holds_its_weights_beside_it(model):

@@ -182,8 +182,8 @@ class RayDevice(Device):
         if refusal:
             raise ProvisionError(f"cannot load {key}: {refusal}")
         names = self._load_on(actor, key, program)
-        with self._cond:
-            self._programs[key], self._outputs[key] = program, names
+        with self._cond:  # kept to load on a new actor, the weights its own
+            self._programs[key], self._outputs[key] = program.owned(), names
 
     def _uninstall(self, key: str) -> None:
         with self._cond:
