@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.cost import node_cost
 from runtime.devices import parse_devices
-from runtime.errors import ModelLoadError
+from runtime.errors import ModelLoadError, PartitionError
 from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
@@ -443,6 +443,41 @@ def test_a_tensor_typed_by_a_run_alone_crosses_devices():
                                                                  "relu": "cpu1"})
         assert [t.tensor for t in plan.transfers] == ["n"]
         np.testing.assert_allclose(host.infer("normalized", {"x": x})["y"], want, rtol=1e-6)
+
+
+def _rms_normed(op: str) -> onnx.ModelProto:
+    """x -> `op` (an RMS norm over the last axis, in the default domain) -> MatMul, as
+    onnxruntime's transformer optimizer writes T5's and Llama's norms."""
+    rng = np.random.default_rng()
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "scale"], ["n"], name="rms", axis=-1, epsilon=1e-6),
+         helper.make_node("MatMul", ["n", "w"], ["y"], name="proj")], "rms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.uniform(.5, 1.5, 8).astype(np.float32), "scale"),
+         numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_a_default_domain_op_onnxruntime_runs_and_onnx_does_not_know_loads():
+    """onnxruntime runs SimplifiedLayerNormalization in the default domain (its optimizer
+    writes it) though onnx has no schema for it: the checker, which refused the model,
+    checks the rest. A device that cannot run it says so; an op neither knows is still
+    refused by the checker, naming it."""
+    model = _rms_normed("SimplifiedLayerNormalization")
+    x = np.random.default_rng().standard_normal((3, 8)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with HostManager(parse_devices("cpu:1,reference:1")) as host:
+        plan = host.add_network("rms", model, annotations={"proj": "reference0"})
+        assert plan.partition_of("rms").device == "cpu0"
+        np.testing.assert_allclose(host.infer("rms", {"x": x})["y"], want, rtol=1e-5)
+    assert [n.domain for n in model.graph.node] == ["", ""]  # the caller's model as given
+    with HostManager(parse_devices("reference:1")) as host, pytest.raises(
+            PartitionError, match=r"rms \(SimplifiedLayerNormalization\) cannot run"):
+        host.add_network("rms", model)
+    with pytest.raises(ModelLoadError, match=r"fails the ONNX checker.*NoSuchNorm"):
+        load_graph(_rms_normed("NoSuchNorm"))
 
 
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
