@@ -1,16 +1,19 @@
-"""Each parameter its own initializer again, where an exporter kept one for equal ones.
+"""Each PyTorch parameter one initializer of its own again, as an exporter wrote it.
 
-    own_tensors(model.graph)   # in place, before a model is trained or written as trained
+    own_tensors(model.graph)   # in place: what a training forward is built from
+    graph = owned(graph)       # the graph so owned: what `Trainer` trains and writes out
 
 PyTorch's exporters store equal initializers once. In a fresh network that merges
 parameters PyTorch trains apart: every LayerNorm's scale is ones, every zeroed bias zeros,
 a BatchNorm's running mean zeros like its bias. Trained as exported, one LayerNorm scale
 would serve all of them and take the sum of their gradients. The exporters say what they
 merged: TorchScript reads the kept initializer through an `Identity` named as the merged
-parameter; dynamo records each node's module (`pkg.torch.onnx.name_scopes`), so a node of
-another module reading the kept initializer read a parameter of its own. Only a constant
+parameter; dynamo records each node's module and FX node (`pkg.torch.onnx.name_scopes`,
+`pkg.torch.onnx.fx_node`), which name the parameter a node read. Only a constant
 fill is taken apart: random values equal in two places are one parameter read twice, as
-tied embeddings are, and stay shared (`forward._shared_through_copies`).
+tied embeddings are, and stay shared (`forward._shared_through_copies`). The other way,
+an exporter folds a tie into copies (a tied LM head into the embedding's transpose): each
+copy reads the one weight again (`tie_again`).
 """
 
 from __future__ import annotations
@@ -146,9 +149,9 @@ def _parameter(node: onnx.NodeProto, t: str, module: str) -> str:
 def own_weights(graph: onnx.GraphProto) -> None:
     """Each constant-fill parameter an exporter merged into another gets its own
     initializer again, in place: a TorchScript `Identity` of a shared one becomes an
-    initializer under the Identity's name; a dynamo initializer read from several modules
-    stays its own module's (the module its name is in) and each other module reads a copy
-    named as PyTorch names that module's parameter (`<module>.weight`)."""
+    initializer under the Identity's name; a dynamo initializer read for several
+    parameters (each read's by its node's module and FX node, `_parameter`) stays its own
+    parameter's, and each other parameter's reads read a copy under PyTorch's name."""
     inits = {t.name: t for t in graph.initializer}
     reads = _reads(graph)
     shared = {t for t, n in reads.items() if n > 1 and t in inits and _fill(inits[t])}
