@@ -23,7 +23,7 @@ from runtime.train.emit import Emitter
 from runtime.train.expand import expand_nodes
 from runtime.train.facts import Facts, probe
 from runtime.train.loss import LABELS, Loss
-from runtime.train.owners import FLOATS, own_tensors
+from runtime.train.owners import FLOATS, own_statistics
 from runtime.train.registry import Rewriting, rule_for
 
 TRAINING_OPSET = 17  # the oldest ai.onnx opset a training graph is written in
@@ -157,7 +157,7 @@ def training_opset(graph: Graph) -> onnx.ModelProto:
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     _drop_unread_outputs(model.graph)
-    own_tensors(model.graph)
+    own_statistics(model.graph)
     opset = model_opset(model)
     if opset >= TRAINING_OPSET:
         return model

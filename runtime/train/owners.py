@@ -1,7 +1,12 @@
 """Each PyTorch parameter one initializer of its own again, as an exporter wrote it.
 
-    own_tensors(model.graph)   # in place: what a training forward is built from
-    graph = owned(graph)       # the graph so owned: what `Trainer` trains and writes out
+    graph = owned(graph)       # what `Trainer` trains and writes out
+    own_statistics(model.graph)  # in place: each BatchNorm's running statistics its own
+
+`runtime.train.gradients` differentiates the model as given (an initializer several
+nodes read gets the sum of their gradients, as central differences on the file would);
+`gradients(owned(load_graph(path, fold=False)), ...)` gives PyTorch's parameters'
+gradients.
 
 PyTorch's exporters store equal initializers once. In a fresh network that merges
 parameters PyTorch trains apart: every LayerNorm's scale is ones, every zeroed bias zeros,
@@ -36,19 +41,15 @@ FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOA
           onnx.TensorProto.BFLOAT16}
 
 
-def own_tensors(graph: onnx.GraphProto) -> None:
-    own_statistics(graph)
-    own_weights(graph)
-    tie_again(graph)
-
-
 def owned(graph: Graph) -> Graph:
-    """`graph` with each parameter and statistic its own (`own_tensors`); itself when they
-    are already (every change adds or drops an initializer or a node)."""
+    """`graph` with each parameter and running statistic its own and each tie one weight;
+    itself when they are already (every change adds or drops an initializer or a node)."""
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     size = (len(model.graph.initializer), len(model.graph.node))
-    own_tensors(model.graph)
+    own_statistics(model.graph)
+    own_weights(model.graph)
+    tie_again(model.graph)
     if size == (len(model.graph.initializer), len(model.graph.node)):
         return graph
     return load_graph(model, name=graph.name, fold=False)

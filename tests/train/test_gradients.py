@@ -10,7 +10,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from runtime.errors import InvalidInputError, TrainingError
+from runtime.graph import load_graph
 from runtime.train import gradients, loss_and_gradients
+from runtime.train.owners import owned
 from tests.support.gradcheck import (
     LOSSES,
     forward_runner,
@@ -77,17 +79,24 @@ def test_float32_gradients_agree_with_float64(name: str) -> None:
 
 
 @pytest.mark.parametrize("form", [f for f in FRESH_FORMS if f != "separate"])
-def test_parameters_an_exporter_stored_once_get_gradients_of_their_own(form: str) -> None:
+def test_an_exported_network_owned_has_pytorchs_gradients(form: str) -> None:
     """A fresh network's equal parameters (zero biases, unit LayerNorm scales, two layer
-    scales of one module) that an exporter stored once get PyTorch's gradients, each its
-    own under PyTorch's name; the tied matrix, which the exporter read again through a
-    folded transpose or copy, is one weight again, its gradient the sum of both uses."""
+    scales of one module) that an exporter stored once: as given, the one initializer's
+    gradient is the sum of its readers' (the file's function: a LayerNorm scale); owned
+    (`owners.owned`), each parameter has PyTorch's gradient under PyTorch's name, and the
+    tied matrix, which the exporter read again through a folded transpose or copy, is one
+    weight again, its gradient the sum of both uses."""
     rng = np.random.default_rng()
     seed = int(rng.integers(1 << 30))
     separate = fresh(np.random.default_rng(seed))
+    merged = fresh(np.random.default_rng(seed), form)
     feeds, labels = batch_for(separate, rng, 4), rng.integers(0, 3, 4)
     want = gradients(separate, feeds, labels)
-    got = gradients(fresh(np.random.default_rng(seed), form), feeds, labels)
+    as_given = gradients(merged, feeds, labels)
+    assert as_given.keys() == {t.name for t in merged.graph.initializer}
+    np.testing.assert_allclose(as_given["ln1.weight"], want["ln1.weight"] + want["ln2.weight"],
+                               rtol=1e-5, atol=1e-7)
+    got = gradients(owned(load_graph(merged, fold=False)), feeds, labels)
     assert got.keys() == want.keys()
     for name, grad in want.items():
         np.testing.assert_allclose(got[name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
