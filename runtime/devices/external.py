@@ -90,13 +90,18 @@ class Held:
 
     def _bytes(self, init: onnx.TensorProto) -> np.ndarray:
         at = self.stored.get(init.name)
-        if at is not None and at.length == tensor_bytes(init) and at.path not in self._maps:
-            with contextlib.suppress(OSError, ValueError):
-                if file_version(at.path) == at.version:  # else written since it was read
-                    self._maps[at.path] = np.memmap(at.path, np.uint8, mode="r")
-        if at is None or at.path not in self._maps or at.length != tensor_bytes(init):
+        mapped = self._mapped(at) if at is not None and at.length == tensor_bytes(init) else None
+        if at is None or mapped is None:
             return np.frombuffer(_raw(init), np.uint8)
-        return self._maps[at.path][at.offset:at.offset + at.length]
+        return mapped[at.offset:at.offset + at.length]
+
+    def _mapped(self, at: Stored) -> np.ndarray | None:
+        """The file `at` lies in, mapped once; None if it was written since it was read."""
+        if at.path not in self._maps:
+            with contextlib.suppress(OSError, ValueError):
+                if file_version(at.path) == at.version:
+                    self._maps[at.path] = np.memmap(at.path, np.uint8, mode="r")
+        return self._maps.get(at.path)
 
 
 def serialized(model: onnx.ModelProto,
