@@ -26,13 +26,13 @@ from app.loadgen import LoadGenerator, plain_onnxruntime
 from benchmarks.clients import asyncio_rate, threads_rate
 from benchmarks.common import result
 from benchmarks.exports import legacy_bert, legacy_bert_feeds
-from runtime.cost.cache import CACHE_ENV
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.observe.metrics import Metrics
 from runtime.partition import Plan
 from runtime.partition.planning import plan_network
+from runtime.user_cache import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ("mlp", "cnn", "transformer", "branchy", "control_flow")

@@ -28,7 +28,7 @@ from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.large import Stored, checked, file_version, inferable, too_large
 from runtime.names import fresh_name
-from runtime.run_sizes import run_sizes
+from runtime.run_sizes import kept_sizes
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -522,13 +522,13 @@ def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: i
 
 def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
                    bindings: Mapping[str, int], default: int) -> None:
-    """Node outputs shape inference left without a size: sized by a run (`run_sizes`),
-    unless the model is past 2 GB, which onnxruntime cannot be handed whole."""
+    """Node outputs shape inference left without a size: sized by a run (`run_sizes`, kept
+    between loads), unless the model is past 2 GB, which onnxruntime cannot be handed whole."""
     unknown = [t for node in model.graph.node for t in node.output if t and (
         t not in tensors or tensors[t].shape is None or tensors[t].dtype is None)]
     if not unknown or too_large(model):
         return
-    for t, (dtype, shape) in run_sizes(_bound_model(model, bindings, default), unknown).items():
+    for t, (dtype, shape) in kept_sizes(_bound_model(model, bindings, default), unknown).items():
         old = tensors.get(t)
         tensors[t] = Tensor(t, dtype.name, shape, old.dims if old else None,
                             old.elem_type if old and old.elem_type else

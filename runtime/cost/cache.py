@@ -10,10 +10,7 @@ costing, the device kind (`model.kind_of`: onnxruntime on CPU at a thread count)
 and onnxruntime's versions and the CPU model. Anything else (a new onnxruntime, another
 machine) misses, and the network is measured again. A damaged or unreadable entry is a
 miss too; a cache that cannot be written is skipped (the plan is made all the same).
-
-The directory is `$PRISM_CACHE_DIR` if set (tests point it at a temporary folder), else
-the platform's cache folder: `$XDG_CACHE_HOME/prism` or `~/.cache/prism` on Linux,
-`~/Library/Caches/prism` on macOS, `%LOCALAPPDATA%\\prism\\Cache` on Windows.
+The directory and its files: `runtime/user_cache.py`.
 """
 
 from __future__ import annotations
@@ -22,31 +19,15 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import platform
-import sys
-import tempfile
 from pathlib import Path
 
 from runtime.cost.model import Timings
 from runtime.graph import Graph
+from runtime.user_cache import cache_dir, read_entry, write_entry
 from runtime.versions import installed, versions
 
-CACHE_ENV = "PRISM_CACHE_DIR"
 FORMAT = 2  # 2: a node computed from weights alone takes no share of its run's time
-
-
-def cache_dir() -> Path:
-    """Where Prism keeps what it measured (not created here)."""
-    chosen = os.environ.get(CACHE_ENV)
-    if chosen:
-        return Path(chosen)
-    home = Path.home()
-    if sys.platform == "darwin":
-        return home / "Library" / "Caches" / "prism"
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA", home / "AppData" / "Local")) / "prism" / "Cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "prism"
 
 
 @functools.cache
@@ -93,12 +74,12 @@ class TimingsCache:
     def get_hop(self, kind: str) -> float | None:
         """The dispatch seconds measured for devices of `kind` (`cpu/1`) on this machine."""
         try:
-            return float(json.loads(self.hop_path(kind).read_text(encoding="utf-8"))["seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return float(read_entry(self.hop_path(kind))["seconds"])
+        except (KeyError, TypeError, ValueError):
             return None
 
     def put_hop(self, kind: str, seconds: float) -> Path | None:
-        return self._write(self.hop_path(kind), {"format": FORMAT, "kind": kind,
+        return write_entry(self.hop_path(kind), {"format": FORMAT, "kind": kind,
                                                  "cpu": cpu_model(), "seconds": seconds})
 
     def path(self, graph: Graph, kind: str) -> Path:
@@ -106,9 +87,8 @@ class TimingsCache:
 
     def get(self, graph: Graph, kind: str) -> Timings | None:
         try:
-            data = json.loads(self.path(graph, kind).read_text(encoding="utf-8"))
-            return Timings.from_dict(data["timings"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return Timings.from_dict(read_entry(self.path(graph, kind))["timings"])
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def put(self, graph: Graph, kind: str, timings: Timings) -> Path | None:
@@ -117,18 +97,4 @@ class TimingsCache:
         entry = {"format": FORMAT, "network": graph.name, "kind": kind, "cpu": cpu_model(),
                  "onnxruntime": installed("onnxruntime"), "prism": versions(())["prism"],
                  "timings": timings.to_dict()}
-        return self._write(self.path(graph, kind), entry)
-
-    @staticmethod
-    def _write(path: Path, entry: dict) -> Path | None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp",
-                                             delete=False, encoding="utf-8") as tmp:
-                json.dump(entry, tmp)
-            os.replace(tmp.name, path)
-        except OSError:
-            with contextlib.suppress(OSError, UnboundLocalError):
-                os.unlink(tmp.name)
-            return None
-        return path
+        return write_entry(self.path(graph, kind), entry)

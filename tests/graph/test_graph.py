@@ -421,6 +421,28 @@ def test_a_sizing_run_that_fails_says_nothing(capfd):
     assert capfd.readouterr().err == ""
 
 
+def test_sizes_a_run_found_are_kept_for_the_next_load_of_that_model(monkeypatch, tmp_path):
+    """A later load reads the sizes the first load's run found (a detection network's run
+    is most of its load); a model of other weights is run again, as is a damaged entry."""
+    import onnxruntime
+
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng()
+    bound, width = {"batch": int(rng.integers(2, 9))}, int(rng.integers(4, 33))
+    model, other_weights = (_loop_reading_outer_scope(width) for _ in range(2))
+    sized = load_graph(model, bindings=bound).tensors["looped"].shape
+    assert sized == (bound["batch"], width)
+    (entry,) = (tmp_path / "sizes").iterdir()
+    with monkeypatch.context() as no_runs:
+        no_runs.setattr(onnxruntime, "InferenceSession", None)
+        assert load_graph(model, bindings=bound).tensors["looped"].shape == sized
+        assert load_graph(other_weights, bindings=bound).tensors["looped"].shape is None
+    for damage in ("{", "[1]"):
+        entry.write_text(damage)
+        assert load_graph(model, bindings=bound).tensors["looped"].shape == sized
+        assert entry.read_text() != damage
+
+
 def test_a_tensor_typed_by_a_run_alone_crosses_devices():
     """onnx's shape inference leaves an ai.onnx.ml Normalizer's output untyped; the sizing
     run knew its type, but nothing declared it, so a partition reading it could not be

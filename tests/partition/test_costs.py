@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from runtime.cost import CostModel, Timings, kind_of
-from runtime.cost.cache import CACHE_ENV, TimingsCache, cache_dir
+from runtime.cost.cache import TimingsCache
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.graph import load_graph
@@ -24,6 +24,7 @@ from runtime.partition import measure, partition
 from runtime.partition import planning as planning_module
 from runtime.partition.measure import calibration_feeds, measure_nodes, refined
 from runtime.partition.planning import COSTS_ENV, live_costs, plan_network
+from runtime.user_cache import CACHE_ENV, cache_dir
 from tests.support.dags import SAMPLES_DIR
 from tests.support.hosts import toy_chain
 from tests.support.weights import made_weights
