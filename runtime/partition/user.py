@@ -7,11 +7,11 @@
     [nodes]
     "block2/conv1" = "p1"
 
-A QuantizeLinear or DequantizeLinear the map does not name goes where the op it belongs
-to goes (a dequantize node with its one reader, a quantize node with its producer), not
-to the default: a map written for a float model places its quantized twin's groups whole,
-and each reader of a dequantize node has its own at load (`runtime.dequantize`), named by
-no map.
+A node the map does not name goes where the op it belongs to goes, not to the default: a
+QuantizeLinear with its producer; a DequantizeLinear, or a node of weights alone (a tied
+weight's transpose that training reads again, `train.owners`), with its first reader. A
+map written for a float model places its quantized twin's groups whole, and each reader
+of a dequantize node has its own at load (`runtime.dequantize`), named by no map.
 """
 
 from __future__ import annotations
@@ -108,17 +108,19 @@ def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, o
 
 
 def _group_ops(graph: Graph, named: Mapping[str, str]) -> dict[str, str]:
-    """Unnamed quantize or dequantize node -> the op whose partition it takes: a dequantize
-    node's one reader, a quantize node's producer."""
+    """Unnamed node -> the op whose partition it takes: a quantize node's producer; the
+    first reader of a dequantize node or of a node of weights alone (a tied weight's
+    transpose `owners.tie_again` made for training)."""
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
     out = {}
     for node in graph.nodes:
         if node.name in named:
             continue
-        if node.op_type in DEQUANTIZE_OPS:
-            readers = {c for t in node.writes for c in graph.consumers.get(t, ())}
-            op = readers.pop() if len(readers) == 1 else None
-        elif node.op_type in QUANTIZE_OPS:
+        if node.op_type in QUANTIZE_OPS:
             op = graph.producer.get(node.inputs[0]) if node.inputs else None
+        elif node.op_type in DEQUANTIZE_OPS or all(graph.is_weight(t) for t in node.inputs if t):
+            readers = {c for t in node.writes for c in graph.consumers.get(t, ())}
+            op = min(readers, key=position.__getitem__, default=None)
         else:
             continue
         if op is not None:

@@ -24,6 +24,7 @@ copy reads the one weight again (`tie_again`).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import re
 from collections import Counter
@@ -48,11 +49,13 @@ def owned(graph: Graph) -> Graph:
     model.CopyFrom(graph.model)
     size = (len(model.graph.initializer), len(model.graph.node))
     own_statistics(model.graph)
-    own_weights(model.graph)
+    taken = own_weights(model.graph)
     tie_again(model.graph)
     if size == (len(model.graph.initializer), len(model.graph.node)):
         return graph
-    return load_graph(model, name=graph.name, fold=False)
+    out = load_graph(model, name=graph.name, fold=False)
+    out.folded = dataclasses.replace(out.folded, nodes=(*graph.folded.nodes, *taken))
+    return out  # a map or annotation may name an Identity taken for a weight, as if folded
 
 
 def _reads(graph: onnx.GraphProto) -> Counter[str]:
@@ -147,17 +150,18 @@ def _parameter(node: onnx.NodeProto, t: str, module: str) -> str:
     return f"{module}.{own[0] if len(own) == 1 else field}".lstrip(".")
 
 
-def own_weights(graph: onnx.GraphProto) -> None:
+def own_weights(graph: onnx.GraphProto) -> list[str]:
     """Each constant-fill parameter an exporter merged into another gets its own
     initializer again, in place: a TorchScript `Identity` of a shared one becomes an
     initializer under the Identity's name; a dynamo initializer read for several
     parameters (each read's by its node's module and FX node, `_parameter`) stays its own
-    parameter's, and each other parameter's reads read a copy under PyTorch's name."""
+    parameter's, and each other parameter's reads read a copy under PyTorch's name. The
+    names of the Identity nodes so taken out."""
     inits = {t.name: t for t in graph.initializer}
     reads = _reads(graph)
     shared = {t for t, n in reads.items() if n > 1 and t in inits and _fill(inits[t])}
     if not shared:
-        return
+        return []
     taken = set(inits) | {t for n in graph.node for t in (*n.input, *n.output)}
     gone = []
     for i, node in enumerate(graph.node):
@@ -168,6 +172,7 @@ def own_weights(graph: onnx.GraphProto) -> None:
             _copy(graph, inits[node.input[0]], node.output[0])
             reads[node.input[0]] -= 1
             gone.append(i)
+    names = [graph.node[i].name for i in gone]
     for i in reversed(gone):
         del graph.node[i]
     modules: set[str] = set()
@@ -190,6 +195,7 @@ def own_weights(graph: onnx.GraphProto) -> None:
             _copy(graph, inits[t], name)
             for node, k in slots:
                 node.input[k] = name
+    return names
 
 
 def _key(values: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:

@@ -121,6 +121,7 @@ class Trainer:
         # the graph as planned: symbolic dimensions bound to the micro-batch
         self.costed = load_graph(self.graph.model, default_dim=config.micro_size,
                                  name=self.name, fold=False)
+        self.costed.folded = self.graph.folded  # nodes owning took out, a map may name
         _, self.plan = plan_network(self.costed, list(devices), config.partition)
         used = {p.device for p in self.plan.partitions}
         self.devices: dict[str, Device] = {}

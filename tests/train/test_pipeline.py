@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 from runtime.devices import parse_devices
 from runtime.devices.config import DeviceConfig
 from runtime.errors import ProvisionError, TrainingError
+from runtime.graph import load_graph
 from runtime.observe.events import EVENT_KINDS, Event, EventBus
 from runtime.train import loss_and_gradients
 from runtime.train.optimizers import Optimizer
@@ -334,6 +335,29 @@ def test_parameters_an_exporter_stored_once_train_apart(form: str) -> None:
     assert not np.allclose(want["ln1.weight"], want["ln2.weight"])
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, atol=WEIGHTS_ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("form", FRESH_FORMS)
+def test_a_map_of_the_files_nodes_places_a_network_training_owns_apart(form: str) -> None:
+    """A map written for the file, every node named and no default, places the network
+    as trained: a TorchScript Identity taken for its parameter is named as a folded node
+    is, and the tied weight's transpose read again goes with its first reader."""
+    rng = np.random.default_rng()
+    model = fresh(rng, form)
+    names = [n.name for n in load_graph(model, fold=False).nodes]
+    half = int(rng.integers(1, len(names)))
+    user_map = {"partitions": {"a": "cpu0", "b": "cpu1"},
+                "nodes": {n: "a" if i < half else "b" for i, n in enumerate(names)}}
+    data, labels = data_for(model, rng, 16, 3)
+    config = TrainConfig(batch_size=8, micro_batches=2, partition=user_map)
+    with Trainer(model, data, labels, parse_devices("cpu:2"), config) as trainer:
+        trainer.run()
+        placed = {n: p.name for p in trainer.plan.partitions for n in p.nodes}
+        graph = trainer.costed
+    for node, part in placed.items():
+        reader = min(graph.consumers.get(graph.by_name[node].writes[0], [node]),
+                     key=[n.name for n in graph.nodes].index)
+        assert part == user_map["nodes"].get(node, placed[reader]), node
 
 
 def test_every_stage_step_is_an_event() -> None:
