@@ -66,7 +66,8 @@ def difference(got: object, want: object) -> tuple[float, str | None]:
         same = np.array_equal(got, want)
         return (0.0, None) if same else (float("inf"), "other values")
     with np.errstate(invalid="ignore", over="ignore"):
-        gap = np.abs(got.astype(np.complex128 if want.dtype.kind == "c" else np.float64) - want)
+        gap = np.asarray(abs(got.astype(np.complex128 if want.dtype.kind == "c" else np.float64)
+                             - want))  # an array for a scalar output too
     gap[(got == want) | (np.isnan(got) & np.isnan(want))] = 0.0  # equal infinities, twin NaNs
     gap[np.isnan(gap)] = np.inf  # NaN on one side only
     err = float(gap.max(initial=0.0))

@@ -310,6 +310,19 @@ def test_check_counts_twin_nans_as_equal(capsys, tmp_path):
     assert re.search(r"^check: every output matches onnxruntime \(4 answers", out, re.M), out
 
 
+def test_check_compares_a_scalar_output(capsys, tmp_path):
+    """A 0-d output (a mean over everything, as TensorFlow's reduce_mean exports) is
+    compared like any other; its gap was once a numpy scalar that no mask could write."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=0),
+             helper.make_node("Relu", ["x"], ["relu"])]
+    model = _save(_model(nodes, [_vec("x", ["batch", 4])],
+                         [_vec("mean", []), _vec("relu", ["batch", 4])]), tmp_path / "mean.onnx")
+    code = main(["run", model, "--devices", "cpu:2", "--requests", "3", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^check: every output matches onnxruntime \(3 answers", out, re.M), out
+
+
 def test_difference_tells_nan_on_one_side_from_nan_on_both():
     rng = np.random.default_rng()
     want = rng.standard_normal(5).astype(np.float32)
