@@ -14,18 +14,35 @@ than onnx's spec (and onnxruntime) do.
 - MaxPool, AveragePool and LpPool: the evaluator sizes ceil_mode and SAME_LOWER windows
   otherwise (GoogLeNet's stride-1 `ceil_mode` MaxPool grows by 2), and counts LpPool's
   ceil_mode windows wrong. Here every window is a strided view of the padded input.
+- GlobalMaxPool: the evaluator reduces the channels too where the input is not 4-d
+  (Keras' GlobalMaxPooling1D through tf2onnx).
+- BatchNormalization at opsets 9 to 13: the evaluator normalizes by the batch's own
+  statistics, since the schema's default momentum is always set (Keras' ResNet50V2 at
+  opset 13 through tf2onnx: 0.2 off); as at opset 14, the statistics given, unless
+  `training_mode`.
+- Loop: the evaluator joins its scan outputs along their first axis (and turns scalars
+  into a column) where onnxruntime and onnx's shape inference stack them on a new one
+  (tf2onnx's SimpleRNN, a GRU with reset_after=False, an LSTM after Masking).
+- Resize: TensorFlow's nearest-neighbour sampling (`tf_half_pixel_for_nn`, which tf2onnx
+  writes for UpSampling2D and onnxruntime runs), a mode the evaluator does not know.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_batch_normalization import BatchNormalization_14
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
+from onnx.reference.ops.op_loop import Loop as _Loop
+from onnx.reference.ops.op_resize import Resize as _Resize
 
 
 class ConvTranspose(_ConvTranspose):
@@ -286,4 +303,70 @@ class GatherElements(OpRun):
         return (np.take_along_axis(data[cut], indices, axis=axis),)
 
 
-KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample, GatherElements)
+class GlobalMaxPool(OpRun):
+    def _run(self, x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+class BatchNormalization(BatchNormalization_14):
+    """Every opset's node as opset 14's: its one output from the statistics given (older
+    opsets' `is_test`, `spatial` and `consumed_inputs` say nothing more for it)."""
+
+    def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None,
+             training_mode=None, **_):
+        return super()._run(x, scale, bias, mean, var, epsilon, momentum, training_mode)
+
+
+class Loop(_Loop):
+    """Each iteration's scan outputs a slice of a new first axis: the evaluator's vstack
+    then stacks them; a scalar's column is made a vector again."""
+
+    _run_body: Callable[..., Any]  # the evaluator sets it, from the `body` attribute
+
+    def __init__(self, onnx_node, run_params):
+        super().__init__(onnx_node, run_params)
+        body, self._scalars = self._run_body, threading.local()
+
+        def sliced(*args, **kwargs):
+            outputs = list(body(*args, **kwargs))
+            first = len(outputs) - self.K
+            self._scalars.seen = [np.ndim(o) == 0 for o in outputs[first:]]
+            outputs[first:] = [np.expand_dims(o, 0) for o in outputs[first:]]
+            return outputs
+
+        self._run_body = sliced
+
+    def _run(self, *args, **kwargs):
+        self._scalars.seen = [False] * self.K
+        out = list(super()._run(*args, **kwargs))
+        for k, scalar in enumerate(self._scalars.seen):
+            if scalar:
+                out[self.N + k] = out[self.N + k].reshape(-1)
+        return tuple(out)
+
+
+_NEAREST: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: np.floor(x + 0.5), "floor": np.floor, "ceil": np.ceil}
+
+
+class Resize(_Resize):
+    """`tf_half_pixel_for_nn`: output index i of a scaled axis samples input
+    (i + 0.5) / scale, rounded by `nearest_mode` and clipped, as onnxruntime does; every
+    other mode the evaluator's."""
+
+    def _run(self, X, roi, scales=None, sizes=None, **attrs):  # type: ignore[override]
+        if attrs.get("coordinate_transformation_mode") != "tf_half_pixel_for_nn" or \
+                attrs.get("axes") is not None:
+            return super()._run(X, roi, scales, sizes, **attrs)
+        if sizes is not None and len(sizes):
+            scales = np.asarray(sizes) / np.asarray(X.shape)
+        rounded = _NEAREST[attrs.get("nearest_mode") or "round_prefer_floor"]
+        taken = [np.arange(n) if s == 1 else  # an axis kept whole (onnxruntime's too)
+                 np.clip(rounded((np.arange(int(n * s)) + 0.5) / s), 0, n - 1).astype(np.int64)
+                 for n, s in zip(X.shape, np.asarray(scales, np.float64), strict=True)]
+        return (X[np.ix_(*taken)],)
+
+
+KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample, GatherElements,
+           GlobalMaxPool, BatchNormalization, Loop, Resize)

@@ -300,6 +300,56 @@ def test_the_reference_backend_pools_as_onnxruntime(managers, op):
             m, node, RNG.standard_normal((2, 3, *spatial)).astype(np.float32))
 
 
+def test_the_reference_backend_runs_tf2onnx_exports_nodes_as_onnxruntime(managers):
+    """Nodes of Keras networks exported by tf2onnx, where onnx's evaluator answers
+    otherwise or not at all: GlobalMaxPool over a sequence (it pooled the channels too),
+    BatchNormalization at opsets 9-13 (it used the batch's statistics), Resize's
+    `tf_half_pixel_for_nn` (unknown to it; UpSampling2D)."""
+    m = managers("d0", "reference")
+    for rank in (3, 4, 5):
+        assert_reference_runs_as_onnxruntime(
+            m, helper.make_node("GlobalMaxPool", ["x"], ["y"]),
+            RNG.standard_normal(RNG.integers(1, 5, rank)).astype(np.float32))
+    channels = int(RNG.integers(1, 6))
+    stats = {k: RNG.uniform(0.5, 2, channels).astype(np.float32)
+             for k in ("scale", "bias", "mean", "var")}
+    for opset in (9, 13, 15):
+        assert_reference_runs_as_onnxruntime(
+            m, helper.make_node("BatchNormalization", ["x", *stats], ["y"],
+                                epsilon=1e-3),
+            RNG.standard_normal((2, channels, 3, 4)).astype(np.float32), opset, **stats)
+    for mode in ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil"):
+        x = RNG.standard_normal((1, 2, *RNG.integers(1, 7, 2))).astype(np.float32)
+        scales = np.array([1, 1, *RNG.choice([0.5, 1.5, 2, 3], 2)], np.float32)
+        node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="nearest",
+                                coordinate_transformation_mode="tf_half_pixel_for_nn",
+                                nearest_mode=mode)
+        assert_reference_runs_as_onnxruntime(m, node, x, 11, scales=scales,
+                                             roi=np.zeros(0, np.float32))
+
+
+def test_the_reference_backend_stacks_a_loops_scan_outputs_as_onnxruntime(managers):
+    """Each iteration's scan output is a slice of a new first axis (onnx's evaluator
+    joined matrices along their rows and made scalars a column: tf2onnx's SimpleRNN)."""
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["go"], ["go_out"]),
+         helper.make_node("Cast", ["i"], ["fi"], to=f),
+         helper.make_node("Mul", ["x", "fi"], ["matrix"]),
+         helper.make_node("ReduceSum", ["matrix", "rows"], ["vector"], keepdims=0),
+         helper.make_node("ReduceSum", ["matrix"], ["scalar"], keepdims=0)], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("go", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(t, TensorProto.BOOL if t == "go_out" else f, None)
+         for t in ("go_out", "matrix", "vector", "scalar")])
+    node = helper.make_node("Loop", ["n", "go"], ["matrices", "vectors", "scalars"],
+                            body=body)
+    x = RNG.standard_normal(RNG.integers(1, 5, 2)).astype(np.float32)
+    assert_reference_runs_as_onnxruntime(
+        managers("d0", "reference"), node, x, 17, n=np.array(RNG.integers(1, 5)),
+        go=np.array(True), rows=np.array([0]))
+
+
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_unloadable_model_is_provision_error_and_frees(managers, backend):
     m = managers("d0", backend)
