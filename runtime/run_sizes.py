@@ -66,6 +66,9 @@ def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Si
     import onnxruntime as ort  # here: loading a graph whose sizes are all known needs none
 
     options = ort.SessionOptions()
+    # unoptimized: with its dimensions bound, onnxruntime's optimizer aborts the process
+    # on some models it loads unbound (a quantized Keras LSTM: a C++ assertion)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4  # best effort: a run that fails says nothing (stderr
     # is the CLI's one error line), nor do the added outputs
     try:

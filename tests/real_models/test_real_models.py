@@ -209,3 +209,13 @@ def test_cli_run_check(name):
     result = prism(*args)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "every output matches onnxruntime" in result.stdout
+
+
+def test_a_quantized_keras_lstm_loads_and_answers_as_onnxruntime():
+    """onnxruntime's graph optimizer aborts the process (a C++ assertion) on this model
+    with its batch bound, as Prism's sizing run bound it at load: `prism run` died before
+    a request. Run as a user runs it, in a process of its own, as a crash would end it."""
+    result = prism("run", model_path("masking_lstm_qdq"), "--devices", "cpu:2",
+                   "--requests", "8", "--check")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "every output matches onnxruntime" in result.stdout
