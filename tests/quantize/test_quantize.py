@@ -527,6 +527,27 @@ def test_a_model_with_nothing_to_quantize_is_told_so_in_exactly_one_line(tmp_pat
         assert "ZipMap" in err and "MatMul" not in out
 
 
+def test_an_image_normalized_before_its_first_conv_quantizes(tmp_path, capsys):
+    """Keras' ConvNeXt subtracts the mean from its input before any op onnxruntime
+    quantizes, so its calibration gives the input no range: the profile is still the
+    model's own (it was refused as another's)."""
+    r = rng()
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["image", "mean"], ["centred"], name="normalize"),
+         helper.make_node("Conv", ["centred", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")], "prestem_normalized",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 32, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32, 8, 8])],
+        [numpy_helper.from_array(r.uniform(0, 1, (1, 32, 1, 1)).astype(np.float32), "mean"),
+         numpy_helper.from_array(r.standard_normal((32, 32, 3, 3)).astype(np.float32), "w")])
+    path, data, out = tmp_path / "m.onnx", tmp_path / "cal.npz", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    np.savez(data, image=r.uniform(0, 1, (16, 32, 8, 8)).astype(np.float32))
+    code = main(["quantize", str(path), "--calibrate", str(data), "-o", str(out), "--json"])
+    assert code == 0, capsys.readouterr().err
+    assert node_precisions(load_graph(str(out)))["conv"] == "int8"
+
+
 def test_a_calibration_run_onnxruntime_fails_is_told_in_one_line(tmp_path, capfd):
     """The samples fit the inputs, but the model fails on them (here a Gather index out of
     range): onnxruntime's message, in one line naming the model, not a traceback."""
