@@ -177,6 +177,8 @@ def _forward_program(tg: TrainingGraph, k: int, forward: list[list[onnx.NodeProt
     loss = [LOSS] if LOSS in made else []
     updates = [(tg.forward.statistics[s], s) for s in statistics]
     outputs = list(dict.fromkeys([*sent, *loss, *kept]))
+    if not outputs and not updates:  # its nodes make only outputs the loss never reads
+        return _nothing(f"{key}/stage{k}/forward", config)
     model = tg.extract(f"{key}/stage{k}/forward", nodes,
                        [*outputs, *(o for o, _ in updates)], frozen=tg.forward.frozen)
     feeds = _fed(model, resident)

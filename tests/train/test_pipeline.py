@@ -360,6 +360,31 @@ def test_a_map_of_the_files_nodes_places_a_network_training_owns_apart(form: str
         assert part == user_map["nodes"].get(node, placed[reader]), node
 
 
+def test_a_stage_whose_outputs_the_loss_never_reads_does_nothing() -> None:
+    """The loss reads the first output; a stage holding only a second output's branch
+    (Keras' image-resize model, three outputs) has nothing to send: it runs no forward
+    (onnxruntime refused a run that asks for no output), and its weight stays as it was."""
+    rng = np.random.default_rng()
+    weights = {f"w{i}": rng.standard_normal((4, 3)).astype(np.float32) for i in range(2)}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w0"], ["y"], name="first"),
+         helper.make_node("MatMul", ["x", "w1"], ["z"], name="second")], "two_outputs",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, ["batch", 3]) for t in "yz"],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    user_map = {"partitions": {"a": "cpu0", "b": "cpu1"}, "nodes": {"first": "a", "second": "b"}}
+    config = TrainConfig(loss="mse", batch_size=4, micro_batches=2, partition=user_map)
+    data = {"x": rng.standard_normal((8, 4)).astype(np.float32)}
+    with Trainer(model, data, rng.standard_normal((8, 3)).astype(np.float32),
+                 parse_devices("cpu:2"), config) as trainer:
+        trainer.run()
+        trained = {t.name: numpy_helper.to_array(t)
+                   for t in trainer.trained_model().graph.initializer}
+    assert not np.allclose(trained["w0"], weights["w0"])
+    np.testing.assert_array_equal(trained["w1"], weights["w1"])
+
+
 def test_every_stage_step_is_an_event() -> None:
     rng = np.random.default_rng()
     model = mlp(rng)
