@@ -57,8 +57,8 @@ def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | No
             op = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
             hint = {"If": " (an If trains where the shapes, not the data, decide its "
                           "condition)",
-                    "Loop": " (a Loop trains where the shapes fix its trip count and its "
-                            "condition stays true)"}.get(op, "")
+                    "Loop": " (a Loop trains where the shapes, not the data, decide how "
+                            "often it runs)"}.get(op, "")
             raise TrainingError(f"node {node.name} ({op}) has no gradient rule{hint}; "
                                 f"{fwd.name} cannot be trained")
     e = Emitter(fwd.opset, prefix="grad")

@@ -11,7 +11,8 @@ stage follows):
 - an If whose condition the batch's facts fix (not the data: a rank or a size, as
   TorchScript's exports test): by its taken branch.
 - a Loop whose trip count they fix and whose condition stays true (TorchScript's
-  EmbeddingBag): unrolled.
+  EmbeddingBag), or whose condition its body computes from what they fix (TensorFlow's
+  while loops: a counter below the sequence length): unrolled.
 
 A body built from the node's input types (context-dependent), an If's condition or a
 Loop's trip count needs facts of a run: the forward expands again after probing what it
@@ -63,7 +64,8 @@ def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterat
         yield node
         return
     if node.op_type in _DECIDED:
-        inner = _DECIDED[node.op_type](node, facts, next(ids)) if facts is not None else None
+        inner = _DECIDED[node.op_type](node, facts, next(ids), opset) \
+            if facts is not None else None
     else:
         body = _body(node, facts, opset) if rule_for(node.op_type) is None else None
         inner = _renamed(node, body, next(ids)) if body is not None else None
@@ -74,7 +76,8 @@ def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterat
         yield from _expanded(n, None, opset, ids)
 
 
-def _taken(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] | None:
+def _taken(node: onnx.NodeProto, facts: Facts, k: int, opset: int
+           ) -> list[onnx.NodeProto] | None:
     """The branch an If takes, if its condition is fixed: its initializers as Constants,
     its nodes (renamed: another graph's names may repeat), its outputs into the If's."""
     condition = _fixed(node.input[0], facts)
@@ -93,15 +96,20 @@ def _taken(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] |
     return out
 
 
-def _unrolled(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto] | None:
-    """A Loop whose trip count is fixed (up to UNROLLED) and whose condition stays true
-    (absent, or its body passing a fixed true one on through Identity or Cast), as its
-    body once per iteration: the iteration number and condition Constants, the carried
-    values threaded through, each scan output's values stacked by Concat."""
-    trips = _fixed(node.input[0], facts) if node.input[0] else None
+def _unrolled(node: onnx.NodeProto, facts: Facts, k: int, opset: int
+              ) -> list[onnx.NodeProto] | None:
+    """A Loop whose trip count is fixed (up to UNROLLED), its condition staying true
+    (absent, or its body passing a fixed true one on through Identity or Cast) or
+    computed from what the facts fix (`_counted`), as its body once per iteration: the
+    iteration number and condition Constants, the carried values threaded through, each
+    scan output's values stacked by Concat."""
     body = next(a.g for a in node.attribute if a.name == "body")
-    if trips is None or not 0 < int(trips) <= UNROLLED or body.sparse_initializer \
-            or _holds_subgraphs(body.node) or not _stays_true(node, body, facts):
+    if body.sparse_initializer or _holds_subgraphs(body.node):
+        return None
+    fixed = _fixed(node.input[0], facts) if node.input[0] else None
+    trips = int(fixed) if fixed is not None and _stays_true(node, body, facts) else \
+        _counted(node, body, facts, opset)
+    if trips is None or not 0 < trips <= UNROLLED:
         return None
     carried = list(node.input[2:])
     scans: list[list[str]] = [[] for _ in body.output[1 + len(carried):]]
@@ -113,7 +121,7 @@ def _unrolled(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto
         return name
 
     axis = constant(f"{node.name}/f{k}/axis", np.asarray([0], np.int64))
-    for step in range(int(trips)):
+    for step in range(trips):
         prefix = f"{node.name}/f{k}/{step}"
         names = dict(zip((i.name for i in body.input), [
             constant(f"{prefix}/iteration", np.asarray(step, np.int64)),
@@ -132,6 +140,67 @@ def _unrolled(node: onnx.NodeProto, facts: Facts, k: int) -> list[onnx.NodeProto
               *(helper.make_node("Concat", parts, [o], axis=0, name=f"{node.name}/f{k}/{o}")
                 for parts, o in zip(scans, node.output[len(carried):], strict=True) if o)]
     return out + finals
+
+
+def _counted(node: onnx.NodeProto, body: onnx.GraphProto, facts: Facts, opset: int
+             ) -> int | None:
+    """How many times the Loop runs, where its body computes its condition from the
+    iteration number, constants, and outer or carried values the facts fix (TensorFlow's
+    while loops through tf2onnx: a carried counter below the sequence length): those
+    nodes alone, run once per iteration (onnx's evaluator). None where the condition reads
+    the data, or the loop runs past UNROLLED."""
+    ins, outs = [i.name for i in body.input], [o.name for o in body.output]
+    starts = dict(zip(ins[2:], node.input[2:], strict=False))
+    made = {o: n for n in body.node for o in n.output}
+    known = {t.name: numpy_helper.to_array(t) for t in body.initializer}
+    state: dict[str, np.ndarray] = {}
+    reads, seen = [outs[0]], set(ins[:2])
+    while reads:
+        t = reads.pop()
+        if t in seen or t in known:
+            continue
+        seen.add(t)
+        if t in made:
+            reads += [i for i in made[t].input if i]
+            continue
+        value = _whole(starts.get(t, t), facts)  # a carried value starts at its input's
+        if value is None:
+            return None
+        if t in starts:
+            state[t] = value
+            reads.append(outs[1 + ins.index(t) - 2])
+        else:
+            known[t] = value
+    entry = _whole(node.input[1], facts) if node.input[1] else np.asarray(True)
+    limit = _whole(node.input[0], facts) if node.input[0] else np.asarray(UNROLLED + 1)
+    if entry is None or limit is None:
+        return None
+    nexts = [outs[1 + ins.index(t) - 2] for t in state]
+    values = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(v.dtype), None)
+              for t, v in [(ins[0], np.asarray(0, np.int64)), (ins[1], np.asarray(True)),
+                           *state.items()]]
+    graph = helper.make_graph([n for n in body.node if set(n.output) & seen], "condition",
+                              values, [onnx.ValueInfoProto(name=t) for t in (outs[0], *nexts)],
+                              [numpy_helper.from_array(np.asarray(v), t) for t, v in known.items()])
+    from onnx.reference import ReferenceEvaluator  # here: most networks have no such loop
+
+    run = ReferenceEvaluator(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)]))
+    trips, go = 0, bool(entry.reshape(-1)[0])
+    while go and trips < int(limit.reshape(-1)[0]):
+        if trips == UNROLLED:
+            return None
+        results: list[Any] = list(run.run(None, {ins[0]: np.asarray(trips, np.int64),
+                                                 ins[1]: np.asarray(True), **state}))
+        go, state, trips = bool(np.asarray(results[0]).reshape(-1)[0]), dict(
+            zip(state, results[1:], strict=True)), trips + 1
+    return trips
+
+
+def _whole(name: str, facts: Facts) -> np.ndarray | None:
+    """The whole value of `name` if the batch's facts fix it."""
+    return None if name in facts.data or name not in facts.values else np.asarray(
+        facts.values[name])
 
 
 def _stays_true(node: onnx.NodeProto, body: onnx.GraphProto, facts: Facts) -> bool:

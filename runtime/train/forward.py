@@ -84,14 +84,16 @@ class TrainingForward:
             raise TrainingError(f"{graph.name} has no trainable weights (no float "
                                 f"initializers)")
         arrays = check_feeds(graph.name, input_specs(graph), feeds)
-        given = probe(model, arrays, set(arrays) | set(weights))
+        # what follows from the feeds or a parameter is data; a scalar stays a constant
+        sources = set(arrays) | {w for w, v in weights.items() if v.ndim > 0}
+        given = probe(model, arrays, sources)
         served: dict[str, str] = {}  # a node expanded -> the model's node it stands for
         for _ in range(EXPANSIONS):
             model, more = expand_nodes(model, given, model_opset(model))
             if not more:
                 break
             served.update((n, served.get(m, m)) for n, m in more.items())
-            given = probe(model, arrays, set(arrays) | set(weights))
+            given = probe(model, arrays, sources)
         prediction = model.graph.output[0].name
         label_array = loss.labels(labels, given.shape(prediction), given.dtype(prediction),
                                   what)
@@ -120,7 +122,7 @@ class TrainingForward:
                      *e.initializers.values())
         trained = _forward_model(model, nodes, constants, weights, LABELS, label_array)
         feeds_all = {**arrays, LABELS: label_array}
-        facts = probe(trained, feeds_all, set(feeds_all) | set(weights))
+        facts = probe(trained, feeds_all, sources | {LABELS})
         return cls(graph, model_opset(model), tuple(nodes), origins, weights,
                    tuple(constants), statistics, tuple(arrays), prediction, loss, facts,
                    feeds_all, shared)

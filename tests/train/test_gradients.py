@@ -353,6 +353,60 @@ def test_a_loop_the_shapes_decide_trains_unrolled() -> None:
         gradients(fed, {"x": x, "trips": np.asarray(rows, np.int64)}, target, loss="mse")
 
 
+def test_a_while_loop_counting_to_the_sequence_length_trains_unrolled() -> None:
+    """A recurrence as tf2onnx writes TensorFlow's while loop (Keras' SimpleRNN): no trip
+    count, a condition on entry from two float constants, and in the body a carried counter
+    compared with the carried row count; run alone, those nodes give the trip count. A
+    condition the carried state also decides (the data) leaves it refused."""
+    rng = np.random.default_rng()
+    mk, dbl, i64 = helper.make_node, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT64
+
+    def body(condition: list[onnx.NodeProto]) -> onnx.GraphProto:
+        return helper.make_graph(
+            [mk("Gather", ["x", "t"], ["row"], axis=0), mk("MatMul", ["h", "w"], ["hw"]),
+             mk("Add", ["hw", "row"], ["pre"]), mk("Tanh", ["pre"], ["h_next"]),
+             mk("Add", ["t", "one"], ["t_next"]), mk("Identity", ["n"], ["n_out"]),
+             mk("Identity", ["h_next"], ["h_seen"]), *condition], "step",
+            [helper.make_tensor_value_info("i", i64, []),
+             helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+             *(helper.make_tensor_value_info(n, t, None) for n, t in (
+                 ("t", i64), ("n", i64), ("h", dbl)))],
+            [helper.make_tensor_value_info(n, t, None) for n, t in (
+                ("go", onnx.TensorProto.BOOL), ("t_next", i64), ("n_out", i64),
+                ("h_next", dbl), ("h_seen", dbl))])
+
+    rows, width = (int(v) for v in rng.integers(2, 6, 2))
+    below = [mk("Cast", ["t_next"], ["tf"], to=dbl), mk("Cast", ["n"], ["nf"], to=dbl)]
+    counted = body([*below, mk("Less", ["tf", "nf"], ["go"])])
+    by_state = body([*below, mk("Less", ["tf", "nf"], ["more"]),
+                     mk("ReduceSum", ["h_next"], ["total"], keepdims=0),
+                     mk("Less", ["total", "high"], ["small"]),
+                     mk("And", ["more", "small"], ["go"])])
+
+    def model(step: onnx.GraphProto) -> onnx.ModelProto:
+        nodes = [mk("Less", ["low", "high"], ["enter"]), mk("Shape", ["x"], ["shape"]),
+                 mk("Gather", ["shape", "zero"], ["n0"]),
+                 mk("Loop", ["", "enter", "zero", "n0", "h0"], ["t_end", "n_end", "h_last",
+                                                              "seen"], name="while", body=step),
+                 mk("Reshape", ["seen", "flat"], ["states"]),
+                 mk("MatMul", ["states", "w2"], ["y"], name="out")]
+        return typed_model(nodes, {"w": rng.standard_normal((width, width)) / 2,
+                                   "h0": rng.standard_normal((1, width)),
+                                   "w2": rng.standard_normal((width, 2)),
+                                   "low": np.asarray(0.0), "high": np.asarray(1e3),
+                                   "zero": np.asarray(0, np.int64), "one": np.asarray(1, np.int64),
+                                   "flat": np.asarray([-1, width], np.int64)}, ["y"], {"x": x})
+
+    x = rng.standard_normal((rows, width))
+    target = rng.standard_normal((rows, 2))
+    recurrence = model(counted)
+    ours = gradients(recurrence, {"x": x}, target, loss="mse")
+    assert not mismatches(ours, numeric_gradients(recurrence, {"x": x}, target, "mse"))
+    assert ours["w"].any() and ours["h0"].any()
+    with pytest.raises(TrainingError, match="while \\(Loop\\) has no gradient rule"):
+        gradients(model(by_state), {"x": x}, target, loss="mse")
+
+
 @pytest.mark.parametrize("step", ["Floor", "Ceil", "Round", "Sign", "Hardmax"])
 def test_a_step_passes_no_gradient_back_as_in_pytorch(step: str) -> None:
     rng = np.random.default_rng()
