@@ -151,6 +151,7 @@ def _counted(node: onnx.NodeProto, body: onnx.GraphProto, facts: Facts, opset: i
     the data, or the loop runs past UNROLLED."""
     ins, outs = [i.name for i in body.input], [o.name for o in body.output]
     starts = dict(zip(ins[2:], node.input[2:], strict=False))
+    after = dict(zip(ins[2:], outs[1:], strict=False))  # a carried value -> its next
     made = {o: n for n in body.node for o in n.output}
     known = {t.name: numpy_helper.to_array(t) for t in body.initializer}
     state: dict[str, np.ndarray] = {}
@@ -168,14 +169,14 @@ def _counted(node: onnx.NodeProto, body: onnx.GraphProto, facts: Facts, opset: i
             return None
         if t in starts:
             state[t] = value
-            reads.append(outs[1 + ins.index(t) - 2])
+            reads.append(after[t])
         else:
             known[t] = value
     entry = _whole(node.input[1], facts) if node.input[1] else np.asarray(True)
     limit = _whole(node.input[0], facts) if node.input[0] else np.asarray(UNROLLED + 1)
     if entry is None or limit is None:
         return None
-    nexts = [outs[1 + ins.index(t) - 2] for t in state]
+    nexts = [after[t] for t in state]
     values = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(v.dtype), None)
               for t, v in [(ins[0], np.asarray(0, np.int64)), (ins[1], np.asarray(True)),
                            *state.items()]]
@@ -217,9 +218,8 @@ def _stays_true(node: onnx.NodeProto, body: onnx.GraphProto, facts: Facts) -> bo
 
 def _fixed(name: str, facts: Facts) -> np.ndarray | None:
     """The value of `name` if the batch's facts fix it (a shape, not the data)."""
-    if name in facts.data or name not in facts.values:
-        return None
-    return np.asarray(facts.values[name]).reshape(-1)[0]
+    value = _whole(name, facts)
+    return None if value is None else value.reshape(-1)[0]
 
 
 def _holds_subgraphs(nodes: Iterable[onnx.NodeProto]) -> bool:
