@@ -535,6 +535,18 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
                             helper.np_dtype_to_tensor_dtype(dtype))
 
 
+def holds_half(model: onnx.ModelProto) -> bool:
+    """Whether the main graph declares a float16 tensor (an input, output, weight, typed
+    value or Cast target): its sessions skip `devices.ort.options.HALF_DISABLED`."""
+    half = onnx.TensorProto.FLOAT16
+    graph = model.graph
+    typed = (*graph.input, *graph.output, *graph.value_info)
+    return (any(v.type.tensor_type.elem_type == half for v in typed)
+            or any(t.data_type == half for t in graph.initializer)
+            or any(a.name == "to" and a.i == half for n in graph.node if n.op_type == "Cast"
+                   for a in n.attribute))
+
+
 def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                bindings: Mapping[str, int] | None = None, default_dim: int = 1,
                name: str | None = None, max_bytes: int | None = None, fold: bool = True

@@ -78,7 +78,8 @@ def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
                           f"{' and '.join(RUNS_IN_ORT)} partitions only")
     model, weights = bundle.member(row["model"]), bundle.weights()
     try:
-        session = new_session(model, row["threads"], {EXTERNAL_LOCATION: weights})
+        session = new_session(model, row["threads"], {EXTERNAL_LOCATION: weights},
+                              row.get("half", False))
     except Exception as exc:
         raise BundleError(f"{where} does not load in onnxruntime {ort.__version__}: "
                           f"{first_line(exc)}") from None

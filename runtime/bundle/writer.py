@@ -35,7 +35,7 @@ from runtime.devices.external import pointed
 from runtime.devices.ort.options import session_options
 from runtime.devices.ort.sessions import loadable, supported_ir_version
 from runtime.errors import BundleError, first_line
-from runtime.graph import Graph, load_graph
+from runtime.graph import Graph, holds_half, load_graph
 from runtime.inputs import input_specs
 from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.plan import Plan
@@ -88,11 +88,11 @@ def externalize(model: onnx.ModelProto, store: WeightStore) -> onnx.ModelProto:
     return model
 
 
-def optimize(model: onnx.ModelProto, threads: int, label: str) -> onnx.ModelProto:
+def optimize(model: onnx.ModelProto, threads: int, half: bool, label: str) -> onnx.ModelProto:
     """onnxruntime's extended-level optimized model (fusions, constant folding): what
     every machine runs alike. The layout passes (NCHWc, by the CPU's vector width) are
     left to load time on the machine that runs it."""
-    opts = session_options(threads)
+    opts = session_options(threads, half=half)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     with tempfile.TemporaryDirectory(prefix="prism-") as tmp:
         opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
@@ -211,9 +211,10 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
     for i, (part, row) in enumerate(zip(plan.partitions, schedule, strict=True)):
         report(f"compiling {part.name} for {part.device}", i, len(plan.partitions))
         model = extract(graph, part)
+        row["half"] = holds_half(model)  # the driver makes its sessions as `cpu` does
         if row["optimization"] != "none":
-            model = optimize(model, row["threads"], f"{graph.name}/{part.name} on "
-                             f"{part.device}")
+            model = optimize(model, row["threads"], row["half"],
+                             f"{graph.name}/{part.name} on {part.device}")
         members.append((row["model"], externalize(model, store).SerializeToString()))
     report("writing", len(plan.partitions), len(plan.partitions))
     network = externalize(annotated_network(graph, plan), store)

@@ -52,7 +52,7 @@ class CheckedOrtFunction(OrtFunction):
 
 def ort_function(program: Program, config: DeviceConfig, threads: int) -> OrtFunction:
     try:
-        session = new_session(program.model, threads, program.external)
+        session = new_session(program.model, threads, program.external, program.half)
     except Exception as exc:
         raise ProvisionError(f"{config.name}: onnxruntime cannot load {program.name or 'model'}"
                              f" on CPU: {first_line(exc)}") from None

@@ -75,17 +75,20 @@ class Program:
     external: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False)
     resident: tuple[str, ...] = ()  # inputs read from the device's resident tensors
     writes: tuple[tuple[str, str], ...] = ()  # (output, resident tensor it replaces)
+    half: bool = False  # the model holds float16 (`graph.holds_half`)
 
     @classmethod
     def of(cls, model: onnx.ModelProto, weight_bytes: int, activation_bytes: int,
            est_seconds: float = 0.0, held: Held | None = None) -> Program:
         """`held`: the weights already held beside `model` as it was made (`extract`)."""
         from runtime.devices.external import serialized  # onnx: not for a bundle's host
+        from runtime.graph import holds_half
 
         data, files = serialized(model)  # past 2 GB its weights held beside it
         return cls(data, frozenset(n.op_type for n in model.graph.node), int(weight_bytes),
                    int(activation_bytes), est_seconds, model.graph.name,
-                   {**files, **(held.files if held is not None else {})})
+                   {**files, **(held.files if held is not None else {})},
+                   half=holds_half(model))
 
     def owned(self) -> Program:
         """The program with its own copy of each weight mapped from a model's file (`Held`):

@@ -121,6 +121,7 @@ def _programs(bundle: Bundle, plan: Plan, network: str) -> dict[str, Program]:
     ops = {r["partition"]: frozenset(r["ops"]) for r in bundle.manifest["requirements"]}
     made = {p.name: Program(bundle.member(rows[p.name]["model"]), ops[p.name], p.weight_bytes,
                             plan.arenas.get(p.device, 0), p.stage_seconds,
-                            f"{network}/{p.name}") for p in plan.partitions}
+                            f"{network}/{p.name}", half=rows[p.name].get("half", False))
+            for p in plan.partitions}
     external = {EXTERNAL_LOCATION: bundle.weights()}  # taken last: nothing above can fail
     return {name: replace(program, external=external) for name, program in made.items()}

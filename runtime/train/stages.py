@@ -35,7 +35,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.ort.sessions import loadable
 from runtime.errors import TrainingError
-from runtime.graph import load_graph, reads_of
+from runtime.graph import holds_half, load_graph, reads_of
 from runtime.partition.memory_plan import device_peak_bytes
 from runtime.partition.plan import Plan
 from runtime.train.backward import SEED
@@ -267,5 +267,5 @@ def _program(name: str, model: onnx.ModelProto, resident: Mapping[str, np.ndarra
     program = Program(model.SerializeToString(), frozenset(n.op_type for n in model.graph.node),
                       constants, arena, compute + copies, name,
                       resident=tuple(i.name for i in model.graph.input if i.name in resident),
-                      writes=tuple(writes))
+                      writes=tuple(writes), half=holds_half(model))
     return StageProgram(name, program, tuple(feeds), tuple(outputs))

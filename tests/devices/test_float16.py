@@ -4,6 +4,10 @@ accept such nodes and refuse what that cast does not cover, as a real session do
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,6 +21,7 @@ from runtime.devices.ort.kernels import ort_problem
 from runtime.devices.ort.sessions import supported_ir_version, supported_opset
 from runtime.graph import load_graph
 
+ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng()
 HALF = TensorProto.FLOAT16
 WIDTH = 16
@@ -134,3 +139,71 @@ def test_the_probe_accepts_in_a_branch_what_onnxruntime_loads(case):
     graph = load_graph(model, fold=False)
     problem = ort_problem(graph.nodes[0], graph)
     assert (problem is None) == _loads(model), problem
+
+
+# A float16 ViT's attention, as Prism cut it: a Transpose of the batch axes feeds a
+# MatMul. onnxruntime 1.32 crashes the process making a full-optimization session of such
+# a model (options.HALF_DISABLED), so each path runs in an interpreter of its own.
+TRANSPOSED_MATMUL = """
+import sys, tempfile
+import numpy as np, onnx
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from app.run_cmd import tolerance
+from runtime.bundle.writer import compile_bundle
+from runtime.devices import parse_devices
+from runtime.devices.device import Program
+from runtime.devices.ort.sessions import cpu_session, supported_ir_version, supported_opset
+from runtime.devices.ray.actor import PartitionWorker
+from runtime.driver import open_bundle
+from runtime.host import HostManager
+
+rng = np.random.default_rng()
+w, b = (rng.standard_normal(s).astype(np.float16) / 4 for s in ((8, 16), (16,)))
+nodes = [h.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2], name="swap"),
+         h.make_node("MatMul", ["t", "w"], ["m"], name="mm"),
+         h.make_node("Add", ["m", "b"], ["y"], name="add")]
+graph = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", T.FLOAT16, ["N", 5, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, [5, "N", 16])],
+                     [nh.from_array(w, "w"), nh.from_array(b, "b")])
+model = h.make_model(graph, opset_imports=[h.make_opsetid("", supported_opset())])
+model.ir_version = supported_ir_version()
+x = rng.standard_normal((3, 5, 8)).astype(np.float16)
+want = x.astype(np.float32).transpose(1, 0, 2) @ w.astype(np.float32) + b
+rtol, atol = tolerance(np.dtype(np.float16))
+
+def same(y, path):
+    assert y.dtype == np.float16, path
+    np.testing.assert_allclose(y.astype(np.float32), want, rtol=rtol, atol=atol, err_msg=path)
+    print(path, "ran")
+
+path = sys.argv[1]
+if path == "session":  # what `prism run --check` compares with
+    same(cpu_session(model).run(None, {"x": x})[0], path)
+elif path == "host":
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("a", model, partition={"nodes": {"swap": "cpu0", "mm": "cpu0",
+                                                          "add": "cpu1"}})
+        same(host.run("a", {"x": x}).result(timeout=60)["y"], path)
+elif path == "bundle":
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(model, f"{tmp}/a.onnx")
+        bundle = compile_bundle(f"{tmp}/a.onnx", parse_devices("cpu:1"), f"{tmp}/a.prism")
+        with open_bundle(bundle.path) as driver:
+            same(driver.run({"x": x})["y"], path)
+elif path == "ray":
+    program = Program.of(model, 0, 0)
+    worker = PartitionWorker("ray0", 1, False)  # what a Ray device's actor holds
+    assert worker.load("k", program.model, 0.0, program.ops, program.external,
+                       program.half) == (None, ["y"])
+    status, y = worker.run("k", 1, 0.0, {"x": x}, ())
+    assert status[0] is None, status
+    same(y, path)
+"""
+
+
+@pytest.mark.parametrize("path", ["session", "host", "bundle", "ray"])
+def test_a_float16_transpose_feeding_a_matmul_loads_on_every_path(path):
+    done = subprocess.run([sys.executable, "-c", TRANSPOSED_MATMUL, path], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and f"{path} ran" in done.stdout, (
+        f"exit {done.returncode}: {done.stderr[-2000:]}")

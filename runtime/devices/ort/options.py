@@ -13,11 +13,19 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+DISABLE_KEY = "optimization.disable_specified_optimizers"  # names joined by ";"
 # A quantized model's float region ends in a QuantizeLinear. onnxruntime's QDQ
 # propagation copies that one above a MaxPool, which then runs on uint8 in NCHW, a
 # generic kernel 30x slower than the float one; off, a float stem keeps its float pool
 # (outputs equal either way: max commutes with quantizing). docs/performance.md.
-SESSION_CONFIG = {"optimization.disable_specified_optimizers": "QDQPropagationTransformer"}
+DISABLED = ("QDQPropagationTransformer",)
+# onnxruntime (1.32) ends the process (a segfault) making a session of a float16 model in
+# which a Transpose of the batch axes feeds a MatMul, on a CPU without float16 MatMul
+# (x86): this fusion meets the Casts it puts around that MatMul, and the NCHWc layout
+# pass then crashes. Prism's cuts make such sub-models of a float16 ViT. Off for models
+# holding float16 only: their times stayed within run-to-run noise (ViT-B/16, ResNet-18,
+# ConvNeXt-T, EfficientNet-B0), while float models lose up to 3% without it.
+HALF_DISABLED = ("MatmulTransposeFusion",)
 
 
 # Ops onnxruntime ends the process on (std::terminate) when they run on an empty tensor,
@@ -42,21 +50,21 @@ def refuse_empty(ops: Iterable[str]) -> Callable[[Mapping[str, Any]], None] | No
     return check
 
 
-def session_options(threads: int, external: Mapping[str, np.ndarray] | None = None
-                    ) -> ort.SessionOptions:
+def session_options(threads: int, external: Mapping[str, np.ndarray] | None = None,
+                    half: bool = False) -> ort.SessionOptions:
     """`threads` intra-op threads, one inter-op, sequential, quiet; full graph optimization
     (onnxruntime's default), which on a bundle's already optimized model adds only the
     machine-specific layout passes. `external`: the files the model names as external
     data, held in memory (a bundle's weights.bin, weights held beside a large model):
     onnxruntime copies them into the session as it makes it, so they may go then
-    (`tests/graph/test_large_models.py` holds it to that)."""
+    (`tests/graph/test_large_models.py` holds it to that). `half`: the model holds float16
+    (`graph.holds_half`), so HALF_DISABLED is off too."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 4
-    for key, value in SESSION_CONFIG.items():
-        opts.add_session_config_entry(key, value)
+    opts.add_session_config_entry(DISABLE_KEY, ";".join(DISABLED + HALF_DISABLED * half))
     files = {name: data for name, data in (external or {}).items() if data.size}
     if files:
         opts.add_external_initializers_from_files_in_memory(
@@ -64,10 +72,10 @@ def session_options(threads: int, external: Mapping[str, np.ndarray] | None = No
     return opts
 
 
-def new_session(model: bytes, threads: int,
-                external: Mapping[str, np.ndarray] | None = None) -> ort.InferenceSession:
+def new_session(model: bytes, threads: int, external: Mapping[str, np.ndarray] | None = None,
+                half: bool = False) -> ort.InferenceSession:
     """A CPU session of a serialized model under `session_options`."""
-    return ort.InferenceSession(model, session_options(threads, external),
+    return ort.InferenceSession(model, session_options(threads, external, half),
                                 providers=["CPUExecutionProvider"])
 
 

@@ -21,7 +21,7 @@ from onnx import helper
 from runtime.devices.external import serialized
 from runtime.devices.ort.options import new_session, session_options
 from runtime.errors import ProvisionError, first_line
-from runtime.graph import DEFAULT_DOMAINS, subgraphs
+from runtime.graph import DEFAULT_DOMAINS, holds_half, subgraphs
 
 OLDEST_IR = 7
 
@@ -35,8 +35,9 @@ def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1,
     past 2 GB is not copied whole for it)."""
     data, held = (model, {}) if isinstance(model, bytes) else serialized(
         model, stamped if stamp else None)
+    proto = onnx.load_from_string(model) if isinstance(model, bytes) else model
     try:
-        return new_session(data, threads, {**held, **(external or {})})
+        return new_session(data, threads, {**held, **(external or {})}, holds_half(proto))
     except Exception as exc:
         raise ProvisionError(f"onnxruntime cannot load {model_name(model)} on CPU: "
                              f"{first_line(exc)}") from None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from runtime.devices.ort.options import refuse_empty, session_options
+from runtime.devices.ort.options import new_session, refuse_empty
 from runtime.devices.timeline import Timeline
 from runtime.errors import first_line
 from runtime.heap import give_back
@@ -44,12 +44,13 @@ class PartitionWorker:
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def load(self, key: str, model: bytes, seconds: float, ops: Iterable[str] = (),
-             external: Mapping[str, np.ndarray] | None = None) -> tuple[str | None, list[str]]:
+             external: Mapping[str, np.ndarray] | None = None, half: bool = False
+             ) -> tuple[str | None, list[str]]:
         """(None, output names), or (why not, []). `ops`: the model's op types; `external`:
-        the files it names as external data, in memory (`Program.external`)."""
+        the files it names as external data, in memory (`Program.external`); `half`:
+        `Program.half`."""
         try:
-            session = ort.InferenceSession(model, session_options(self.threads, external),
-                                           providers=["CPUExecutionProvider"])
+            session = new_session(model, self.threads, external, half)
         except Exception as exc:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]

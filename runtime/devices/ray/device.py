@@ -161,7 +161,7 @@ class RayDevice(Device):
         try:
             error, names = self._ray.get(
                 actor.load.remote(key, program.model, program.est_seconds, program.ops,
-                                  dict(program.external)),
+                                  dict(program.external), program.half),
                 timeout=LOAD_TIMEOUT)
         except Exception as exc:
             raise ProvisionError(f"cannot load {key} on {self.name}: {first_line(exc)}"
