@@ -40,23 +40,47 @@ CHECK_TOLERANCE = (1e-4, 1e-5)
 CHECK_ULPS = 16
 
 
+def _eps(dtype: np.dtype) -> float:
+    return float(np.finfo(dtype).eps)
+
+
 def tolerance(dtype: np.dtype) -> tuple[float, float]:
     """(rtol, atol) for comparing a float or complex output of `dtype` with onnxruntime's:
     CHECK_TOLERANCE, widened for a narrower dtype to CHECK_ULPS of its eps, atol in the
     same ratio."""
     rtol, atol = CHECK_TOLERANCE
-    wide = max(rtol, CHECK_ULPS * float(np.finfo(dtype).eps))
+    wide = max(rtol, CHECK_ULPS * _eps(dtype))
     return wide, atol * wide / rtol
 
 
-def difference(got: object, want: object) -> tuple[float, str | None]:
+def narrowest_floats(graph: Graph) -> dict[str, np.dtype]:
+    """Graph output -> the narrowest float dtype among the tensors it is computed from (an
+    autocast export's float32 output computed in float16): its check's room follows that,
+    since the float16 roundings move with the partitions."""
+    def own(t: str) -> np.dtype | None:
+        info = graph.tensors.get(t)
+        dtype = np.dtype(info.dtype) if info is not None and info.dtype else None
+        return dtype if dtype is not None and dtype.kind in "fc" else None
+
+    narrowest: dict[str, np.dtype] = {}
+    for node in graph.nodes:  # in order: a node's inputs are made before it
+        found = [d for t in (*node.reads, *node.outputs) for d in (own(t), narrowest.get(t))
+                 if d is not None]
+        if found:
+            narrowest.update(dict.fromkeys(node.outputs, max(found, key=_eps)))
+    return {t: narrowest[t] for t in graph.outputs if t in narrowest}
+
+
+def difference(got: object, want: object, computed: np.dtype | None = None
+               ) -> tuple[float, str | None]:
     """(largest error, what differs or None) between Prism's output and onnxruntime's.
     NaN where onnxruntime has NaN is no difference; a shape, dtype or NaN that does not
-    match is an infinite one. Sequences compare element by element."""
+    match is an infinite one. Sequences compare element by element. `computed`: the
+    narrowest float the output is computed from, where narrower than its own."""
     if isinstance(want, list) or isinstance(got, list):
         if not isinstance(got, list) or not isinstance(want, list) or len(got) != len(want):
             return float("inf"), "a sequence of another length"
-        found = [difference(g, w) for g, w in zip(got, want, strict=True)]
+        found = [difference(g, w, computed) for g, w in zip(got, want, strict=True)]
         return max(found, key=lambda f: (f[1] is not None, f[0]), default=(0.0, None))
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
@@ -71,7 +95,8 @@ def difference(got: object, want: object) -> tuple[float, str | None]:
     gap[(got == want) | (np.isnan(got) & np.isnan(want))] = 0.0  # equal infinities, twin NaNs
     gap[np.isnan(gap)] = np.inf  # NaN on one side only
     err = float(gap.max(initial=0.0))
-    rtol, atol = tolerance(want.dtype)
+    rtol, atol = tolerance(want.dtype if computed is None else max(want.dtype, computed,
+                                                                     key=_eps))
     same = np.allclose(got, want, rtol=rtol, atol=atol * _scale(want), equal_nan=True)
     return err, None if same else f"largest error {err:.3g}"
 
@@ -110,6 +135,7 @@ class OutputCheck:
             raise PrismError(f"--check compares with {graph.name} whole in onnxruntime, which "
                              f"cannot run it: {exc}; run it without --check") from None
         self.random = random_outputs(graph)
+        self.computed = narrowest_floats(graph)
         self.names = [o.name for o in self.session.get_outputs()]
         self.lock = threading.Lock()
         self.worst: tuple[float, str] = (0.0, "")
@@ -130,7 +156,7 @@ class OutputCheck:
             if name in self.random and isinstance(want, np.ndarray):
                 got = want if isinstance(got, np.ndarray) and (got.shape, got.dtype) == (
                     want.shape, want.dtype) else got  # the values are not compared
-            err, why = difference(got, want)
+            err, why = difference(got, want, self.computed.get(name))
             with self.lock:
                 self.worst = max(self.worst, (err, name))
             if why is not None:
