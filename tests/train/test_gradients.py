@@ -78,6 +78,33 @@ def test_float32_gradients_agree_with_float64(name: str) -> None:
         np.testing.assert_allclose(single[w], want, rtol=1e-4, atol=1e-6 * scale, err_msg=w)
 
 
+@pytest.mark.parametrize("name", ["cnn", "attention"])
+def test_float16_gradients_agree_with_float32(name: str) -> None:
+    """A float16 network's gradients, its MaxPool's and embedding's too, which add into a
+    zero tensor by index (onnxruntime's CPU scatter adds no float16: Prism adds in float),
+    within float16's rounding of those of its float32 twin holding the same values: 2%
+    relative, 0.5% of the largest gradient absolute (60 draws stayed under a tenth)."""
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    half, single = (MODELS[name](np.random.default_rng(seed), dtype) for dtype in
+                    (np.float16, np.float32))
+    values = {t.name: numpy_helper.to_array(t) for t in half.graph.initializer}
+    for t in single.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(values[t.name].astype(np.float32), t.name))
+    feeds = {k: v.astype(np.float16) if v.dtype.kind == "f" else v
+             for k, v in batch_for(single, rng, 8).items()}
+    labels = labels_for(single, rng, 8, "cross_entropy")
+    want = gradients(single, {k: v.astype(np.float32) if v.dtype.kind == "f" else v
+                              for k, v in feeds.items()}, labels)
+    got = gradients(half, feeds, labels)
+    scale = max(float(np.abs(g).max()) for g in want.values())
+    for w, g in want.items():
+        assert got[w].dtype == np.float16
+        np.testing.assert_allclose(got[w].astype(np.float32), g, rtol=2e-2, atol=5e-3 * scale,
+                                   err_msg=w)
+
+
 @pytest.mark.parametrize("form", [f for f in FRESH_FORMS if f != "separate"])
 def test_an_exported_network_owned_has_pytorchs_gradients(form: str) -> None:
     """A fresh network's equal parameters (zero biases, unit LayerNorm scales, two layer

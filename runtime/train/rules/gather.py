@@ -8,7 +8,7 @@ from onnx import TensorProto
 
 from runtime.train.emit import permutation_inverse
 from runtime.train.registry import Grad, gradient
-from runtime.train.rules._shared import zeros
+from runtime.train.rules._shared import added_at
 
 
 @gradient("Gather")
@@ -24,7 +24,6 @@ def gather(g: Grad) -> dict[int, str]:
     front = [*range(axis, axis + idx_rank), *range(axis), *range(axis + idx_rank, rank)]
     moved = e.transpose(dy, front)
     base = (shape[axis], *shape[:axis], *shape[axis + 1:])
-    scattered = e.op("ScatterND", [zeros(g, base, data), e.unsqueeze(index, [-1]), moved],
-                     reduction="add")
+    scattered = added_at(g, "ScatterND", base, data, e.unsqueeze(index, [-1]), moved)
     back = permutation_inverse([axis, *range(axis), *range(axis + 1, len(shape))])
     return {0: e.transpose(scattered, back)}

@@ -5,7 +5,7 @@ the end there as well)."""
 from onnx import TensorProto
 
 from runtime.train.registry import Grad, gradient
-from runtime.train.rules._shared import zeros
+from runtime.train.rules._shared import added_at
 
 
 @gradient("GatherElements")
@@ -14,5 +14,5 @@ def gather_elements(g: Grad) -> dict[int, str]:
     assert dy is not None
     shape = g.shape(g.x())
     index = e.op("Cast", [g.x(1)], to=TensorProto.INT64)
-    return {0: e.op("ScatterElements", [zeros(g, shape, g.x()), index, dy],
-                    axis=g.attr("axis", 0) % len(shape), reduction="add")}
+    return {0: added_at(g, "ScatterElements", shape, g.x(), index, dy,
+                        axis=g.attr("axis", 0) % len(shape))}

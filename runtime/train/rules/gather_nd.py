@@ -9,7 +9,7 @@ import numpy as np
 from onnx import TensorProto
 
 from runtime.train.registry import Grad, gradient
-from runtime.train.rules._shared import zeros
+from runtime.train.rules._shared import added_at
 
 
 @gradient("GatherND")
@@ -20,7 +20,7 @@ def gather_nd(g: Grad) -> dict[int, str]:
     index = e.op("Cast", [g.x(1)], to=TensorProto.INT64)
     batch_dims = g.attr("batch_dims", 0)
     if not batch_dims:
-        return {0: e.op("ScatterND", [zeros(g, data, g.x()), index, dy], reduction="add")}
+        return {0: added_at(g, "ScatterND", data, g.x(), index, dy)}
     batches = math.prod(data[:batch_dims])
     middle = where[batch_dims:-1]
     position = np.broadcast_to(np.arange(batches).reshape(-1, *[1] * (len(middle) + 1)),
@@ -29,5 +29,5 @@ def gather_nd(g: Grad) -> dict[int, str]:
                             e.reshape(index, (batches, *where[batch_dims:]))], axis=-1)
     flat = (batches, *data[batch_dims:])
     dy_flat = e.reshape(dy, (batches, *g.shape(g.y())[batch_dims:]))
-    summed = e.op("ScatterND", [zeros(g, flat, g.x()), index, dy_flat], reduction="add")
+    summed = added_at(g, "ScatterND", flat, g.x(), index, dy_flat)
     return {0: e.reshape(summed, data)}

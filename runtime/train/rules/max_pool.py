@@ -9,7 +9,7 @@ from onnx import helper
 
 from runtime.errors import TrainingError
 from runtime.train.registry import Grad, Rewriting, gradient, rewrite
-from runtime.train.rules._shared import zeros
+from runtime.train.rules._shared import added_at
 from runtime.train.rules._windows import volume
 
 
@@ -31,7 +31,6 @@ def max_pool(g: Grad) -> dict[int, str]:
     dy, e = g.dy(), g.e
     assert dy is not None
     shape = g.shape(g.x())
-    scattered = e.op("ScatterElements", [zeros(g, (volume(shape),), g.x()),
-                                         e.reshape(g.y(1), [-1]), e.reshape(dy, [-1])],
-                     axis=0, reduction="add")
+    scattered = added_at(g, "ScatterElements", (volume(shape),), g.x(),
+                         e.reshape(g.y(1), [-1]), e.reshape(dy, [-1]), axis=0)
     return {0: e.reshape(scattered, shape)}
