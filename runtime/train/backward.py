@@ -40,7 +40,7 @@ class Backward:
     initializers: tuple[onnx.TensorProto, ...]
     origins: Mapping[str, str]  # node -> the model's node it serves
     grads: Mapping[str, str | None]  # weight -> its gradient (None: the loss ignores it)
-    shapes: Mapping[str, tuple[int, ...]]  # each gradient tensor's shape (its tensor's)
+    tensor_of: Mapping[str, str]  # each gradient tensor -> the tensor it is the gradient of
 
 
 def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | None = None
@@ -69,7 +69,7 @@ def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | No
             first_reader.setdefault(t, fwd.origins[node.name])
     parts: dict[str, list[str]] = {LOSS: [seed]}
     done: dict[str, str | None] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
+    tensor_of: dict[str, str] = {}
 
     def total(tensor: str) -> str | None:
         """The gradient of `tensor`: its one part, or the Sum of its parts."""
@@ -80,7 +80,7 @@ def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | No
             with e.serving(origin):
                 grad = None if not got else got[0] if len(got) == 1 else e.op("Sum", got)
             if grad is not None:
-                shapes[grad] = facts.shape(tensor)
+                tensor_of[grad] = tensor
             done[tensor] = grad
         return done[tensor]
 
@@ -98,10 +98,10 @@ def differentiate(fwd: TrainingForward, seed: str = SEED, of: Iterable[str] | No
         for i, g in given.items():
             if wants[i] and g is not None:
                 parts.setdefault(node.input[i], []).append(g)
-                shapes[g] = facts.shape(node.input[i])
+                tensor_of[g] = node.input[i]
     grads = {w: total(w) for w in fwd.weights}
     return Backward(tuple(e.nodes), tuple(e.initializers.values()), dict(e.origins), grads,
-                    shapes)
+                    tensor_of)
 
 
 def _needing(nodes: tuple[onnx.NodeProto, ...], weights: set[str], floats: set[str]

@@ -14,9 +14,11 @@ input (`LR`), so a schedule may change it between steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from onnx.helper import np_dtype_to_tensor_dtype
 
 from runtime.errors import TrainingError
 from runtime.train.choices import OPTIMIZERS
@@ -27,6 +29,14 @@ LR = "train/lr"
 
 def accumulator(weight: str) -> str:
     return f"acc/{weight}"
+
+
+def scalar_dtype(weights: Mapping[str, np.ndarray]) -> np.dtype:
+    """What the learning rate and Adam's step count are held in: the widest of float32 and
+    the weights' dtypes (float16 counts no further than 2048 steps), cast to a narrower
+    weight's dtype where its step is taken."""
+    return max((np.dtype(np.float32), *(v.dtype for v in weights.values())),
+               key=lambda d: d.itemsize)
 
 
 @dataclass(frozen=True)
@@ -57,32 +67,42 @@ class Optimizer:
         return {f"adam/t/{stage}": np.zeros((), dtype)} if self.kind == "adam" else {}
 
     def write(self, e: Emitter, weights: dict[str, np.dtype], stage: int,
-              shapes: dict[str, tuple[int, ...]]) -> list[tuple[str, str]]:
+              shapes: dict[str, tuple[int, ...]], scalar: np.dtype) -> list[tuple[str, str]]:
         """Nodes updating every weight of a stage; the (output, resident tensor) pairs
-        they write back."""
+        they write back. `scalar`: the learning rate's and step count's dtype
+        (`scalar_dtype`)."""
         writes: list[tuple[str, str]] = []
-        dtype = next(iter(weights.values()))
+        casts: dict[tuple[str, np.dtype], str] = {}
+
+        def held(name: str, wt: np.dtype) -> str:
+            """`name`, a `scalar` value, in `wt` (cast once per dtype)."""
+            if wt == scalar:
+                return name
+            if (name, wt) not in casts:
+                casts[name, wt] = e.op("Cast", [name], to=np_dtype_to_tensor_dtype(wt))
+            return casts[name, wt]
+
         t = f"adam/t/{stage}"
         if self.kind == "adam":
-            t_next = e.op("Add", [t, e.const(1, dtype)])
+            t_next = e.op("Add", [t, e.const(1, scalar)])
             writes.append((t_next, t))
-            fix1 = e.op("Sub", [e.const(1, dtype), e.op("Pow", [e.const(self.beta1, dtype),
-                                                                 t_next])])
-            fix2 = e.op("Sub", [e.const(1, dtype), e.op("Pow", [e.const(self.beta2, dtype),
-                                                                 t_next])])
+            fix1 = e.op("Sub", [e.const(1, scalar), e.op("Pow", [e.const(self.beta1, scalar),
+                                                                  t_next])])
+            fix2 = e.op("Sub", [e.const(1, scalar), e.op("Pow", [e.const(self.beta2, scalar),
+                                                                  t_next])])
         for w, wt in weights.items():
-            g = accumulator(w)
+            g, lr = accumulator(w), held(LR, wt)
 
             def c(v: float, wt: np.dtype = wt) -> str:
                 return e.const(v, wt)
 
             if self.kind == "sgd":
-                step = e.op("Mul", [g, LR])
+                step = e.op("Mul", [g, lr])
             elif self.kind == "momentum":
                 velocity = f"velocity/{w}"
                 v_next = e.op("Add", [e.op("Mul", [velocity, c(self.momentum)]), g])
                 writes.append((v_next, velocity))
-                step = e.op("Mul", [v_next, LR])
+                step = e.op("Mul", [v_next, lr])
             else:
                 m, v = f"m/{w}", f"v/{w}"
                 m_next = e.op("Add", [e.op("Mul", [m, c(self.beta1)]),
@@ -90,9 +110,10 @@ class Optimizer:
                 v_next = e.op("Add", [e.op("Mul", [v, c(self.beta2)]),
                                       e.op("Mul", [e.op("Mul", [g, g]), c(1 - self.beta2)])])
                 writes += [(m_next, m), (v_next, v)]
-                m_hat = e.op("Div", [m_next, fix1])
-                denom = e.op("Add", [e.op("Sqrt", [e.op("Div", [v_next, fix2])]), c(self.eps)])
-                step = e.op("Mul", [e.op("Div", [m_hat, denom]), LR])
+                m_hat = e.op("Div", [m_next, held(fix1, wt)])
+                denom = e.op("Add", [e.op("Sqrt", [e.op("Div", [v_next, held(fix2, wt)])]),
+                                     c(self.eps)])
+                step = e.op("Mul", [e.op("Div", [m_hat, denom]), lr])
             writes.append((e.op("Sub", [w, step]), w))
             writes.append((e.expand(c(0), shapes[w]), g))
         return writes

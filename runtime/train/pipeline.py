@@ -30,7 +30,7 @@ from runtime.partition.plan import Plan
 from runtime.train.backward import SEED
 from runtime.train.forward import LOSS
 from runtime.train.loss import IGNORED, LABELS
-from runtime.train.optimizers import LR, Optimizer
+from runtime.train.optimizers import LR, Optimizer, scalar_dtype
 from runtime.train.program import TrainingGraph
 from runtime.train.schedule import Links, Op, orders, simulate
 from runtime.train.stages import Stage, build_stages
@@ -70,7 +70,7 @@ class Pipeline:
         self.devices = {s.index: devices[s.device] for s in self.stages}
         self.links = _links(self.stages)
         self.orders = orders(schedule, len(self.stages), micro_batches)
-        self.lr_dtype = next(iter(tg.forward.weights.values())).dtype
+        self.lr_dtype = scalar_dtype(tg.forward.weights)
         self._loaded: list[tuple[Device, str]] = []
         self._placed: list[tuple[Device, list[str]]] = []
         try:

@@ -46,8 +46,9 @@ class TrainingGraph:
         return {**self.forward.origins, **self.backward.origins}
 
     def type_of(self, name: str) -> onnx.ValueInfoProto:
-        """A tensor's declared type: forward tensors as probed, gradients as their
-        tensor, the seed a scalar of the loss's dtype."""
+        """A tensor's declared type: forward tensors as probed, gradients as their tensor
+        (a float16 tensor's gradient is float16 in a float32 network), the seed a scalar of
+        the loss's dtype."""
         facts = self.forward.facts
         if name in facts.shapes:
             return self.forward.value_info(name)
@@ -55,10 +56,11 @@ class TrainingGraph:
             dtype = facts.dtype(LOSS)
             return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype),
                                                  [])
-        shape = self.backward.shapes.get(name)
-        dtype = facts.dtype(self.forward.prediction)
-        return helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(dtype), None if shape is None else list(shape))
+        tensor = self.backward.tensor_of.get(name)
+        dtype = facts.dtype(self.forward.prediction if tensor is None else tensor)
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype),
+                                             None if tensor is None else
+                                             list(facts.shape(tensor)))
 
     def extract(self, name: str, nodes: Sequence[onnx.NodeProto], outputs: Iterable[str],
                 extra_nodes: Sequence[onnx.NodeProto] = (),

@@ -42,7 +42,7 @@ from runtime.train.backward import SEED
 from runtime.train.emit import Emitter
 from runtime.train.forward import LOSS
 from runtime.train.loss import LOSS_ORIGIN
-from runtime.train.optimizers import LR, Optimizer, accumulator
+from runtime.train.optimizers import LR, Optimizer, accumulator, scalar_dtype
 from runtime.train.program import TrainingGraph
 
 PHASES = ("forward", "backward", "update")
@@ -120,7 +120,7 @@ def build_stages(tg: TrainingGraph, plan: Plan, optimizer: Optimizer, key: str
         for w in trained:
             resident.update(optimizer.state(w, tg.forward.weights[w]))
         if trained:
-            resident.update(optimizer.step_counter(k, tg.forward.weights[trained[0]].dtype))
+            resident.update(optimizer.step_counter(k, scalar_dtype(tg.forward.weights)))
         fwd = _forward_program(tg, k, forward, readers_f, readers_b, statistics, resident,
                                config, key)
         bwd = _backward_program(tg, k, backward, readers_b, trained, resident, config, key)
@@ -223,13 +223,13 @@ def _update_program(tg: TrainingGraph, k: int, trained: tuple[str, ...],
         return _nothing(name, config)
     weights = {w: tg.forward.weights[w] for w in trained}
     e = Emitter(tg.forward.opset, prefix=f"stage{k}/update")
+    scalar = scalar_dtype(tg.forward.weights)
     writes = optimizer.write(e, {w: v.dtype for w, v in weights.items()}, k,
-                             {w: v.shape for w, v in weights.items()})
+                             {w: v.shape for w, v in weights.items()}, scalar)
     made = _writes(e.nodes)
     reads = [t for t in _reads(e.nodes) if t not in made and t not in e.initializers
              and t != LR]
-    dtype = next(iter(weights.values())).dtype
-    inputs = [_info(t, resident[t]) for t in reads] + [_info(LR, np.zeros((), dtype))]
+    inputs = [_info(t, resident[t]) for t in reads] + [_info(LR, np.zeros((), scalar))]
     graph = helper.make_graph(e.nodes, name, inputs,
                               [_info(o, resident[target]) for o, target in writes],
                               initializer=list(e.initializers.values()))

@@ -385,6 +385,44 @@ def test_a_stage_whose_outputs_the_loss_never_reads_does_nothing() -> None:
     np.testing.assert_array_equal(trained["w1"], weights["w1"])
 
 
+def test_a_float16_gradient_crosses_stages_as_float16() -> None:
+    """An autocast export: float32 in, a float16 layer, cast back, a float32 head. Split
+    between the two, the gradient sent back is the float16 activation's (it was declared
+    the prediction's float32, and onnxruntime refused the first stage's backward); on one
+    stage, Adam steps both weights, its rate and step count in float32 (they were held in
+    the first weight's float16). The split run trains as the one-stage run does."""
+    rng = np.random.default_rng()
+    weights = {"w0": rng.standard_normal((4, 6)).astype(np.float16),
+               "w1": rng.standard_normal((6, 3)).astype(np.float32)}
+    half = onnx.TensorProto.FLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["xh"], name="down", to=half),
+         helper.make_node("MatMul", ["xh", "w0"], ["h"], name="layer"),
+         helper.make_node("Cast", ["h"], ["hf"], name="up", to=onnx.TensorProto.FLOAT),
+         helper.make_node("MatMul", ["hf", "w1"], ["y"], name="head")], "autocast",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    data = {"x": rng.standard_normal((8, 4)).astype(np.float32)}
+    labels = rng.standard_normal((8, 3)).astype(np.float32)
+    user_map = {"partitions": {"a": "cpu0", "b": "cpu1"},
+                "nodes": {"down": "a", "layer": "a", "up": "b", "head": "b"}}
+    trained = []
+    for stages, partition in ((1, {}), (2, {"partition": user_map})):
+        config = TrainConfig(loss="mse", batch_size=4, micro_batches=2, epochs=2,
+                             optimizer=Optimizer("adam", 1e-2), **partition)
+        with Trainer(model, data, labels, parse_devices(f"cpu:{stages}"), config) as trainer:
+            assert len(trainer.pipeline.stages) == stages and trainer.run()
+            trained.append({t.name: numpy_helper.to_array(t)
+                            for t in trainer.trained_model().graph.initializer})
+    one, split = trained
+    for w, before in weights.items():
+        assert split[w].dtype == before.dtype and not np.array_equal(split[w], before)
+        np.testing.assert_allclose(split[w].astype(np.float32), one[w].astype(np.float32),
+                                   rtol=1e-3, atol=1e-3, err_msg=w)
+
+
 def test_every_stage_step_is_an_event() -> None:
     rng = np.random.default_rng()
     model = mlp(rng)
