@@ -25,6 +25,7 @@ import json
 import logging
 import tempfile
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,12 +34,14 @@ import onnx
 import onnx.version_converter
 
 from runtime.devices.external import save
-from runtime.errors import ModelLoadError
+from runtime.devices.ort.sessions import cpu_session
+from runtime.errors import ModelLoadError, ProvisionError
 from runtime.graph import (
     Graph,
     body_ops,
     default_opset,
     external_data,
+    holds_half,
     load_graph,
     name_nodes,
     sort_nodes,
@@ -90,17 +93,19 @@ DEFAULTS = QuantizeOptions()
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """onnxruntime.quantization logs warnings (pre-processing advice) and prints progress;
-    the sessions it makes log onnxruntime's own warnings and errors (a failure reaches the
-    caller as a QuantizeError). Its default logger goes back to onnxruntime's default,
-    warnings (it has no getter)."""
+    """onnxruntime.quantization logs warnings (pre-processing advice), prints progress and
+    lets numpy warn (a range of NaN in a float16 model); the sessions it makes log
+    onnxruntime's own warnings and errors (a failure reaches the caller as a
+    QuantizeError). Its default logger goes back to onnxruntime's default, warnings (it
+    has no getter)."""
     import onnxruntime
 
     level = logging.root.manager.disable
     logging.disable(logging.WARNING)
     onnxruntime.set_default_logger_severity(4)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module="onnxruntime")
             yield
     finally:
         logging.disable(level)
@@ -322,16 +327,28 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
         model = onnx.load(str(out))
         sort_nodes(model.graph)  # its own sort misses what a Loop's body reads around it
         try:
-            return channels_last_handoff(model)
+            model = channels_last_handoff(model)
+            cpu_session(model)  # onnxruntime types the graph its quantizer wrote
         except ModelLoadError as exc:
-            raise QuantizeError(_invalid_output(exc, graph, options)) from None
+            raise QuantizeError(_invalid_output(str(exc).removeprefix("model"), graph,
+                                                options)) from None
+        except ProvisionError as exc:
+            why = str(exc).partition(" on CPU: ")[2] or str(exc)
+            raise QuantizeError(_invalid_output(f" does not load in onnxruntime: {why}", graph,
+                                                options)) from None
+        return model
 
 
-def _invalid_output(exc: ModelLoadError, prepared: Graph, options: QuantizeOptions) -> str:
+def _invalid_output(why: str, prepared: Graph, options: QuantizeOptions) -> str:
     """Why the int8 model fails to load, in words that blame it, not the user's model
     (load_graph calls a model given in memory "model"), and what still quantizes where
-    the prepared model stayed below the opset per-channel QDQ needs."""
-    message = f"the int8 model onnxruntime made of {prepared.name}{str(exc).removeprefix('model')}"
+    the prepared model stayed below the opset per-channel QDQ needs, or held float16
+    (onnxruntime's quantizer writes float16 scales where its DequantizeLinear reads
+    float32 ones, in some ConvNeXt and T5 exports)."""
+    message = f"the int8 model onnxruntime made of {prepared.name}{why}"
+    if holds_half(prepared.model):
+        message += (f" ({prepared.name} holds float16; quantize a float32 export of it "
+                    f"instead)")
     version = default_opset(prepared.model)
     if (options.format == "qdq" and options.per_channel and version is not None
             and version < PER_CHANNEL_OPSET):

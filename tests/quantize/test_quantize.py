@@ -569,6 +569,29 @@ def test_a_calibration_run_onnxruntime_fails_is_told_in_one_line(tmp_path, capfd
     assert "Traceback" not in out + err
 
 
+def test_an_int8_model_onnxruntime_cannot_load_is_refused_in_one_line(tmp_path, capfd):
+    """onnxruntime's quantizer, given a float16 embedding, writes a float16 scale where its
+    DequantizeLinear reads float32 (T5's and ConvNeXt's float16 exports): the int8 model
+    was written, and `prism run` then found no device for its nodes."""
+    r = rng()
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed"),
+             helper.make_node("MatMul", ["rows", "w"], ["y"], name="mm")]
+    weights = [numpy_helper.from_array(r.standard_normal(shape).astype(np.float16), name)
+               for name, shape in (("table", (10, 4)), ("w", (4, 4)))]
+    graph = helper.make_graph(nodes, "lookup16", [helper.make_tensor_value_info(
+        "ids", TensorProto.INT64, ["n"])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT16, ["n", 4])], weights)
+    model, data, out = tmp_path / "lookup16.onnx", tmp_path / "ids.npz", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    np.savez(data, ids=r.integers(0, 10, 16))
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(out)]) == 1
+    printed, err = capfd.readouterr()
+    assert err.count("\n") == 1 and err.startswith(
+        "prism: error: the int8 model onnxruntime made of lookup16 does not load in "
+        "onnxruntime:") and "lookup16 holds float16" in err, err
+    assert "Traceback" not in printed + err and not out.exists()
+
+
 # -- models onnxruntime's pre-processing or per-channel QDQ trip on ----------------------------
 
 def conv_gemm_model(opset: int) -> onnx.ModelProto:
