@@ -78,7 +78,7 @@ class TrainingForward:
               what: str = "labels") -> TrainingForward:
         """Checks feeds (one line naming the input) and labels (naming `what`), rewrites,
         appends the loss and probes it all on this batch."""
-        model = training_opset(graph)
+        model, served = training_opset(graph)  # served: a node added -> the model's node
         weights = float_initializers(model)
         if not weights:
             raise TrainingError(f"{graph.name} has no trainable weights (no float "
@@ -87,7 +87,6 @@ class TrainingForward:
         # what follows from the feeds or a parameter is data; a scalar stays a constant
         sources = set(arrays) | {w for w, v in weights.items() if v.ndim > 0}
         given = probe(model, arrays, sources)
-        served: dict[str, str] = {}  # a node expanded -> the model's node it stands for
         for _ in range(EXPANSIONS):
             model, more = expand_nodes(model, given, model_opset(model))
             if not more:
@@ -151,31 +150,52 @@ def model_opset(model: onnx.ModelProto) -> int:
     return default_opset(model) or 1
 
 
-def training_opset(graph: Graph) -> onnx.ModelProto:
-    """The model at opset TRAINING_OPSET or later, its unread optional outputs left out.
-    From 13 on, ai.onnx changed no op's meaning up to 17 (only added types and
-    attributes), so the import is raised; an older model goes through onnx's version
-    converter."""
+def training_opset(graph: Graph) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The model at opset TRAINING_OPSET or later, its unread optional outputs left out,
+    and each node the raise added -> the model's node it stands for. From 13 on, ai.onnx
+    changed no op's meaning up to 17 (only added types and attributes), so the import is
+    raised; an older model goes through onnx's version converter."""
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     _drop_unread_outputs(model.graph)
     own_statistics(model.graph)
     opset = model_opset(model)
     if opset >= TRAINING_OPSET:
-        return model
+        return model, {}
     if opset >= 13:
         for o in model.opset_import:
             if o.domain in DEFAULT_DOMAINS:
                 o.version = TRAINING_OPSET
-        return model
+        return model, {}
     from onnx import version_converter
 
     try:
-        return version_converter.convert_version(model, TRAINING_OPSET)
+        converted = version_converter.convert_version(model, TRAINING_OPSET)
     except Exception as exc:
         raise TrainingError(f"{graph.name} is at opset {opset}; training needs 13 or later "
                             f"and onnx could not convert it ({str(exc).splitlines()[0]})"
                             ) from None
+    return converted, _name_converted(converted.graph, model.graph)
+
+
+def _name_converted(graph: onnx.GraphProto, before: onnx.GraphProto) -> dict[str, str]:
+    """Names for the nodes onnx's version converter wrote without one (Constants holding
+    what an attribute held, a Resize for an Upsample, Softmax's Flatten and Reshape);
+    each stands for the model's node that wrote the same output, or else for the node its
+    output is read by (in order, readers are named first), or else for the node after it."""
+    wrote = {t: n.name for n in before.node for t in n.output if t}
+    served: dict[str, str] = {}
+    origin_of: dict[str, str] = {}  # tensor -> the model's node its first reader serves
+    after = ""
+    for i, node in reversed(list(enumerate(graph.node))):
+        if not node.name:
+            origin = next((known[t] for known in (wrote, origin_of) for t in node.output
+                           if t in known), after)
+            node.name = f"{origin}/converted{i}"
+            served[node.name] = origin
+        after = served.get(node.name, node.name)
+        origin_of.update((t, after) for t in reads_of(node))
+    return served
 
 
 # Ops whose outputs after the first are optional extras (a Split's are not: their count

@@ -423,6 +423,57 @@ def test_a_float16_gradient_crosses_stages_as_float16() -> None:
                                    rtol=1e-3, atol=1e-3, err_msg=w)
 
 
+def _clipped_mlp(opset: int, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """MatMul, Clip, Unsqueeze, Squeeze, MatMul, with what `opset` writes as attributes
+    (9: Clip's bounds and the axes) or as inputs (17)."""
+    if opset < 11:
+        bounds, axes = [], {"axes": [1]}
+        clip, unsqueeze, squeeze = {"min": -1.0, "max": 1.0}, ["c"], ["u"]
+    else:
+        bounds, axes = [numpy_helper.from_array(np.float32(v), n) for n, v in
+                        (("lo", -1.0), ("hi", 1.0))] + [
+            numpy_helper.from_array(np.array([1], np.int64), "axis")], {}
+        clip, unsqueeze, squeeze = {}, ["c", "axis"], ["u", "axis"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w0"], ["a"], name="first"),
+         helper.make_node("Clip", ["a", *(["lo", "hi"] if bounds else [])], ["c"],
+                          name="clip", **clip),
+         helper.make_node("Unsqueeze", unsqueeze, ["u"], name="unsqueeze", **axes),
+         helper.make_node("Squeeze", squeeze, ["s"], name="squeeze", **axes),
+         helper.make_node("MatMul", ["s", "w1"], ["y"], name="second")], f"clipped{opset}",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()] + bounds)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_an_opset_9_model_trains_split_as_its_opset_17_twin() -> None:
+    """onnx's version converter raises an old model to the training opset and writes the
+    nodes it adds (a Constant for each attribute that became an input) without names: a
+    stage could not be found for them, and torchvision's exports at opset 9 or 11 did not
+    train. Each now serves the model's node that reads it."""
+    rng = np.random.default_rng()
+    weights = {"w0": rng.standard_normal((4, 6)).astype(np.float32),
+               "w1": rng.standard_normal((6, 3)).astype(np.float32)}
+    data = {"x": rng.standard_normal((8, 4)).astype(np.float32)}
+    labels = rng.standard_normal((8, 3)).astype(np.float32)
+    user_map = {"partitions": {"a": "cpu0", "b": "cpu1"},
+                "nodes": {"first": "a", "clip": "a", "unsqueeze": "b", "squeeze": "b",
+                          "second": "b"}}
+    config = TrainConfig(loss="mse", batch_size=4, micro_batches=2, partition=user_map)
+    trained = []
+    for opset in (9, 17):
+        with Trainer(_clipped_mlp(opset, weights), data, labels, parse_devices("cpu:2"),
+                     config) as trainer:
+            trainer.run()
+            trained.append({t.name: numpy_helper.to_array(t)
+                            for t in trainer.trained_model().graph.initializer})
+    old, new = trained
+    for w in weights:
+        assert not np.array_equal(old[w], weights[w])
+        np.testing.assert_allclose(old[w], new[w], rtol=1e-6, atol=1e-6, err_msg=w)
+
+
 def test_every_stage_step_is_an_event() -> None:
     rng = np.random.default_rng()
     model = mlp(rng)
