@@ -25,6 +25,8 @@ than onnx's spec (and onnxruntime) do.
   (tf2onnx's SimpleRNN, a GRU with reset_after=False, an LSTM after Masking).
 - Resize: TensorFlow's nearest-neighbour sampling (`tf_half_pixel_for_nn`, which tf2onnx
   writes for UpSampling2D and onnxruntime runs), a mode the evaluator does not know.
+- Upsample (opsets 7 to 9): the evaluator repeats by whole nearest scales only, and fails
+  on `linear` (torchvision's LR-ASPP exported at opset 9).
 """
 
 from __future__ import annotations
@@ -368,5 +370,14 @@ class Resize(_Resize):
         return (X[np.ix_(*taken)],)
 
 
+class Upsample(_Resize):
+    """Resize's interpolation with Upsample's coordinates (input i / scale, nearest rounding
+    down), as onnxruntime runs it: the scales an input from opset 9, an attribute at 7."""
+
+    def _run(self, X, scales=None, mode=None):  # type: ignore[override]
+        return super()._run(X, None, np.asarray(scales, np.float32), mode=mode,
+                            coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
 KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample, GatherElements,
-           GlobalMaxPool, BatchNormalization, Loop, Resize)
+           GlobalMaxPool, BatchNormalization, Loop, Resize, Upsample)

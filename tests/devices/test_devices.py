@@ -328,6 +328,24 @@ def test_the_reference_backend_runs_tf2onnx_exports_nodes_as_onnxruntime(manager
                                              roi=np.zeros(0, np.float32))
 
 
+@pytest.mark.parametrize("opset", [7, 9])
+def test_the_reference_backend_upsamples_as_onnxruntime(managers, opset):
+    """Upsample, deprecated since opset 10 (its scales an attribute at 7, an input at 9):
+    onnx's evaluator failed on `linear` and on a fractional nearest scale (torchvision's
+    LR-ASPP exported at opset 9)."""
+    m = managers("d0", "reference")
+    for mode in ("nearest", "linear"):
+        x = RNG.standard_normal((1, 2, *RNG.integers(1, 6, 2))).astype(np.float32)
+        scales = np.array([1, 1, *RNG.choice([1, 1.5, 2, 2.5, 3], 2)], np.float32)
+        if opset == 7:
+            node = helper.make_node("Upsample", ["x"], ["y"], mode=mode,
+                                    scales=scales.tolist())
+            assert_reference_runs_as_onnxruntime(m, node, x, opset)
+        else:
+            node = helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)
+            assert_reference_runs_as_onnxruntime(m, node, x, opset, scales=scales)
+
+
 def test_the_reference_backend_stacks_a_loops_scan_outputs_as_onnxruntime(managers):
     """Each iteration's scan output is a slice of a new first axis (onnx's evaluator
     joined matrices along their rows and made scalars a column: tf2onnx's SimpleRNN)."""
