@@ -172,6 +172,17 @@ def _remove_leftover() -> None:
     SYMBOLIC_LEFTOVER.unlink(missing_ok=True)
 
 
+def _upsample_hint(model: onnx.ModelProto) -> str:
+    """What to do where onnxruntime's pre-processing fails on an Upsample below opset 10:
+    it writes a Resize into the model at its own opset, which onnx's version converter then
+    cannot raise (torchvision's LR-ASPP exported at opset 9)."""
+    version = default_opset(model)
+    if version is None or version > 9 or all(n.op_type != "Upsample" for n in model.graph.node):
+        return ""
+    return (f" (onnxruntime's pre-processing cannot raise an Upsample at opset {version}; "
+            f"export the model at opset 11 or later)")
+
+
 def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model converted up to opset 13 (onnx's version converter) where it is below.
     Per-channel QDQ, the default, writes DequantizeLinear with `axis`, which older opsets
@@ -202,7 +213,8 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
             _pre_process(src, out, large)
         except Exception as exc:
             raise QuantizeError(f"onnxruntime cannot prepare the model for quantization: "
-                                f"{' '.join(str(exc).split())[:300]}") from None
+                                f"{' '.join(str(exc).split())[:300]}{_upsample_hint(source)}"
+                                ) from None
         prepared = _per_channel_opset(onnx.load(str(out)))
         name_nodes(prepared.graph)  # as its graph names them: what exclusions name
         return prepared

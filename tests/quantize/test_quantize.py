@@ -594,6 +594,28 @@ def test_an_int8_model_onnxruntime_cannot_load_is_refused_in_one_line(tmp_path, 
 
 # -- models onnxruntime's pre-processing or per-channel QDQ trip on ----------------------------
 
+def test_an_upsample_below_opset_10_is_told_to_export_later(tmp_path, capfd):
+    """onnxruntime's pre-processing swaps an Upsample for a Resize at the model's opset 9,
+    which onnx's converter cannot then raise: its assertion, and what to do about it."""
+    r = rng()
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Upsample", ["c", "scales"], ["y"], name="up", mode="linear")],
+        "upsampled9", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 12, 12])],
+        [numpy_helper.from_array(r.standard_normal((8, 8, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    model, data = tmp_path / "up.onnx", tmp_path / "x.npz"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), str(model))
+    np.savez(data, x=r.standard_normal((4, 8, 6, 6)).astype(np.float32))
+    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(tmp_path / "q")]) == 1
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "prism: error: onnxruntime cannot prepare the model for quantization:") and err.endswith(
+        "(onnxruntime's pre-processing cannot raise an Upsample at opset 9; export the model "
+        "at opset 11 or later)\n"), err
+
+
 def conv_gemm_model(opset: int) -> onnx.ModelProto:
     """x [batch, 8, 6, 6] -> Conv (8 -> 16) -> Relu -> Flatten -> Gemm (-> 10), at `opset`."""
     r = np.random.default_rng(0)
