@@ -33,9 +33,9 @@ def accumulator(weight: str) -> str:
 
 def scalar_dtype(weights: Mapping[str, np.ndarray]) -> np.dtype:
     """What the learning rate and Adam's step count are held in: the widest of float32 and
-    the weights' dtypes (float16 counts no further than 2048 steps), cast to a narrower
-    weight's dtype where its step is taken."""
-    return max((np.dtype(np.float32), *(v.dtype for v in weights.values())),
+    the parameters' dtypes (weights of a dimension or more; float16 counts no further than
+    2048 steps), cast to a narrower parameter's dtype where its step is taken."""
+    return max((np.dtype(np.float32), *(v.dtype for v in weights.values() if v.ndim)),
                key=lambda d: d.itemsize)
 
 

@@ -35,8 +35,8 @@ def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1,
     past 2 GB is not copied whole for it)."""
     data, held = (model, {}) if isinstance(model, bytes) else serialized(
         model, stamped if stamp else None)
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else model
     try:
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else model
         return new_session(data, threads, {**held, **(external or {})}, holds_half(proto))
     except Exception as exc:
         raise ProvisionError(f"onnxruntime cannot load {model_name(model)} on CPU: "
