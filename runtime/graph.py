@@ -20,13 +20,13 @@ import networkx as nx
 import numpy as np
 import onnx
 from google.protobuf.message import Message
-from onnx import external_data_helper, helper, shape_inference
+from onnx import external_data_helper, helper, inliner, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
 from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
-from runtime.large import Stored, checked, file_version, inferable, too_large
+from runtime.large import Stored, checked, file_version, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
 from runtime.units import human_bytes
@@ -535,6 +535,20 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
                             helper.np_dtype_to_tensor_dtype(dtype))
 
 
+def inline_functions(model: onnx.ModelProto) -> None:
+    """The model's own functions replaced by their bodies, in place, as onnxruntime inlines
+    them as it loads: a network exported with its modules as functions (torch's
+    `export_modules_as_functions`) is one call node at the top, which no device could be
+    given part of, and which onnx's evaluator and training did not run. Inlined on a copy
+    whose weights are their types alone, so none is copied or serialized for it."""
+    if not model.functions:
+        return
+    inlined = inliner.inline_local_functions(shell(model, typed_only, 0))
+    del model.graph.node[:]
+    model.graph.node.extend(inlined.graph.node)
+    del model.functions[:]
+
+
 def holds_half(model: onnx.ModelProto) -> bool:
     """Whether the main graph declares a float16 tensor (an input, output, weight, typed
     value or Cast target): its sessions skip `devices.ort.options.HALF_DISABLED`."""
@@ -566,6 +580,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     label = str(source) if isinstance(source, str | Path) else "model"
     sort_nodes(model.graph)
     _check(model, label, source)
+    inline_functions(model)
     name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
     unlist_initializers(model, in_place=True)  # read_model's copy

@@ -98,11 +98,9 @@ def domain_ops(domain: str) -> frozenset[str]:
 
 
 def reference_accepts(node, graph) -> str | None:
-    """Default-domain ops go by the op list; model-local functions the evaluator runs
-    itself; other domains by the evaluator's list for that domain."""
+    """Default-domain ops go by the op list; other domains by the evaluator's list for
+    that domain (a model's own functions are inlined at load)."""
     if node.domain in ("", "ai.onnx"):
-        return None
-    if any(f.domain == node.domain and f.name == node.op_type for f in graph.model.functions):
         return None
     if node.op_type in domain_ops(node.domain):
         return None

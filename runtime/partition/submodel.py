@@ -85,7 +85,6 @@ def extract(graph: Graph, partition: Partition, held: Held | None = None,
     weights = weights_of(graph, partition) if weights is None else weights
     sub.initializer.extend(weights if held is None else map(held.take, weights))
     model.opset_import.extend(source.opset_import)
-    model.functions.extend(source.functions)
     return stamped(model)
 
 

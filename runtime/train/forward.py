@@ -142,7 +142,6 @@ def _forward_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
         initializer=[*constants, *(numpy_helper.from_array(v, k) for k, v in weights.items())])
     out = helper.make_model(graph, opset_imports=list(model.opset_import),
                             ir_version=model.ir_version)
-    out.functions.extend(model.functions)
     return out
 
 

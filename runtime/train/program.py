@@ -93,7 +93,6 @@ class TrainingGraph:
             "", self.forward.opset), *(o for o in source.opset_import
                                        if o.domain not in ("", "ai.onnx"))],
             ir_version=source.ir_version)
-        model.functions.extend(source.functions)
         return loadable(model)
 
     def model(self, outputs: Iterable[str]) -> onnx.ModelProto:

@@ -159,30 +159,18 @@ def _type_list(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]) -> str
 
 
 class _Check:
-    """The checks for one model: its opsets, declared types and local functions."""
+    """The checks for one model: its opsets and declared types."""
 
     def __init__(self, graph: Graph):
         self.ir = accepted.supported_ir_version()
         self.low = accepted.supported_opset()
         self.opsets = {("" if d in DEFAULT_DOMAINS else d): v for d, v in graph.opsets.items()}
         self.types = graph.types
-        self.functions = {(f.domain, f.name): f for f in graph.model.functions}
 
     def node(self, proto: onnx.NodeProto, opsets: Mapping[str, int],
-             types: Mapping[str, onnx.TypeProto], seen: frozenset = frozenset()) -> str | None:
+             types: Mapping[str, onnx.TypeProto]) -> str | None:
         domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
         op = proto.op_type
-        local = self.functions.get((proto.domain, op))
-        if local is not None:
-            if (proto.domain, op) in seen:
-                return f"local function {op} calls itself"
-            inner = {("" if o.domain in DEFAULT_DOMAINS else o.domain): o.version
-                     for o in local.opset_import}
-            for n in local.node:
-                problem = self.node(n, inner, {}, seen | {(proto.domain, op)})
-                if problem:
-                    return f"{op} (a local function): {problem}"
-            return None
         version = opsets.get(domain)
         if version is None:
             return f"the model imports no opset of domain {domain!r}"
@@ -200,7 +188,7 @@ class _Check:
             inner_types = {**types, **{v.name: v.type for v in (*sub.input, *sub.output,
                                                                 *sub.value_info)}}
             for n in sub.node:
-                problem = self.node(n, opsets, inner_types, seen)
+                problem = self.node(n, opsets, inner_types)
                 if problem:
                     return f"{op} body: {problem}"
         return None
@@ -343,8 +331,7 @@ def _problem(node: Node, graph: Graph) -> str | None:
                                node.op_type))
     if problem is None and limit is not None:
         problem = limit(proto, graph.types)
-    if problem or node.outer_inputs or any(True for _ in subgraphs(proto)) or (
-            proto.domain, proto.op_type) in check.functions:
+    if problem or node.outer_inputs or any(True for _ in subgraphs(proto)):
         return problem
     error = check.probe(proto, check.opsets, graph.types)
     return error and f"onnxruntime cannot load {node.op_type}: {error}"
