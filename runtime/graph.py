@@ -20,7 +20,7 @@ import networkx as nx
 import numpy as np
 import onnx
 from google.protobuf.message import Message
-from onnx import external_data_helper, helper, inliner, shape_inference
+from onnx import external_data_helper, helper, inliner, numpy_helper, shape_inference
 
 from runtime.contrib_types import contrib_value_infos
 from runtime.dequantize import one_reader_each
@@ -535,6 +535,20 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
                             helper.np_dtype_to_tensor_dtype(dtype))
 
 
+def densify_sparse(model: onnx.ModelProto) -> None:
+    """The main graph's sparse initializers made dense initializers, in place, as
+    onnxruntime makes them as it loads: every pass and device reads a weight one way."""
+    for sparse in model.graph.sparse_initializer:
+        values = numpy_helper.to_array(sparse.values)
+        indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+        dims = tuple(int(d) for d in sparse.dims)
+        dense = np.zeros(math.prod(dims), values.dtype)
+        dense[indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, dims)] = values
+        model.graph.initializer.append(numpy_helper.from_array(dense.reshape(dims),
+                                                               sparse.values.name))
+    del model.graph.sparse_initializer[:]
+
+
 def inline_functions(model: onnx.ModelProto) -> None:
     """The model's own functions replaced by their bodies, in place, as onnxruntime inlines
     them as it loads: a network exported with its modules as functions (torch's
@@ -580,6 +594,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     label = str(source) if isinstance(source, str | Path) else "model"
     sort_nodes(model.graph)
     _check(model, label, source)
+    densify_sparse(model)
     inline_functions(model)
     name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)

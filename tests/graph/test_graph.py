@@ -525,3 +525,35 @@ def test_a_model_whose_nodes_are_out_of_order_loads_sorted(name):
         got = host.infer(name, feeds)
     for out, value in zip(session.get_outputs(), want, strict=True):
         np.testing.assert_allclose(got[out.name], value, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("indexed", ["linear", "coordinates"])
+def test_a_sparse_initializer_is_read_as_onnxruntime_reads_it(indexed):
+    """ONNX's sparse initializers (its values and their indices, linear or one coordinate
+    row per value): made dense at load, as onnxruntime makes them; Prism called the
+    weight an input of no known type."""
+    rng = np.random.default_rng()
+    shape = (int(rng.integers(2, 9)), int(rng.integers(2, 9)))
+    dense = np.where(rng.random(shape) < 0.3, rng.standard_normal(shape), 0).astype(np.float32)
+    where = np.flatnonzero(dense)
+    indices = where if indexed == "linear" else np.stack(np.unravel_index(where, shape), 1)
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(dense.ravel()[where], "w"),
+                                       numpy_helper.from_array(indices.astype(np.int64)),
+                                       list(shape))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+         helper.make_node("Relu", ["m"], ["y"], name="relu")], "sparse",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", shape[1]])])
+    graph.sparse_initializer.append(sparse)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    np.testing.assert_array_equal(numpy_helper.to_array(load_graph(model).initializers["w"]),
+                                  dense)
+    x = rng.standard_normal((3, shape[0])).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with HostManager(parse_devices("cpu:1,reference:1")) as host:
+        host.add_network("sparse", model, partition={"nodes": {"mm": "cpu0",
+                                                               "relu": "reference0"}})
+        got = host.infer("sparse", {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
