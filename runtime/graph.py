@@ -308,6 +308,12 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
         node.domain = ONNXRUNTIME_ONLY
     if foreign:
         model.opset_import.add(domain=ONNXRUNTIME_ONLY, version=1)
+    # the checker wants a shape on the graph's inputs and outputs, where onnxruntime reads
+    # none as a tensor of any rank: a one-dimension placeholder, for the check only
+    shapeless = [v for v in (*model.graph.input, *model.graph.output)
+                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    for value in shapeless:
+        value.type.tensor_type.shape.dim.add(dim_param="any")
     try:
         if too_large(model) and isinstance(source, str | Path) and not foreign:
             onnx.checker.check_model(str(source))  # its files: their data is not read
@@ -320,6 +326,8 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
             node.domain = domain
         if foreign:
             del model.opset_import[-1]
+        for value in shapeless:
+            value.type.tensor_type.ClearField("shape")
 
 
 ONNXRUNTIME_ONLY = "prism.onnxruntime-only"  # where the checker sees the ops below

@@ -557,3 +557,25 @@ def test_a_sparse_initializer_is_read_as_onnxruntime_reads_it(indexed):
                                                                "relu": "reference0"}})
         got = host.infer("sparse", {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_and_outputs_of_unknown_rank_load_as_onnxruntime_loads_them():
+    """A graph input or output typed without a shape is a tensor of any rank to onnxruntime;
+    onnx's checker wants a shape there, and Prism refused the model. The check still
+    refuses what is wrong, and the model is left as it was."""
+    untyped = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "any_rank", [untyped],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    loaded = load_graph(model)
+    assert not any(v.type.tensor_type.HasField("shape")
+                   for v in (*loaded.model.graph.input, *loaded.model.graph.output))
+    rng = np.random.default_rng()
+    x = rng.standard_normal(rng.integers(1, 4, int(rng.integers(1, 4)))).astype(np.float32)
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("any_rank", model)
+        np.testing.assert_array_equal(host.infer("any_rank", {"x": x})["y"], np.maximum(x, 0))
+    model.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(ModelLoadError, match="fails the ONNX checker"):
+        load_graph(model)
