@@ -579,3 +579,21 @@ def test_inputs_and_outputs_of_unknown_rank_load_as_onnxruntime_loads_them():
     model.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(ModelLoadError, match="fails the ONNX checker"):
         load_graph(model)
+
+
+def test_an_ir_3_model_whose_weights_are_not_inputs_loads_as_onnxruntime_loads_it():
+    """Below IR version 4 onnx's checker wants every initializer listed as a graph input;
+    onnxruntime runs the model without, and Prism refused it."""
+    rng = np.random.default_rng()
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "ir3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    assert load_graph(model).model.ir_version == 3
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("ir3", model)
+        np.testing.assert_allclose(host.infer("ir3", {"x": x})["y"], x @ w, rtol=1e-5)
