@@ -316,7 +316,7 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
         value.type.tensor_type.shape.dim.add(dim_param="any")
     # below IR 4 the checker wants every initializer listed as an input; onnxruntime not
     ir_version = model.ir_version
-    model.ir_version = max(ir_version, 4)
+    model.ir_version = 4 if 0 < ir_version < 4 else ir_version
     try:
         if too_large(model) and isinstance(source, str | Path) and not foreign:
             onnx.checker.check_model(str(source))  # its files: their data is not read

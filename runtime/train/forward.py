@@ -140,9 +140,8 @@ def _forward_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
         nodes, model.graph.name, [*inputs, label_info],
         [model.graph.output[0], onnx.ValueInfoProto(name=LOSS)],
         initializer=[*constants, *(numpy_helper.from_array(v, k) for k, v in weights.items())])
-    out = helper.make_model(graph, opset_imports=list(model.opset_import),
-                            ir_version=model.ir_version)
-    return out
+    return helper.make_model(graph, opset_imports=list(model.opset_import),
+                             ir_version=model.ir_version)
 
 
 def model_opset(model: onnx.ModelProto) -> int:
