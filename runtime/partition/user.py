@@ -6,6 +6,7 @@
     p1 = "cpu1"
     [nodes]
     "block2/conv1" = "p1"
+    "head/fc" = "p1"               # or flat, outside any table, as `--annotate` takes it
 
 A node the map does not name goes where the op it belongs to goes, not to the default: a
 QuantizeLinear with its producer; a DequantizeLinear, or a node of weights alone (a tied
@@ -69,7 +70,12 @@ def _strings(mapping: Mapping, key: str, what: str, *also: type) -> dict[str, An
 def user_mode(graph: Graph, devices: Sequence[DeviceConfig], mapping: Mapping, order: list[str],
               rec: Recorder) -> Steps[Groups]:
     names = {d.name for d in devices}
-    nodes = _strings(mapping, "nodes", "a partition")
+    flat = {k: v for k, v in mapping.items() if k not in ("default", "partitions", "nodes")}
+    unknown = sorted(str(k) for k, v in flat.items() if not isinstance(v, str))
+    if unknown:
+        raise PartitionError(f"partition map: unknown key(s) {unknown}; use default, "
+                             f"[partitions], [nodes], or node = \"partition\"")
+    nodes = {**flat, **_strings(mapping, "nodes", "a partition")}
     parts = {k: (v.get("device") if isinstance(v, Mapping) else v)
              for k, v in _strings(mapping, "partitions", "a device", Mapping).items()}
     default = mapping.get("default")

@@ -374,6 +374,20 @@ def test_user_map_from_toml_and_json_files(tmp_path):
         assert groups(plan) == expected
 
 
+def test_a_flat_user_map_names_nodes_as_its_nodes_table_does(tmp_path):
+    """`node = "partition"` outside any table, as `--annotate` takes names; a key holding
+    anything but a partition's name is refused by name, not read as leaving nodes out."""
+    graph, devices, mapping = _mlp_map()
+    flat = {"partitions": mapping["partitions"], **dict.fromkeys(
+        [n.name for n in graph.nodes], "front"), **mapping["nodes"]}
+    as_json = tmp_path / "flat.json"
+    as_json.write_text(json.dumps(flat))
+    assert groups(check_user(graph, devices, as_json)) == groups(check_user(graph, devices,
+                                                                            mapping))
+    with pytest.raises(PartitionError, match=r"unknown key\(s\) \['partiton'\]"):
+        partition(graph, devices, "user", user_map={**mapping, "partiton": {"x": "cpu0"}})
+
+
 def test_user_map_default_only_and_device_names_as_partitions():
     graph = sample_graph("cnn")
     devices = parse_devices("cpu:2")
