@@ -348,8 +348,7 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
             raise InvalidInputError(f"input {spec.name!r} of {network} is missing: expected "
                                     f"{spec.describe()}")
         array = value if type(value) is np.ndarray else np.asarray(value)
-        if array.dtype.kind in "US" and spec.dtype is not None and spec.dtype.kind == "O":
-            array = _as_text(network, spec.name, array)
+        array = as_text(network, spec, array)
         if not spec.accepts(array):
             raise InvalidInputError(f"input {spec.name!r} of {network}: expected "
                                     f"{spec.describe()}, got {array_text(array)}")
@@ -363,14 +362,17 @@ def check_feeds(network: str, specs: list[InputSpec], feeds: Mapping[str, object
     return out
 
 
-def _as_text(network: str, name: str, array: np.ndarray) -> np.ndarray:
-    """numpy's fixed-width strings (what np.savez keeps text as) as the str objects
-    onnxruntime reads an ONNX string tensor from; bytes decoded as UTF-8."""
+def as_text(network: str, spec: InputSpec, array: np.ndarray) -> np.ndarray:
+    """For a string input, numpy's fixed-width strings (what np.savez keeps text as) as the
+    str objects onnxruntime reads an ONNX string tensor from, bytes decoded as UTF-8; any
+    other array as it is."""
+    if array.dtype.kind not in "US" or spec.dtype is None or spec.dtype.kind != "O":
+        return array
     try:
         return (np.char.decode(array, "utf-8") if array.dtype.kind == "S" else array
                 ).astype(object)
     except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"input {name!r} of {network}: bytes that are not UTF-8 "
+        raise InvalidInputError(f"input {spec.name!r} of {network}: bytes that are not UTF-8 "
                                 f"text ({exc.reason} at byte {exc.start})") from None
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from runtime.errors import PrismError
 from runtime.graph import Graph
-from runtime.inputs import input_specs, read_npz
+from runtime.inputs import as_text, input_specs, read_npz
 
 DEFAULT_BATCH = 32  # samples per run where the model's batch dimension is free
 
@@ -86,7 +86,7 @@ def check_samples(arrays: dict[str, np.ndarray], graph: Graph, source: str) -> S
     counts = set()
     batch, fixed = DEFAULT_BATCH, False
     for name, spec in specs.items():
-        value = arrays[name]
+        value = arrays[name] = as_text(graph.name, spec, arrays[name])
         if spec.type is not None or spec.dims is None or spec.dtype is None:
             raise QuantizeError(f"{where}input {name!r} of {graph.name} is "
                                 f"{spec.describe()}; calibration takes tensors of known shape")

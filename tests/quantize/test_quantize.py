@@ -788,6 +788,37 @@ def test_a_text_model_quantizes_and_leaves_the_working_directory_as_it_was(
     assert np.linalg.norm(got - want) < 0.1 * np.linalg.norm(want)
 
 
+def test_words_saved_as_numpy_text_calibrate_a_string_input(tmp_path, capsys):
+    """np.savez keeps words as fixed-width text (`<U5`), never as the str objects an ONNX
+    string tensor is read from; calibration takes them, as `prism run --inputs` does."""
+    r = rng()
+    vocab = ["red", "green", "blue", "other"]
+    inits = [numpy_helper.from_array(r.standard_normal((4, 8)).astype(np.float32), "table"),
+             numpy_helper.from_array(r.standard_normal((8, 8)).astype(np.float32), "w")]
+    nodes = [helper.make_node("LabelEncoder", ["word"], ["id"], domain="ai.onnx.ml",
+                              keys_strings=vocab[:3], values_int64s=[0, 1, 2],
+                              default_int64=3, name="encode"),
+             helper.make_node("Gather", ["table", "id"], ["e"], name="embed"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "words", [
+        helper.make_tensor_value_info("word", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    path, data, out = tmp_path / "m.onnx", tmp_path / "cal.npz", tmp_path / "q.onnx"
+    onnx.save(model, str(path))
+    np.savez(data, word=r.choice(vocab, 64))
+    assert np.load(data)["word"].dtype.kind == "U"
+    assert main(["quantize", str(path), "--calibrate", str(data), "-o", str(out), "--json"]) == 0
+    quantized = onnx.load(str(out))
+    assert node_precisions(load_graph(quantized))["fc"] == "int8"
+    feeds = {"word": r.choice(vocab, 5).astype(object)}
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("q", quantized)
+        got = host.run("q", feeds).result(timeout=60)["y"]
+    np.testing.assert_allclose(got, plain(quantized, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
 # -- models onnxruntime's quantizer trips on ----------------------------------------------
 
 
