@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from runtime.units import human_bytes
 
 
@@ -96,10 +98,22 @@ class TrainingError(PrismError):
     do not fit it, no trainable weights, devices that cannot keep weights."""
 
 
+# where onnxruntime's C++ threw ("/onnxruntime_src/...string_normalizer.cc:235
+# onnxruntime::StringNormalizer::Locale::Locale(const std::string&)::<lambda()> "), which
+# comes before what went wrong and would push it out of a short message
+_CPP_SOURCE = re.compile(r"\S+\.(?:cc|cpp|h):\d+ [^()]*\([^()]*\)\S*(?: const)?"
+                         r"(?: \[with [^\]]*\])? ")
+
+
+def without_source(text: str) -> str:
+    """`text` without the C++ source line and function an onnxruntime error starts with."""
+    return _CPP_SOURCE.sub("", text, count=1)
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's first non-blank line, or its type's name: for one-line messages."""
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()),
-                type(exc).__name__)
+    return next((without_source(line.strip()) for line in str(exc).splitlines()
+                 if line.strip()), type(exc).__name__)
 
 
 def described(exc: BaseException) -> str:

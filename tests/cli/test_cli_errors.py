@@ -175,10 +175,29 @@ def test_malformed_annotations(capsys, tmp_path, text, needle):
     assert needle in line and str(path) in line, line
 
 
+@pytest.mark.parametrize("devices", ["cpu:1", "cpu:1,reference:1"])
+def test_onnxruntime_says_what_went_wrong_before_where_in_its_source(capsys, tmp_path,
+                                                                     devices):
+    """onnxruntime's C++ errors open with the source line and function that threw; the
+    one line keeps what went wrong (a locale no machine has), on the placement probe
+    (cpu alone) and on --check's whole-model session (the reference device runs it)."""
+    text = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("StringNormalizer", ["words"], ["lower"], name="normalize",
+                          case_change_action="LOWER", locale="zz_NOWHERE.UTF-8")], "g",
+        [text("words", TensorProto.STRING, [3])], [text("lower", TensorProto.STRING, [3])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    line = one_line_error(capsys, ["run", _save(model, tmp_path / "m.onnx"), "--devices",
+                                   devices, "--check", "--requests", "1"])
+    assert "Failed to construct locale with name:zz_NOWHERE.UTF-8" in line, line
+    assert ".cc:" not in line and "<lambda()>" not in line, line
+
+
 @pytest.mark.parametrize(("name", "text", "needle"), [
     ("map.toml", "nodes = 5", "nodes must be a table"),
     ("map.toml", "default = [1]", "default must name a partition"),
     ("map.json", "[1, 2]", "expected an object"),
+    ("map.toml", "[partiton]\nx = \"cpu0\"", "unknown key(s) ['partiton']"),
 ])
 def test_malformed_partition_maps(capsys, tmp_path, name, text, needle):
     path = tmp_path / name

@@ -23,6 +23,7 @@ from onnx import helper
 
 from runtime.devices.backends import defines_function
 from runtime.devices.ort import sessions as accepted  # by module: tests can narrow what it accepts
+from runtime.errors import without_source
 from runtime.graph import DEFAULT_DOMAINS, Graph, Node, subgraphs
 
 _CONSTANTS = frozenset({"Constant"})  # folded into initializers at load; no kernel needed
@@ -253,7 +254,7 @@ def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
         ort.InferenceSession(model.SerializeToString(), accepted.session_options(1),
                              providers=["CPUExecutionProvider"])
     except Exception as exc:
-        text = str(exc).replace("[ONNXRuntimeError] :", "").strip()
+        text = without_source(str(exc).replace("[ONNXRuntimeError] :", "").strip())
         return " ".join(text.split())[:200] or type(exc).__name__
     return None
 
