@@ -95,6 +95,9 @@ class InputSpec:
     dims: tuple[Dim, ...] | None
     type: ValueType | None = None
     rows: int | None = None  # an index into a table of this many rows: made-up values stay below
+    # the only values a one-hot encoder reading it takes (scikit-learn's default refuses any
+    # other): made-up values are drawn from them
+    categories: tuple[int | str, ...] | None = None
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
 
     def accepts(self, array: np.ndarray) -> bool:
@@ -130,6 +133,8 @@ class InputSpec:
             out["type"] = self.type.to_dict()
         if self.rows is not None:
             out["rows"] = self.rows
+        if self.categories is not None:
+            out["categories"] = list(self.categories)
         return out
 
     @classmethod
@@ -140,7 +145,8 @@ class InputSpec:
         structured = None if kind == "tensor" else ValueType.from_dict(
             data.get("type") or {"kind": kind})
         return cls(data["name"], np.dtype(data["dtype"]) if data.get("dtype") else None,
-                   None if dims is None else tuple(dims), structured, data.get("rows"))
+                   None if dims is None else tuple(dims), structured, data.get("rows"),
+                   tuple(data["categories"]) if data.get("categories") else None)
 
 
 @dataclass(frozen=True)
@@ -175,19 +181,26 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
-    rows = indexed_rows(graph)
-    return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name))
+    rows, categories = value_limits(graph)
+    return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name))
             for s in tensor_specs(graph, graph.inputs)]
 
 
+# ops whose first input's values pass on unchanged (some of them, for a Gather's data)
 _SAME_VALUES = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                          "Expand", "Transpose", "Slice", "Split", "Tile"})
+                          "Expand", "Transpose", "Slice", "Split", "Tile", "Gather",
+                          "ArrayFeatureExtractor"})
 
 
-def indexed_rows(graph: Graph) -> dict[str, int]:
-    """Graph input -> the rows of the smallest table it indexes: a Gather's data along its
-    axis, reached through ops that pass values on unchanged, in subgraphs too (class
-    labels into a table of ten embeddings, say)."""
+def value_limits(graph: Graph) -> tuple[dict[str, int], dict[str, tuple[int | str, ...]]]:
+    """What values of each graph input the model takes, from the nodes reading its values
+    through ops that pass them on unchanged, in subgraphs too:
+    - the rows of the smallest table it indexes, a Gather's data along its axis (class
+      labels into a table of ten embeddings, say);
+    - the categories every one-hot encoder reading it knows, when one refuses the rest
+      (`zeros=0`, skl2onnx's export of scikit-learn's default)."""
+    from onnx import helper
+
     from runtime.graph import nested_nodes
 
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -195,23 +208,30 @@ def indexed_rows(graph: Graph) -> dict[str, int]:
     for node in nested_nodes(graph.model.graph):
         for t in node.input:
             readers.setdefault(t, []).append(node)
-    out = {}
+    limits: tuple[dict[str, int], dict[str, tuple[int | str, ...]]] = ({}, {})
     for name in graph.inputs:
-        rows, todo, seen = [], [name], {name}
+        rows, known, strict, todo, seen = [], [], False, [name], {name}
         while todo:
             tensor = todo.pop()
             for node in readers.get(tensor, ()):
+                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 if node.op_type in _SAME_VALUES and node.input[0] == tensor:
                     todo += [t for t in node.output if t not in seen]
                     seen.update(node.output)
                 elif node.op_type == "Gather" and node.input[1:2] == [tensor]:
                     data = graph.tensors.get(node.input[0])
-                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                     if data is not None and data.shape:
-                        rows.append(data.shape[axis])
+                        rows.append(data.shape[attrs.get("axis", 0)])
+                elif node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
+                    cats = attrs.get("cats_int64s") or [
+                        c.decode() for c in attrs.get("cats_strings", [])]
+                    known.append(cats)
+                    strict |= attrs.get("zeros", 1) == 0
         if rows and min(rows) > 0:
-            out[name] = min(rows)
-    return out
+            limits[0][name] = min(rows)
+        if strict and (common := set(known[0]).intersection(*known[1:])):
+            limits[1][name] = tuple(sorted(common))
+    return limits
 
 
 def tensor_specs(graph: Graph, names: Iterable[str]) -> list[InputSpec]:
@@ -435,7 +455,11 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
         shape = tuple(d if isinstance(d, int) else int(bindings.get(str(d), default_dim))
                       for d in (spec.dims or ()))
         dtype = spec.dtype or np.dtype(np.float32)
-        if dtype.kind == "f":
+        if spec.categories:
+            kind = object if dtype.kind in "OUS" else dtype
+            feeds[spec.name] = np.asarray(rng.choice(np.array(spec.categories, kind), shape),
+                                          kind)
+        elif dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
             feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng, spec.rows)

@@ -7,6 +7,7 @@ run() until the future is done) and records every send's time and feeds.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from app.loadgen import LoadGenerator
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
+from runtime.inputs import InputSpec
 from tests.support.serving import MLP, WAIT, expected, idle, poll
 
 
@@ -392,5 +394,42 @@ def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, t
         labels = np.concatenate([f["label"] for f in proxy.feeds])
         assert labels.min() >= 0 and labels.max() == min(rows, 16) - 1
     path = tmp_path / "labels.onnx"
+    onnx.save(model, path)
+    assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0
+
+
+def test_made_up_categories_are_ones_every_strict_one_hot_encoder_reading_them_knows(
+        no_leftover_threads, tmp_path):
+    """scikit-learn's OneHotEncoder refuses a category it was not fitted on, and skl2onnx
+    writes that as `zeros=0`: made-up codes (columns of one input, picked by Gather) and
+    words are drawn from the categories every encoder reading them knows. Before, `prism
+    run` on such a model failed every request ("Unknown Category")."""
+    encode = functools.partial(helper.make_node, "OneHotEncoder", domain="ai.onnx.ml", zeros=0)
+    nodes = [helper.make_node("Gather", ["codes", "c0"], ["a"], axis=1),
+             helper.make_node("Gather", ["codes", "c1"], ["b"], axis=1),
+             encode(["a"], ["ha"], cats_int64s=[3, 7, 11]),
+             encode(["b"], ["hb"], cats_int64s=[20, 11, 7]),
+             encode(["color"], ["hc"], cats_strings=["red", "green"]),
+             helper.make_node("Concat", ["ha", "hb", "hc"], ["y"], axis=1)]
+    model = helper.make_model(helper.make_graph(
+        nodes, "onehot", [helper.make_tensor_value_info("codes", TensorProto.INT64, ["n", 2]),
+                          helper.make_tensor_value_info("color", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        [onnx.numpy_helper.from_array(np.array(i), f"c{i}") for i in (0, 1)]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("onehot", model)
+        specs = host.inputs("onehot")
+        assert [s.categories for s in specs] == [(7, 11), ("green", "red")]
+        assert [InputSpec.from_dict(s.to_dict()) for s in specs] == specs  # as a bundle keeps them
+        proxy = Counting(host)
+        gen = LoadGenerator(proxy, "onehot", concurrency=2, requests=40,
+                            bindings={"n": 4}).start()
+        assert gen.wait(timeout=WAIT)
+        gen.stop(timeout=5)
+        assert gen.stats.ok == 40, gen.stats.errors[:3]
+        assert set(np.concatenate([f["codes"].ravel() for f in proxy.feeds])) == {7, 11}
+        assert set(np.concatenate([f["color"] for f in proxy.feeds])) == {"red", "green"}
+    path = tmp_path / "onehot.onnx"
     onnx.save(model, path)
     assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0
