@@ -95,9 +95,9 @@ class InputSpec:
     dims: tuple[Dim, ...] | None
     type: ValueType | None = None
     rows: int | None = None  # an index into a table of this many rows: made-up values stay below
-    # the only values a one-hot encoder reading it takes (scikit-learn's default refuses any
-    # other): made-up values are drawn from them
-    categories: tuple[int | str, ...] | None = None
+    # the only values the one-hot encoders reading it take (scikit-learn's default refuses
+    # any other), one list for every element or one per column: made-up values come from them
+    categories: tuple[tuple[int | str, ...], ...] | None = None
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
 
     def accepts(self, array: np.ndarray) -> bool:
@@ -134,7 +134,7 @@ class InputSpec:
         if self.rows is not None:
             out["rows"] = self.rows
         if self.categories is not None:
-            out["categories"] = list(self.categories)
+            out["categories"] = [list(c) for c in self.categories]
         return out
 
     @classmethod
@@ -146,7 +146,7 @@ class InputSpec:
             data.get("type") or {"kind": kind})
         return cls(data["name"], np.dtype(data["dtype"]) if data.get("dtype") else None,
                    None if dims is None else tuple(dims), structured, data.get("rows"),
-                   tuple(data["categories"]) if data.get("categories") else None)
+                   tuple(map(tuple, data["categories"])) if data.get("categories") else None)
 
 
 @dataclass(frozen=True)
@@ -181,24 +181,29 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
-    rows, categories = value_limits(graph)
+    specs = tensor_specs(graph, graph.inputs)
+    rows, categories = value_limits(graph, specs)
     return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name))
-            for s in tensor_specs(graph, graph.inputs)]
+            for s in specs]
 
 
 # ops whose first input's values pass on unchanged (some of them, for a Gather's data)
 _SAME_VALUES = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                           "Expand", "Transpose", "Slice", "Split", "Tile", "Gather",
                           "ArrayFeatureExtractor"})
+Categories = tuple[tuple[int | str, ...], ...]
 
 
-def value_limits(graph: Graph) -> tuple[dict[str, int], dict[str, tuple[int | str, ...]]]:
+def value_limits(graph: Graph, specs: list[InputSpec]
+                 ) -> tuple[dict[str, int], dict[str, Categories]]:
     """What values of each graph input the model takes, from the nodes reading its values
     through ops that pass them on unchanged, in subgraphs too:
     - the rows of the smallest table it indexes, a Gather's data along its axis (class
       labels into a table of ten embeddings, say);
-    - the categories every one-hot encoder reading it knows, when one refuses the rest
-      (`zeros=0`, skl2onnx's export of scikit-learn's default)."""
+    - when a one-hot encoder reading it refuses what it does not know (`zeros=0`,
+      skl2onnx's export of scikit-learn's default), the categories every encoder reading
+      it knows: one list for every element, or one per column of the last axis where
+      each column is picked apart (a Gather along it or an ArrayFeatureExtractor)."""
     from onnx import helper
 
     from runtime.graph import nested_nodes
@@ -208,30 +213,65 @@ def value_limits(graph: Graph) -> tuple[dict[str, int], dict[str, tuple[int | st
     for node in nested_nodes(graph.model.graph):
         for t in node.input:
             readers.setdefault(t, []).append(node)
-    limits: tuple[dict[str, int], dict[str, tuple[int | str, ...]]] = ({}, {})
-    for name in graph.inputs:
-        rows, known, strict, todo, seen = [], [], False, [name], {name}
+    limits: tuple[dict[str, int], dict[str, Categories]] = ({}, {})
+    for spec in specs:
+        rows, known, strict = [], [], False
+        todo: list[tuple[str, int | None]] = [(spec.name, None)]
+        seen = {spec.name}
         while todo:
-            tensor = todo.pop()
+            tensor, column = todo.pop()
             for node in readers.get(tensor, ()):
                 attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 if node.op_type in _SAME_VALUES and node.input[0] == tensor:
-                    todo += [t for t in node.output if t not in seen]
+                    picked = _column(graph, spec, node, attrs) if tensor == spec.name else column
+                    todo += [(t, picked) for t in node.output if t not in seen]
                     seen.update(node.output)
                 elif node.op_type == "Gather" and node.input[1:2] == [tensor]:
                     data = graph.tensors.get(node.input[0])
                     if data is not None and data.shape:
                         rows.append(data.shape[attrs.get("axis", 0)])
                 elif node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
-                    cats = attrs.get("cats_int64s") or [
-                        c.decode() for c in attrs.get("cats_strings", [])]
-                    known.append(cats)
+                    known.append((column, attrs.get("cats_int64s") or [
+                        c.decode() for c in attrs.get("cats_strings", [])]))
                     strict |= attrs.get("zeros", 1) == 0
         if rows and min(rows) > 0:
-            limits[0][name] = min(rows)
-        if strict and (common := set(known[0]).intersection(*known[1:])):
-            limits[1][name] = tuple(sorted(common))
+            limits[0][spec.name] = min(rows)
+        if strict and (categories := _categories(known, spec.dims)):
+            limits[1][spec.name] = categories
     return limits
+
+
+def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto, attrs: Mapping
+            ) -> int | None:
+    """The one column of the last axis `node` picks from input `spec`, if it does."""
+    from onnx import numpy_helper
+
+    rank = len(spec.dims or ())
+    width = spec.dims[-1] if spec.dims else None
+    index = graph.initializers.get(node.input[1]) if len(node.input) > 1 else None
+    along_last = node.op_type == "ArrayFeatureExtractor" or (
+        node.op_type == "Gather" and rank > 1 and attrs.get("axis", 0) % rank == rank - 1)
+    if not along_last or index is None or not isinstance(width, int):
+        return None
+    picked = numpy_helper.to_array(index).ravel()
+    return int(picked[0]) % width if picked.size == 1 else None
+
+
+def _categories(known: list[tuple[int | None, list]], dims: tuple[Dim, ...] | None
+                ) -> Categories | None:
+    """Values every encoder takes: one list, or (every column read apart) one per column."""
+    def common(lists: list[list]) -> tuple[int | str, ...]:
+        return tuple(sorted(set(lists[0]).intersection(*lists[1:])))
+
+    whole = [cats for column, cats in known if column is None]
+    columns = {column for column, _ in known if column is not None}
+    if not columns:
+        return (both,) if (both := common(whole)) else None
+    width = dims[-1] if dims else None
+    if columns != set(range(width if isinstance(width, int) else -1)):
+        return None
+    out = tuple(common([*whole, *(cats for c, cats in known if c == j)]) for j in sorted(columns))
+    return out if all(out) else None
 
 
 def tensor_specs(graph: Graph, names: Iterable[str]) -> list[InputSpec]:
@@ -456,9 +496,7 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
                       for d in (spec.dims or ()))
         dtype = spec.dtype or np.dtype(np.float32)
         if spec.categories:
-            kind = object if dtype.kind in "OUS" else dtype
-            feeds[spec.name] = np.asarray(rng.choice(np.array(spec.categories, kind), shape),
-                                          kind)
+            feeds[spec.name] = _categorical(spec.categories, shape, dtype, rng)
         elif dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
@@ -469,6 +507,15 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
             feeds[spec.name] = np.full(shape, "x", dtype=object) if dtype.kind in "OUS" else \
                 np.zeros(shape, dtype)
     return feeds
+
+
+def _categorical(categories: Categories, shape: tuple[int, ...], dtype: np.dtype,
+                 rng: np.random.Generator) -> np.ndarray:
+    """Values drawn from one list of categories, or column by column from one per column."""
+    kind = object if dtype.kind in "OUS" else dtype
+    if len(categories) == 1:
+        return np.asarray(rng.choice(np.array(categories[0], kind), shape), kind)
+    return np.stack([rng.choice(np.array(c, kind), shape[:-1]) for c in categories], axis=-1)
 
 
 def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator,

@@ -398,12 +398,13 @@ def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, t
     assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0
 
 
-def test_made_up_categories_are_ones_every_strict_one_hot_encoder_reading_them_knows(
+def test_made_up_categories_are_ones_the_strict_one_hot_encoders_reading_them_know(
         no_leftover_threads, tmp_path):
     """scikit-learn's OneHotEncoder refuses a category it was not fitted on, and skl2onnx
-    writes that as `zeros=0`: made-up codes (columns of one input, picked by Gather) and
-    words are drawn from the categories every encoder reading them knows. Before, `prism
-    run` on such a model failed every request ("Unknown Category")."""
+    writes that as `zeros=0`: made-up words are drawn from the categories every encoder
+    reading them knows, and codes whose columns are picked apart (by Gather, as skl2onnx
+    does) column by column. Before, `prism run` on such a model failed every request
+    ("Unknown Category")."""
     encode = functools.partial(helper.make_node, "OneHotEncoder", domain="ai.onnx.ml", zeros=0)
     nodes = [helper.make_node("Gather", ["codes", "c0"], ["a"], axis=1),
              helper.make_node("Gather", ["codes", "c1"], ["b"], axis=1),
@@ -420,7 +421,7 @@ def test_made_up_categories_are_ones_every_strict_one_hot_encoder_reading_them_k
     with HostManager(parse_devices("cpu:1")) as host:
         host.add_network("onehot", model)
         specs = host.inputs("onehot")
-        assert [s.categories for s in specs] == [(7, 11), ("green", "red")]
+        assert [s.categories for s in specs] == [((3, 7, 11), (7, 11, 20)), (("green", "red"),)]
         assert [InputSpec.from_dict(s.to_dict()) for s in specs] == specs  # as a bundle keeps them
         proxy = Counting(host)
         gen = LoadGenerator(proxy, "onehot", concurrency=2, requests=40,
@@ -428,7 +429,8 @@ def test_made_up_categories_are_ones_every_strict_one_hot_encoder_reading_them_k
         assert gen.wait(timeout=WAIT)
         gen.stop(timeout=5)
         assert gen.stats.ok == 40, gen.stats.errors[:3]
-        assert set(np.concatenate([f["codes"].ravel() for f in proxy.feeds])) == {7, 11}
+        codes = np.concatenate([f["codes"] for f in proxy.feeds])
+        assert [set(codes[:, j]) for j in (0, 1)] == [{3, 7, 11}, {7, 11, 20}]
         assert set(np.concatenate([f["color"] for f in proxy.feeds])) == {"red", "green"}
     path = tmp_path / "onehot.onnx"
     onnx.save(model, path)
