@@ -204,8 +204,6 @@ def value_limits(graph: Graph, specs: list[InputSpec]
       skl2onnx's export of scikit-learn's default), the categories every encoder reading
       it knows: one list for every element, or one per column of the last axis where
       each column is picked apart (a Gather along it or an ArrayFeatureExtractor)."""
-    from onnx import helper
-
     from runtime.graph import nested_nodes
 
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -221,19 +219,18 @@ def value_limits(graph: Graph, specs: list[InputSpec]
         while todo:
             tensor, column = todo.pop()
             for node in readers.get(tensor, ()):
-                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 if node.op_type in _SAME_VALUES and node.input[0] == tensor:
-                    picked = _column(graph, spec, node, attrs) if tensor == spec.name else column
+                    picked = _column(graph, spec, node) if tensor == spec.name else column
                     todo += [(t, picked) for t in node.output if t not in seen]
                     seen.update(node.output)
                 elif node.op_type == "Gather" and node.input[1:2] == [tensor]:
                     data = graph.tensors.get(node.input[0])
                     if data is not None and data.shape:
-                        rows.append(data.shape[attrs.get("axis", 0)])
+                        rows.append(data.shape[_attribute(node, "axis", 0)])
                 elif node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
-                    known.append((column, attrs.get("cats_int64s") or [
-                        c.decode() for c in attrs.get("cats_strings", [])]))
-                    strict |= attrs.get("zeros", 1) == 0
+                    known.append((column, _attribute(node, "cats_int64s", []) or [
+                        c.decode() for c in _attribute(node, "cats_strings", [])]))
+                    strict |= _attribute(node, "zeros", 1) == 0
         if rows and min(rows) > 0:
             limits[0][spec.name] = min(rows)
         if strict and (categories := _categories(known, spec.dims)):
@@ -241,8 +238,14 @@ def value_limits(graph: Graph, specs: list[InputSpec]
     return limits
 
 
-def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto, attrs: Mapping
-            ) -> int | None:
+def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    from onnx import helper
+
+    found = next((a for a in node.attribute if a.name == name), None)
+    return default if found is None else helper.get_attribute_value(found)
+
+
+def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto) -> int | None:
     """The one column of the last axis `node` picks from input `spec`, if it does."""
     from onnx import numpy_helper
 
@@ -250,7 +253,7 @@ def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto, attrs: Mapping
     width = spec.dims[-1] if spec.dims else None
     index = graph.initializers.get(node.input[1]) if len(node.input) > 1 else None
     along_last = node.op_type == "ArrayFeatureExtractor" or (
-        node.op_type == "Gather" and rank > 1 and attrs.get("axis", 0) % rank == rank - 1)
+        node.op_type == "Gather" and rank > 1 and _attribute(node, "axis", 0) % rank == rank - 1)
     if not along_last or index is None or not isinstance(width, int):
         return None
     picked = numpy_helper.to_array(index).ravel()
