@@ -37,6 +37,7 @@ from runtime.devices.external import save
 from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import ModelLoadError, ProvisionError
 from runtime.graph import (
+    DEFAULT_DOMAINS,
     Graph,
     body_ops,
     default_opset,
@@ -47,6 +48,7 @@ from runtime.graph import (
     sort_nodes,
     unlist_initializers,
 )
+from runtime.names import fresh_name
 from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
@@ -217,7 +219,35 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
                                 ) from None
         prepared = _per_channel_opset(onnx.load(str(out)))
         name_nodes(prepared.graph)  # as its graph names them: what exclusions name
+        own_biases(prepared.graph)
         return prepared
+
+
+# ops whose bias (input 2) onnxruntime's quantizer scales by the node's own input and weight
+_BIASED = frozenset({"Conv", "ConvTranspose", "Gemm", "InstanceNormalization",
+                     "LayerNormalization", "BatchNormalization"})
+
+
+def own_biases(graph: onnx.GraphProto) -> None:
+    """Each node whose bias onnxruntime's quantizer scales reads a bias initializer of its
+    own, in place. Its quantizer copies a shared bias itself, naming the copy by appending
+    a number, and a dynamo export may hold that name already (timm's PoolFormer: `val_12`,
+    the bias of 24 InstanceNormalizations, copied to `val_124`, a Reshape's output): it
+    then failed ("shared mode is not supported for weight")."""
+    inits = {t.name: t for t in graph.initializer}
+    taken = {*inits, *(i.name for i in graph.input),
+             *(t for n in graph.node for t in (*n.input, *n.output))}
+    biases: set[str] = set()
+    for node in graph.node:
+        bias = node.input[2] if (node.op_type in _BIASED and node.domain in DEFAULT_DOMAINS
+                                 and len(node.input) > 2) else ""
+        if bias in biases:
+            own = onnx.TensorProto()
+            own.CopyFrom(inits[bias])
+            own.name = node.input[2] = fresh_name(f"{bias}/{node.name}", taken)
+            graph.initializer.append(own)
+        elif bias in inits:
+            biases.add(bias)
 
 
 class _Reader:

@@ -819,6 +819,35 @@ def test_words_saved_as_numpy_text_calibrate_a_string_input(tmp_path, capsys):
     np.testing.assert_allclose(got, plain(quantized, feeds)["y"], rtol=1e-4, atol=1e-5)
 
 
+def test_a_bias_two_normalizations_share_quantizes_beside_a_tensor_named_as_its_copy(
+        tmp_path, capsys):
+    """onnxruntime's quantizer copies a bias two nodes share, naming the copy by appending
+    a number ("b" -> "b0"); dynamo's exports hold such names already (timm's PoolFormer), and
+    it refused the model. Each reader has its own bias before it quantizes."""
+    r = rng()
+    inits = [numpy_helper.from_array(r.standard_normal(4).astype(np.float32), n)
+             for n in ("s", "b")]
+    nodes = [helper.make_node("InstanceNormalization", ["x", "s", "b"], ["b0"], name="n1"),
+             helper.make_node("InstanceNormalization", ["b0", "s", "b"], ["y"], name="n2")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 6, 6])], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    path, data, out = tmp_path / "m.onnx", tmp_path / "cal.npz", tmp_path / "q.onnx"
+    onnx.save(model, str(path))
+    np.savez(data, x=r.standard_normal((16, 4, 6, 6)).astype(np.float32))
+    assert main(["quantize", str(path), "--calibrate", str(data), "-o", str(out), "--json"]) == 0
+    quantized = onnx.load(str(out))
+    assert {node_precisions(load_graph(quantized))[n] for n in ("n1", "n2")} == {"int8"}
+    feeds = {"x": r.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("q", quantized)
+        got = host.run("q", feeds).result(timeout=60)["y"]
+    np.testing.assert_allclose(got, plain(quantized, feeds)["y"], rtol=1e-4, atol=1e-5)
+    want = plain(model, feeds)["y"]
+    assert np.linalg.norm(got - want) < 0.1 * np.linalg.norm(want)
+
+
 # -- models onnxruntime's quantizer trips on ----------------------------------------------
 
 
