@@ -109,7 +109,11 @@ class TrainingForward:
                 continue
             start = len(e.nodes)
             with e.serving(origin):
-                statistics.update(rule.rewrite(Rewriting(node, given, e)))
+                updated = rule.rewrite(Rewriting(node, given, e))
+            # a running statistic the graph computes has nothing to keep (timm's weight
+            # standardization: a BatchNorm over a weight, its "running" inputs reductions
+            # of that weight)
+            statistics.update((s, t) for s, t in updated.items() if s in weights)
             nodes.extend(e.nodes[start:])
         written = len(e.nodes)
         loss.write(e, prediction, len(given.shape(prediction)), LOSS)

@@ -552,3 +552,51 @@ def test_a_device_that_cannot_keep_weights_is_refused() -> None:
             device.place({"w": np.zeros(2)})
     finally:
         device.close()
+
+
+def test_a_weight_standardized_by_a_training_batch_norm_trains_over_two_stages() -> None:
+    """timm's ScaledStdConv2d as TorchScript writes it: a BatchNormalization in training
+    mode over the reshaped weight, its "running" inputs reductions of that weight. Such
+    statistics are computed, not kept: the trainer built no stage for them before (a
+    KeyError). The weight's gradient flows through the standardization."""
+    rng = np.random.default_rng()
+    out, cin = 4, 3
+    weights = {"w": rng.standard_normal((out, cin, 3, 3)).astype(np.float32),
+               "gain": np.ones(out, np.float32), "zero": np.zeros(out, np.float32),
+               "rows": np.array([1, out, -1]), "kernel": np.array([out, cin, 3, 3])}
+    nodes = [helper.make_node("Reshape", ["w", "rows"], ["wr"]),
+             helper.make_node("ReduceMean", ["wr"], ["mean"], axes=[0, 2], keepdims=0),
+             helper.make_node("Mul", ["wr", "wr"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["var"], axes=[0, 2], keepdims=0),
+             helper.make_node("BatchNormalization", ["wr", "gain", "zero", "mean", "var"],
+                              ["ws"], training_mode=1, momentum=1.0, name="standardize"),
+             helper.make_node("Reshape", ["ws", "kernel"], ["k"]),
+             helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GlobalAveragePool", ["c"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["y"], name="flat")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "std_conv", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                          ["batch", cin, 6, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", out])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()]),
+        opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+    x = rng.standard_normal((8, cin, 6, 6)).astype(np.float32)
+    labels = rng.integers(0, out, 8)
+    grads = loss_and_gradients(model, {"x": x}, labels)[1]
+    direction = rng.standard_normal(weights["w"].shape).astype(np.float32)
+    step = 1e-2 / np.linalg.norm(direction)
+    ahead, behind = (loss_and_gradients(with_weights(model, {"w": weights["w"] + s * direction}),
+                                        {"x": x}, labels)[0] for s in (step, -step))
+    numeric = (ahead - behind) / (2 * step)
+    assert float((grads["w"] * direction).sum()) == pytest.approx(numeric, rel=2e-2, abs=1e-5)
+    split = {"default": "p0", "partitions": {"p0": "cpu0", "p1": "cpu1"},
+             "nodes": dict.fromkeys(["pool", "flat"], "p1")}
+    config = TrainConfig(optimizer=Optimizer("sgd", lr=0.1), batch_size=4, micro_batches=2,
+                         partition=split, seed=0)
+    with Trainer(model, {"x": x}, labels, parse_devices("cpu:2"), config) as trainer:
+        result = trainer.run()
+        assert result.stages == 2 and np.isfinite(result.epochs[-1].loss)
+        trained = {t.name: numpy_helper.to_array(t)
+                   for t in trainer.trained_model().graph.initializer}
+    assert not np.allclose(trained["w"], weights["w"])
+    assert {"mean", "var"}.isdisjoint(trained)
