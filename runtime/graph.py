@@ -374,6 +374,14 @@ def _drop_empty_trailing_inputs(graph: onnx.GraphProto) -> None:
             _drop_empty_trailing_inputs(sub)
 
 
+def copy_initializer(graph: onnx.GraphProto, source: onnx.TensorProto, name: str) -> None:
+    """A copy of `source` in `graph`'s initializers under `name`: a reader's own."""
+    own = onnx.TensorProto()
+    own.CopyFrom(source)
+    own.name = name
+    graph.initializer.append(own)
+
+
 def unlist_initializers(model: onnx.ModelProto, *, in_place: bool = False
                         ) -> onnx.ModelProto:
     """The model with no initializer among its graph's inputs, where older exporters list

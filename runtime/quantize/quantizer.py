@@ -40,6 +40,7 @@ from runtime.graph import (
     DEFAULT_DOMAINS,
     Graph,
     body_ops,
+    copy_initializer,
     default_opset,
     external_data,
     holds_half,
@@ -242,10 +243,8 @@ def own_biases(graph: onnx.GraphProto) -> None:
         bias = node.input[2] if (node.op_type in _BIASED and node.domain in DEFAULT_DOMAINS
                                  and len(node.input) > 2) else ""
         if bias in biases:
-            own = onnx.TensorProto()
-            own.CopyFrom(inits[bias])
-            own.name = node.input[2] = fresh_name(f"{bias}/{node.name}", taken)
-            graph.initializer.append(own)
+            node.input[2] = fresh_name(f"{bias}/{node.name}", taken)
+            copy_initializer(graph, inits[bias], node.input[2])
         elif bias in inits:
             biases.add(bias)
 

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.graph import DEFAULT_DOMAINS, Graph, load_graph, reads_of
+from runtime.graph import DEFAULT_DOMAINS, Graph, copy_initializer, load_graph, reads_of
 from runtime.names import fresh_name
 
 # dynamo's metadata on each node: the modules it ran in, and the FX node it came from
@@ -67,13 +67,6 @@ def _reads(graph: onnx.GraphProto) -> Counter[str]:
     return reads
 
 
-def _copy(graph: onnx.GraphProto, source: onnx.TensorProto, name: str) -> None:
-    own = onnx.TensorProto()
-    own.CopyFrom(source)
-    own.name = name
-    graph.initializer.append(own)
-
-
 def own_statistics(graph: onnx.GraphProto) -> None:
     """Each BatchNormalization's running statistics become initializers of its own, in
     place. TorchScript reads a fresh running mean through an Identity of a bias, dynamo
@@ -101,7 +94,7 @@ def own_statistics(graph: onnx.GraphProto) -> None:
                 gone.append(i)
             else:
                 continue
-            _copy(graph, inits[source], name)
+            copy_initializer(graph, inits[source], name)
     for i in sorted(gone, reverse=True):
         del graph.node[i]
 
@@ -169,7 +162,7 @@ def own_weights(graph: onnx.GraphProto) -> list[str]:
                 and node.input[0] in shared and reads[node.input[0]] > 1
                 and reads[node.output[0]] > 0
                 and not any(o.name == node.output[0] for o in graph.output)):
-            _copy(graph, inits[node.input[0]], node.output[0])
+            copy_initializer(graph, inits[node.input[0]], node.output[0])
             reads[node.input[0]] -= 1
             gone.append(i)
     names = [graph.node[i].name for i in gone]
@@ -192,7 +185,7 @@ def own_weights(graph: onnx.GraphProto) -> list[str]:
             if param == kept:
                 continue
             name = fresh_name(param, taken)
-            _copy(graph, inits[t], name)
+            copy_initializer(graph, inits[t], name)
             for node, k in slots:
                 node.input[k] = name
     return names

@@ -367,6 +367,17 @@ def test_random_inputs_have_the_right_dtype_and_shape(no_leftover_threads):
             assert len(np.unique(ids)) > 1, "token ids never vary"
 
 
+def _made_up_feeds(host: HostManager, network: str, rows: int) -> list[dict]:
+    """The feeds a load generator made up for 40 requests of `rows` rows (`n`), every one
+    answered."""
+    proxy = Counting(host)
+    gen = LoadGenerator(proxy, network, concurrency=2, requests=40, bindings={"n": rows}).start()
+    assert gen.wait(timeout=WAIT)
+    gen.stop(timeout=5)
+    assert gen.stats.ok == 40, gen.stats.errors[:3]
+    return proxy.feeds
+
+
 def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, tmp_path):
     """An integer input that reaches a Gather (here through a Cast and an Unsqueeze)
     indexes its table: made-up values stay below its rows. Before, labels drawn up to 15
@@ -385,13 +396,7 @@ def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, t
     with HostManager(parse_devices("cpu:1")) as host:
         host.add_network("labels", model)
         assert [s.rows for s in host.inputs("labels")] == [rows]
-        proxy = Counting(host)
-        gen = LoadGenerator(proxy, "labels", concurrency=2, requests=40,
-                            bindings={"n": 8}).start()
-        assert gen.wait(timeout=WAIT)
-        gen.stop(timeout=5)
-        assert gen.stats.ok == 40, gen.stats.errors[:3]
-        labels = np.concatenate([f["label"] for f in proxy.feeds])
+        labels = np.concatenate([f["label"] for f in _made_up_feeds(host, "labels", 8)])
         assert labels.min() >= 0 and labels.max() == min(rows, 16) - 1
     path = tmp_path / "labels.onnx"
     onnx.save(model, path)
@@ -423,15 +428,10 @@ def test_made_up_categories_are_ones_the_strict_one_hot_encoders_reading_them_kn
         specs = host.inputs("onehot")
         assert [s.categories for s in specs] == [((3, 7, 11), (7, 11, 20)), (("green", "red"),)]
         assert [InputSpec.from_dict(s.to_dict()) for s in specs] == specs  # as a bundle keeps them
-        proxy = Counting(host)
-        gen = LoadGenerator(proxy, "onehot", concurrency=2, requests=40,
-                            bindings={"n": 4}).start()
-        assert gen.wait(timeout=WAIT)
-        gen.stop(timeout=5)
-        assert gen.stats.ok == 40, gen.stats.errors[:3]
-        codes = np.concatenate([f["codes"] for f in proxy.feeds])
+        feeds = _made_up_feeds(host, "onehot", 4)
+        codes = np.concatenate([f["codes"] for f in feeds])
         assert [set(codes[:, j]) for j in (0, 1)] == [{3, 7, 11}, {7, 11, 20}]
-        assert set(np.concatenate([f["color"] for f in proxy.feeds])) == {"red", "green"}
+        assert set(np.concatenate([f["color"] for f in feeds])) == {"red", "green"}
     path = tmp_path / "onehot.onnx"
     onnx.save(model, path)
     assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0
