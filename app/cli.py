@@ -98,7 +98,8 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
     parser.add_argument("--bind", action="append", default=[], metavar="DIM=N", type=_binding,
-                        help="value of a symbolic dimension for costing (default 1)")
+                        help="value of a symbolic dimension for costing and made-up inputs "
+                             "(default 1; an image input's height and width 224)")
     parser.add_argument("--annotate", metavar="FILE.toml",
                         help="placement: [nodes] name = device/kind, [ops] op = device/kind, "
                              "fallback = device, or name = device/kind for a node or an op")

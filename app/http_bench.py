@@ -145,7 +145,7 @@ async def _level(session: aiohttp.ClientSession, model_url: str,
 
 def _request(metadata: dict, rng: np.random.Generator) -> tuple[bytes, dict]:
     """One binary request of random inputs as the host's own load draws them
-    (`random_feeds`: variable dimensions as 1), all outputs binary."""
+    (`random_feeds`: variable dimensions as 1, an image's sides 224), all outputs binary."""
     described, blobs = [], []
     for spec in metadata["inputs"]:
         dtype = DTYPES.get(spec["datatype"])

@@ -26,6 +26,7 @@ from runtime.contrib_types import contrib_value_infos
 from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
+from runtime.free_dims import Dims, free_sizes, made_up_shape
 from runtime.large import Stored, checked, file_version, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
@@ -34,6 +35,8 @@ from runtime.units import human_bytes
 Dim = int | str | None
 DEFAULT_DOMAINS = ("", "ai.onnx")
 READ_ANYWAY = 64 << 20  # model bytes read whatever the memory free: a fraction of a second
+_FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                     onnx.TensorProto.BFLOAT16})
 
 
 @dataclass(frozen=True)
@@ -527,28 +530,38 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return known
 
 
-def _bound_model(model: onnx.ModelProto, bindings: Mapping[str, int], default: int
+def _shaped_inputs(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto, Dims, bool]]:
+    """Each graph input with a tensor shape: its dims and whether it holds floats."""
+    for value in model.graph.input:
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            yield value, tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                               for d in tensor.shape.dim), tensor.elem_type in _FLOATS
+
+
+def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int
                  ) -> onnx.ModelProto:
-    """A copy of `model` whose inputs have the shapes the graph is costed at."""
+    """A copy of `model` whose inputs have the shapes the graph is costed at, the ones
+    made-up inputs take (`free_dims`)."""
     bound = onnx.ModelProto()
     bound.CopyFrom(model)
-    for value in bound.graph.input:
-        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
-            for d in value.type.tensor_type.shape.dim:
-                if not d.HasField("dim_value"):
-                    d.dim_value = int(bindings.get(d.dim_param, default))
+    for value, dims, floating in _shaped_inputs(bound):
+        shape = made_up_shape(dims, floating, sizes, default)
+        for d, size in zip(value.type.tensor_type.shape.dim, shape, strict=True):
+            if not d.HasField("dim_value"):
+                d.dim_value = size
     return bound
 
 
 def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
-                   bindings: Mapping[str, int], default: int) -> None:
+                   sizes: Mapping[str, int], default: int) -> None:
     """Node outputs shape inference left without a size: sized by a run (`run_sizes`, kept
     between loads), unless the model is past 2 GB, which onnxruntime cannot be handed whole."""
     unknown = [t for node in model.graph.node for t in node.output if t and (
         t not in tensors or tensors[t].shape is None or tensors[t].dtype is None)]
     if not unknown or too_large(model):
         return
-    for t, (dtype, shape) in kept_sizes(_bound_model(model, bindings, default), unknown).items():
+    for t, (dtype, shape) in kept_sizes(_bound_model(model, sizes, default), unknown).items():
         old = tensors.get(t)
         tensors[t] = Tensor(t, dtype.name, shape, old.dims if old else None,
                             old.elem_type if old and old.elem_type else
@@ -622,9 +635,11 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     report = fold_constants(model) if fold else FoldReport()
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})
+    sizes = free_sizes(((dims, floating) for _, dims, floating in _shaped_inputs(model)),
+                       bindings)
     shapes = inferable(model)
     declared = _infer(shapes)
-    bound = _infer(_bound_model(shapes, bindings, default_dim))
+    bound = _infer(_bound_model(shapes, sizes, default_dim))
     g = model.graph
     initializers = {t.name: t for t in g.initializer}
     tensors: dict[str, Tensor] = {}
@@ -638,9 +653,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         elem, dims = _dims(declared.get(tname) or bound[tname])
         belem, bdims = _dims(bound.get(tname) or declared[tname])
         elem = elem or belem
-        bound_shape = _bind(bdims if bdims is not None else dims, bindings, default_dim)
+        bound_shape = _bind(bdims if bdims is not None else dims, sizes, default_dim)
         tensors[tname] = Tensor(tname, _np_dtype(elem), bound_shape, dims, elem)
-    _size_unknowns(tensors, model, bindings, default_dim)
+    _size_unknowns(tensors, model, sizes, default_dim)
     nodes = []
     for i, proto in enumerate(g.node):
         outer = tuple(r for r in reads_of(proto) if r not in proto.input)

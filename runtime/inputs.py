@@ -17,6 +17,7 @@ from zipfile import BadZipFile
 import numpy as np
 
 from runtime.errors import InvalidInputError, PrismError
+from runtime.free_dims import free_sizes, made_up_shape
 
 if TYPE_CHECKING:
     import onnx
@@ -488,16 +489,17 @@ def graph_outputs(values: Mapping[str, Any], names: Iterable[str], inputs: Itera
 def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
                  bindings: Mapping[str, int] | None = None, default_dim: int = 1
                  ) -> dict[str, np.ndarray]:
-    """Random feeds of the right dtype and shape; symbolic dims from `bindings` or 1."""
-    bindings = bindings or {}
+    """Random feeds of the right dtype and shape; symbolic dims from `bindings`, else as
+    `free_dims` makes them up (`default_dim`, an image's sides IMAGE_SIDE)."""
+    sizes = free_sizes(((s.dims, s.dtype is None or s.dtype.kind == "f") for s in specs
+                        if s.type is None), bindings or {})
     feeds: dict[str, Any] = {}
     for spec in specs:
         if spec.type is not None:
             feeds[spec.name] = _random_value(spec.type, rng)
             continue
-        shape = tuple(d if isinstance(d, int) else int(bindings.get(str(d), default_dim))
-                      for d in (spec.dims or ()))
         dtype = spec.dtype or np.dtype(np.float32)
+        shape = made_up_shape(spec.dims or (), dtype.kind == "f", sizes, default_dim)
         if spec.categories:
             feeds[spec.name] = _categorical(spec.categories, shape, dtype, rng)
         elif dtype.kind == "f":

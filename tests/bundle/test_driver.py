@@ -49,7 +49,7 @@ def test_driver_imports_only_numpy_onnxruntime_and_the_reader(policy, tmp_path):
     assert report["outputs"] == sorted(c.jit_outputs[0])
     ours = {m for m in report["new"] if m.split(".")[0] == "runtime"}
     assert ours == {"runtime", "runtime.lazy", "runtime.driver", "runtime.bundle.driver",
-                    "runtime.errors", "runtime.units", "runtime.inputs",
+                    "runtime.errors", "runtime.units", "runtime.inputs", "runtime.free_dims",
                     "runtime.bundle", "runtime.bundle.reader", "runtime.bundle.proto",
                     "runtime.devices",
                     "runtime.devices.ort", "runtime.devices.ort.options"}

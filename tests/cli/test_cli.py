@@ -26,7 +26,7 @@ from runtime.inputs import input_specs
 from runtime.observe.events import read_jsonl
 from runtime.partition import partition_steps
 from runtime.partition.steps import STEP_KINDS
-from tests.support.dags import SAMPLES_DIR
+from tests.support.dags import SAMPLES_DIR, upsampling_detector
 
 TRANSFORMER = str(SAMPLES_DIR / "transformer.onnx")
 MLP = str(SAMPLES_DIR / "mlp.onnx")
@@ -172,6 +172,16 @@ def test_run_tables_count_its_requests_not_the_runs_a_first_load_times_its_plan_
     devices = re.findall(r"^\s*cpu\d\s+(\d+)\s", out, re.MULTILINE)
     assert len(parts) >= 2 and len(devices) == 2, out
     assert {int(runs) for runs in parts + devices} == {30}, out
+
+
+def test_a_detector_of_free_image_size_runs_on_made_up_images_it_can_take(capsys, tmp_path):
+    """At 1x1, the made-up size of a free dimension, the neck's Concat fails."""
+    path = str(tmp_path / "neck.onnx")
+    onnx.save(upsampling_detector(["batch", 3, "height", "width"]), path)
+    code = main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^check: every output matches onnxruntime", out, re.MULTILINE), out
 
 
 def test_check_of_a_model_only_a_reference_device_runs_says_so(capsys, tmp_path):

@@ -15,11 +15,19 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.cost import node_cost
 from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError, PartitionError
+from runtime.free_dims import IMAGE_SIDE
 from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
-from runtime.inputs import input_specs, random_feeds
+from runtime.inputs import InputSpec, input_specs, random_feeds
 from runtime.run_sizes import run_sizes
-from tests.support.dags import SAMPLE_NAMES, SAMPLES_DIR, dag_models, random_dag_model, reads_of
+from tests.support.dags import (
+    SAMPLE_NAMES,
+    SAMPLES_DIR,
+    dag_models,
+    random_dag_model,
+    reads_of,
+    upsampling_detector,
+)
 
 
 def summary(g: Graph) -> list[tuple]:
@@ -176,6 +184,32 @@ def test_bindings_on_a_random_dag_with_symbolic_batch():
             assert g5.tensors[t].dims == g1.tensors[t].dims
             assert g5.tensors[t].shape == (5, *g1.tensors[t].shape[1:])
     assert checked >= 10
+
+
+def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networks_take():
+    """1 for every other free dimension; the image side for a name an image input has as
+    a side, on every input naming it; unnamed sides too (server metadata says -1)."""
+    side = IMAGE_SIDE
+    g = load_graph(upsampling_detector(["batch", 3, "height", "width"]))
+    assert g.tensors["image"].shape == (1, 3, side, side)
+    assert g.tensors["joined"].shape == (1, 16, side, side)
+    assert load_graph(upsampling_detector(["batch", 3, "height", "width"]),
+                      bindings={"height": 64}).tensors["joined"].shape == (1, 16, 64, side)
+    specs = [InputSpec("nchw", np.dtype(np.float32), ("n", 3, "h", "w")),
+             InputSpec("nhwc", np.dtype(np.float16), ("n", "h", "w", 4)),
+             InputSpec("mask", np.dtype(np.int64), ("n", "h", "w")),
+             InputSpec("tokens", np.dtype(np.int64), ("n", "t")),
+             InputSpec("unnamed", np.dtype(np.float32), (None, 1, None, None)),
+             InputSpec("no_image", np.dtype(np.float32), ("n", 5, "a", "b")),
+             InputSpec("ints", np.dtype(np.int64), ("n", 3, "a", "b"))]
+    rng = np.random.default_rng()
+    shapes = {k: v.shape for k, v in random_feeds(specs, rng).items()}
+    assert shapes == {"nchw": (1, 3, side, side), "nhwc": (1, side, side, 4),
+                      "mask": (1, side, side), "tokens": (1, 1), "unnamed": (1, 1, side, side),
+                      "no_image": (1, 5, 1, 1), "ints": (1, 3, 1, 1)}
+    bound = random_feeds(specs, rng, {"h": 32, "t": 7})
+    assert bound["nchw"].shape == (1, 3, 32, side) and bound["mask"].shape == (1, 32, side)
+    assert bound["tokens"].shape == (1, 7)
 
 
 def test_unknown_binding_names_are_ignored():
