@@ -5,12 +5,14 @@ partition's results on, each declared output must be there, an array of its decl
 dtype and rank with its fixed dimensions (a symbolic one takes any size). This runs on
 every stage of every request, so it is cheap: a shape seen before costs one set lookup
 (`InputSpec.accepts`). Sequences and optionals are only looked for, as the backend made
-them.
+them. A graph output's declared shape is a hint, as onnxruntime reads it (it warns and
+answers): CatBoost declares a regressor's predictions [N] and its trees make [N, 1].
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,8 +37,10 @@ class OutputCheck:
 
     @classmethod
     def of(cls, graph: Graph, names: Iterable[str]) -> OutputCheck:
-        """As the graph declares the tensors `names`."""
-        return cls(tensor_specs(graph, names))
+        """As the graph declares the tensors `names`, a graph output of any shape."""
+        outputs = set(graph.outputs)
+        return cls(replace(s, dims=None) if s.name in outputs else s
+                   for s in tensor_specs(graph, names))
 
     @classmethod
     def names(cls, names: Iterable[str]) -> OutputCheck:

@@ -12,7 +12,10 @@ import math
 import threading
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError, HostClosedError, PrismError, RequestTimeoutError
@@ -135,10 +138,13 @@ MANGLES = {"missing": (without(), "is missing"),
            "shape": (cut(1), ", declared float32 [batch, 16, 64]")}
 
 
-@pytest.mark.parametrize("path", ["lean", "inline", "queued"])
-@pytest.mark.parametrize("kind", MANGLES)
+@pytest.mark.parametrize(("kind", "path"), [
+    (kind, path) for kind in MANGLES for path in ("lean", "inline", "queued")
+    if (kind, path) != ("shape", "lean")])  # the lean path's outputs are the graph's
 def test_a_bad_output_fails_its_request_naming_partition_device_and_what(kind, path):
-    """Nothing checked outputs: a missing one left its requests pending until close()."""
+    """Nothing checked outputs: a missing one left its requests pending until close().
+    A graph output's declared shape is a hint, as onnxruntime reads it: a cut tensor's
+    is checked (the partition in the middle of three)."""
     mangle, text = MANGLES[kind]
     rng = np.random.default_rng()
     with host_on(FakeDevice, "cpu:1" if path == "lean" else "cpu:3") as host:
@@ -159,6 +165,44 @@ def test_a_bad_output_fails_its_request_naming_partition_device_and_what(kind, p
             else:
                 assert_same(fut.result(timeout=WAIT), expected(TRANSFORMER, feeds))
         assert poll(lambda: idle(host))
+
+
+def stumps_declared_flat(trees: int, features: int, rng: np.random.Generator) -> onnx.ModelProto:
+    """A regressor of `trees` one-split trees as CatBoost exports one: the predictions
+    declared [N], made [N, 1] by the ensemble, the model importing ai.onnx.ml alone."""
+    ids = np.repeat(np.arange(trees), 3).tolist()
+    node = helper.make_node(
+        "TreeEnsembleRegressor", ["features"], ["predictions"], domain="ai.onnx.ml",
+        n_targets=1, nodes_treeids=ids, nodes_nodeids=[0, 1, 2] * trees,
+        nodes_featureids=[int(f) for t in rng.integers(0, features, trees) for f in (t, 0, 0)],
+        nodes_values=[float(v) for t in rng.standard_normal(trees) for v in (t, 0, 0)],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"] * trees,
+        nodes_truenodeids=[1, 0, 0] * trees, nodes_falsenodeids=[2, 0, 0] * trees,
+        target_treeids=np.repeat(np.arange(trees), 2).tolist(), target_nodeids=[1, 2] * trees,
+        target_ids=[0] * 2 * trees, target_weights=rng.standard_normal(2 * trees).tolist())
+    graph = helper.make_graph(
+        [node], "stumps", [helper.make_tensor_value_info("features", TensorProto.FLOAT,
+                                                         ["N", features])],
+        [helper.make_tensor_value_info("predictions", TensorProto.FLOAT, ["N"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 2)],
+                             ir_version=8)
+
+
+@pytest.mark.parametrize("spec", ["cpu:1", "cpu:2", "reference:1"])
+def test_a_graph_output_made_in_another_shape_than_declared_is_answered_as_onnxruntime_does(
+        spec):
+    """A graph output's declared shape is a hint to onnxruntime: it warns and answers."""
+    rng = np.random.default_rng()
+    model = stumps_declared_flat(5, 6, rng)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with HostManager(parse_devices(spec)) as host:
+        host.add_network("stumps", model)
+        for rows in (1, 4):
+            x = rng.standard_normal((rows, 6)).astype(np.float32)
+            [want] = session.run(None, {"features": x})
+            got = host.infer("stumps", {"features": x}, timeout=WAIT)["predictions"]
+            assert got.shape == want.shape == (rows, 1)
+            np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 # -- batches ---------------------------------------------------------------------------------

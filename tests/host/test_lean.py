@@ -72,9 +72,10 @@ def one_op(op: str, declared: list, *, shape: list[int] | None = None) -> onnx.M
 
 def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside(monkeypatch):
     """On onnxruntime the lean path runs on the caller's thread: what comes back is checked
-    against the declared outputs, a failure names partition and device, its runs are the
-    device's, bad feeds are refused before the device is waited for, and it steps aside
-    (to the general path) for a closed device or a device's own thread."""
+    against the declared outputs (a shape only a hint, as onnxruntime reads it), a failure
+    names partition and device, its runs are the device's, bad feeds are refused before
+    the device is waited for, and it steps aside (to the general path) for a closed device
+    or a device's own thread."""
     rng = np.random.default_rng()
     with HostManager(parse_devices("cpu:1")) as host:
         host.add_network("relu", one_op("Relu", ["b", 4]))
@@ -88,10 +89,8 @@ def test_the_lean_path_on_onnxruntime_checks_names_counts_and_steps_aside(monkey
             assert future.done(), "an idle device runs it on the caller's thread"
             np.testing.assert_array_equal(future.result(timeout=0)["y"], np.maximum(x, 0))
         assert device.stats().runs == runs + 3 and device.stats().busy_seconds > 0
-        bad = host.run("narrow", {"x": rng.standard_normal((2, 4)).astype(np.float32)})
-        error = bad.exception(timeout=0)
-        assert isinstance(error, ExecutionError) and "bad result" in str(error)
-        assert "[2, 4]" in str(error) and (error.partition, error.device) == ("p0", "cpu0")
+        x = rng.standard_normal((2, 4)).astype(np.float32)  # a graph output's declared
+        np.testing.assert_array_equal(host.infer("narrow", {"x": x})["y"], np.maximum(x, 0))
         x = rng.standard_normal((3, 4)).astype(np.float32)
         np.testing.assert_array_equal(host.infer("fold", {"x": x})["y"], x.reshape(3, -1))
         failed = host.run("fold", {"x": x[:2]}).exception(timeout=0)
