@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import threading
 import time
 import zlib
@@ -134,12 +135,14 @@ class OutputCheck:
         except ProvisionError as exc:  # Prism may run it (a reference device) all the same
             raise PrismError(f"--check compares with {graph.name} whole in onnxruntime, which "
                              f"cannot run it: {exc}; run it without --check") from None
+        self.model = graph.model
         self.random = random_outputs(graph)
         self.computed = narrowest_floats(graph)
         self.names = [o.name for o in self.session.get_outputs()]
         self.lock = threading.Lock()
         self.worst: tuple[float, str] = (0.0, "")
         self.mismatch: str | None = None
+        self.differing: tuple[dict, str, float] | None = None  # its feeds, output and error
         self.compared = 0  # answers checked
 
     def __call__(self, feeds: dict, outputs: dict | None, error, latency: float) -> None:
@@ -160,13 +163,35 @@ class OutputCheck:
             with self.lock:
                 self.worst = max(self.worst, (err, name))
             if why is not None:
-                self._differs(f"output {name!r} differs from onnxruntime: {why}")
+                self._differs(f"output {name!r} differs from onnxruntime: {why}",
+                              (feeds, name, err))
         with self.lock:
             self.compared += 1
 
-    def _differs(self, message: str) -> None:
+    def _differs(self, message: str, differing: tuple[dict, str, float] | None = None) -> None:
         with self.lock:
-            self.mismatch = self.mismatch or message
+            if self.mismatch is None:
+                self.mismatch, self.differing = message, differing
+
+    def noise(self) -> str:
+        """After a mismatch in values: how far onnxruntime's own answer on that input
+        moves with its graph optimizations off. A cut between partitions changes which
+        nodes onnxruntime fuses as much, so an error within that is the model's float
+        noise (a random-weight RT-DETR's TopK picks other queries over near ties), and one
+        far past it a fault."""
+        if self.differing is None or not math.isfinite(self.differing[2]):
+            return ""
+        feeds, name, err = self.differing
+        try:
+            with self.lock:
+                [want] = self.session.run([name], feeds)
+            [plain] = cpu_session(self.model, stamp=True, optimized=False).run([name], feeds)
+        except Exception:  # a model onnxruntime runs only optimized: nothing to tell
+            return ""
+        own, _ = difference(plain, want, self.computed.get(name))
+        verdict = ": float noise this model amplifies" if own >= err else ""
+        return (f"; on that input onnxruntime with its graph optimizations off differs from "
+                f"itself by {own:.3g}{verdict}")
 
 
 def summary_table(snap: MetricsSnapshot, wall: float, stats) -> Table:
@@ -246,7 +271,7 @@ def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str
             if len(counts) > 1 else ""
         found.append(f"{stats.failed} of {stats.done} requests failed: {first}{others}")
     if check is not None and check.mismatch:
-        found.append(f"--check: {check.mismatch}")
+        found.append(f"--check: {check.mismatch}{check.noise()}")
     elif check is not None and not check.compared and not found:
         found.append("--check: no request succeeded, so nothing was compared")
     if getattr(recorder, "error", None) is not None:
