@@ -563,6 +563,7 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
         return
     for t, (dtype, shape) in kept_sizes(_bound_model(model, sizes, default), unknown).items():
         old = tensors.get(t)
+        shape = shape if shape is not None or old is None else old.shape  # a type alone
         tensors[t] = Tensor(t, dtype.name, shape, old.dims if old else None,
                             old.elem_type if old and old.elem_type else
                             helper.np_dtype_to_tensor_dtype(dtype))

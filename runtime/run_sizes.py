@@ -8,8 +8,10 @@ size would cost nothing to copy between devices or to hold. The model (its input
 to the shapes the graph is costed at) runs once on made-up inputs with those tensors as
 extra outputs: floats drawn from a normal distribution, integers and booleans 1 (a valid
 index into any table of two rows, and a loop that runs once), strings empty. A model
-that cannot run so (an input of no fixed shape or type, a kernel that refuses the values)
-gives no sizes, and its unknown tensors stay unknown.
+that cannot run so (an input of no fixed shape or type, a kernel that refuses the values:
+a one-hot encoder told to refuse an unknown category) gives no sizes, only the element
+types onnxruntime gives those tensors as it loads the model, which a partition reading
+one needs to declare it (onnx infers none for ai.onnx.ml's Scaler, say).
 
 The sizes are kept in the user's cache (`kept_sizes`, `sizes/` in `runtime/user_cache.py`'s
 directory), keyed by the model's bytes: a later load of a detection network reads them
@@ -29,7 +31,8 @@ from onnx import helper
 
 from runtime.user_cache import cache_dir, read_entry, write_entry
 
-Sizes = dict[str, tuple[np.dtype, tuple[int, ...]]]
+Sizes = dict[str, tuple[np.dtype, tuple[int, ...] | None]]  # no shape: the type alone
+FORMAT = 2  # kept sizes of an older format are not read: 2, types of a failed run
 
 
 def made_up(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator,
@@ -52,14 +55,25 @@ def _feed(value: onnx.ValueInfoProto, rng: np.random.Generator) -> np.ndarray | 
     return made_up(np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)), shape, rng, 1)
 
 
+def _numeric(ort_type: str) -> np.dtype | None:
+    """The numpy dtype of onnxruntime's name of a tensor type of numbers ("tensor(float)")."""
+    if not ort_type.startswith("tensor(") or not ort_type.endswith(")"):
+        return None
+    try:
+        elem = onnx.TensorProto.DataType.Value(ort_type[7:-1].upper())
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return dtype if dtype.kind in "biuf" else None
+
+
 def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Sizes:
     """(dtype, shape) of each of `names` (top-level node outputs) that holds numbers, in
-    one run of `model`, whose inputs have fixed shapes; {} if it cannot run."""
+    one run of `model`, whose inputs have fixed shapes; where it cannot run, (dtype, None)
+    as onnxruntime types them; {} if onnxruntime cannot load it."""
     rng = np.random.default_rng(seed)
     initializers = {t.name for t in model.graph.initializer}
     feeds = {v.name: _feed(v, rng) for v in model.graph.input if v.name not in initializers}
-    if any(f is None for f in feeds.values()):
-        return {}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
@@ -75,11 +89,16 @@ def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Si
     try:
         session = ort.InferenceSession(probe.SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
-        values = session.run(list(names), feeds)
     except Exception:
         return {}
-    return {n: (v.dtype, v.shape) for n, v in zip(names, values, strict=True)
-            if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
+    with contextlib.suppress(Exception):
+        if all(f is not None for f in feeds.values()):
+            values = session.run(list(names), feeds)
+            return {n: (v.dtype, v.shape) for n, v in zip(names, values, strict=True)
+                    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
+    wanted = set(names)
+    return {o.name: (dtype, None) for o in session.get_outputs()
+            if o.name in wanted and (dtype := _numeric(o.type)) is not None}
 
 
 def kept_sizes(model: onnx.ModelProto, names: Sequence[str]) -> Sizes:
@@ -88,10 +107,12 @@ def kept_sizes(model: onnx.ModelProto, names: Sequence[str]) -> Sizes:
     import onnxruntime as ort
 
     key = hashlib.sha256(model.SerializeToString(deterministic=True))
-    key.update("\n".join(["", *names, ort.__version__]).encode())
+    key.update("\n".join(["", *names, ort.__version__, str(FORMAT)]).encode())
     path = cache_dir() / "sizes" / f"{key.hexdigest()[:32]}.json"
     with contextlib.suppress(AttributeError, TypeError, ValueError):  # none kept, or damaged
-        return {n: (np.dtype(d), tuple(map(int, s))) for n, (d, s) in read_entry(path).items()}
+        return {n: (np.dtype(d), None if s is None else tuple(map(int, s)))
+                for n, (d, s) in read_entry(path).items()}
     sizes = run_sizes(model, names)
-    write_entry(path, {n: [d.name, list(s)] for n, (d, s) in sizes.items()})
+    write_entry(path, {n: [d.name, None if s is None else list(s)]
+                       for n, (d, s) in sizes.items()})
     return sizes

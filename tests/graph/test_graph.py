@@ -593,6 +593,42 @@ def test_a_sparse_initializer_is_read_as_onnxruntime_reads_it(indexed):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_tensor_typed_by_onnxruntime_alone_crosses_devices_though_made_up_inputs_fail(
+        tmp_path):
+    """onnx infers no type for ai.onnx.ml's Scaler, and the run that sizes such tensors
+    failed: made-up text is no category a strict one-hot encoder (scikit-learn's
+    default) knows. A partition reading the Scaler's output could not declare it."""
+    rng = np.random.default_rng()
+    ml = {"domain": "ai.onnx.ml"}
+    colours = ["red", "green", "blue"]
+    graph = helper.make_graph(
+        [helper.make_node("OneHotEncoder", ["colour"], ["hot"], name="onehot",
+                          cats_strings=colours, zeros=0, **ml),
+         helper.make_node("Reshape", ["hot", "rows"], ["flat"], name="reshape"),
+         helper.make_node("Scaler", ["size"], ["scaled"], name="scaler",
+                          offset=rng.standard_normal(2).tolist(),
+                          scale=rng.uniform(0.5, 2, 2).tolist(), **ml),
+         helper.make_node("Concat", ["flat", "scaled"], ["features"], name="concat", axis=1)],
+        "strict", [helper.make_tensor_value_info("colour", TensorProto.STRING, ["n", 1]),
+                   helper.make_tensor_value_info("size", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["n", 5])],
+        [numpy_helper.from_array(np.array([-1, 3], np.int64), "rows")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    loaded = load_graph(model)
+    assert loaded.tensors["scaled"].dtype == "float32"
+    assert loaded.types["scaled"].tensor_type.elem_type == TensorProto.FLOAT
+    feeds = {"colour": rng.choice(colours, (4, 1)).astype(object),
+             "size": rng.standard_normal((4, 2)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("strict", model, partition={"nodes": {
+            "onehot": "cpu0", "reshape": "cpu0", "scaler": "cpu0", "concat": "cpu1"}})
+        np.testing.assert_allclose(host.infer("strict", feeds, timeout=30)["features"], want,
+                                   rtol=1e-6)
+
+
 def test_inputs_and_outputs_of_unknown_rank_load_as_onnxruntime_loads_them():
     """A graph input or output typed without a shape is a tensor of any rank to onnxruntime;
     onnx's checker wants a shape there, and Prism refused the model. The check still
