@@ -76,13 +76,19 @@ def difference(got: object, want: object, computed: np.dtype | None = None
                ) -> tuple[float, str | None]:
     """(largest error, what differs or None) between Prism's output and onnxruntime's.
     NaN where onnxruntime has NaN is no difference; a shape, dtype or NaN that does not
-    match is an infinite one. Sequences compare element by element. `computed`: the
-    narrowest float the output is computed from, where narrower than its own."""
+    match is an infinite one. Sequences compare element by element, maps (a ZipMap's
+    class scores) value by value. `computed`: the narrowest float the output is computed
+    from, where narrower than its own."""
     if isinstance(want, list) or isinstance(got, list):
         if not isinstance(got, list) or not isinstance(want, list) or len(got) != len(want):
             return float("inf"), "a sequence of another length"
         found = [difference(g, w, computed) for g, w in zip(got, want, strict=True)]
         return max(found, key=lambda f: (f[1] is not None, f[0]), default=(0.0, None))
+    if isinstance(want, dict) or isinstance(got, dict):
+        if not isinstance(got, dict) or not isinstance(want, dict) or got.keys() != want.keys():
+            return float("inf"), "a map of other keys"
+        return difference(np.asarray([got[k] for k in want]), np.asarray(list(want.values())),
+                          computed)
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return float("inf"), (f"{got.dtype} {list(got.shape)}, where onnxruntime gives "

@@ -45,10 +45,13 @@ class ReferenceFunction:
 
 
 def _value(value: object) -> Any:
-    """Scalars as 0-d arrays; sequences (lists), maps and empty optionals (None) as they are."""
-    if value is None or isinstance(value, np.ndarray | list | tuple | dict):
+    """Scalars as 0-d arrays; text as onnxruntime gives it, objects (the evaluator's are
+    numpy's fixed-width text: a classifier's string labels); sequences (lists), maps and
+    empty optionals (None) as they are."""
+    if value is None or isinstance(value, list | tuple | dict):
         return value
-    return np.asarray(value)
+    array = np.asarray(value)
+    return array.astype(object) if array.dtype.kind in "US" else array
 
 
 def compile_reference(program: Program, config: DeviceConfig) -> ReferenceFunction:
@@ -97,12 +100,15 @@ def domain_ops(domain: str) -> frozenset[str]:
     return frozenset(registered - {"OpRun", "OpFunction"})
 
 
+_OWN = frozenset((k.op_domain, k.__name__) for k in KERNELS)  # `reference_ops`' kernels
+
+
 def reference_accepts(node, graph) -> str | None:
     """Default-domain ops go by the op list; other domains by the evaluator's list for
     that domain (a model's own functions are inlined at load)."""
     if node.domain in ("", "ai.onnx"):
         return None
-    if node.op_type in domain_ops(node.domain):
+    if node.op_type in domain_ops(node.domain) or (node.domain, node.op_type) in _OWN:
         return None
     return f"the reference evaluator has no {node.domain}.{node.op_type}"
 

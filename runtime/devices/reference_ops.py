@@ -27,6 +27,8 @@ than onnx's spec (and onnxruntime) do.
   writes for UpSampling2D and onnxruntime runs), a mode the evaluator does not know.
 - Upsample (opsets 7 to 9): the evaluator repeats by whole nearest scales only, and fails
   on `linear` (torchvision's LR-ASPP exported at opset 9).
+- ai.onnx.ml's ZipMap, which the evaluator lacks: every classifier skl2onnx, onnxmltools
+  (LightGBM, XGBoost) and CatBoost export ends in one unless told not to.
 """
 
 from __future__ import annotations
@@ -379,5 +381,16 @@ class Upsample(_Resize):
                             coordinate_transformation_mode="asymmetric", nearest_mode="floor")
 
 
+class ZipMap(OpRun):
+    """Each row of class scores as a map from the class labels, as onnxruntime gives it:
+    a list of dicts."""
+
+    op_domain = "ai.onnx.ml"
+
+    def _run(self, x, classlabels_int64s=None, classlabels_strings=None):
+        labels = classlabels_strings if classlabels_int64s is None else classlabels_int64s
+        return ([dict(zip(labels, row.tolist(), strict=True)) for row in x],)
+
+
 KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample, GatherElements,
-           GlobalMaxPool, BatchNormalization, Loop, Resize, Upsample)
+           GlobalMaxPool, BatchNormalization, Loop, Resize, Upsample, ZipMap)

@@ -355,6 +355,18 @@ def test_difference_tells_nan_on_one_side_from_nan_on_both():
     assert difference(want[:4], want)[1]  # another shape
 
 
+def test_difference_compares_a_zipmaps_class_scores_within_their_floats_room():
+    rng = np.random.default_rng()
+    scores = rng.random(3).astype(np.float32)
+    want = dict(zip("abc", scores.tolist(), strict=True))  # as onnxruntime gives a map
+    ulp = dict(zip("abc", np.nextafter(scores, np.float32(2)).tolist(), strict=True))
+    f32 = np.dtype(np.float32)
+    assert difference([ulp], [want], f32)[1] is None
+    assert difference([{**want, "a": want["a"] + 1e-3}], [want], f32)[1] == "largest error 0.001"
+    assert difference([dict(zip("abd", scores.tolist(), strict=True))], [want], f32) == (
+        np.inf, "a map of other keys")
+
+
 def test_difference_gives_room_in_proportion_to_the_output_not_to_each_element():
     rng = np.random.default_rng()
     want = (40 * rng.standard_normal(1000)).astype(np.float32)  # logits of a real network

@@ -14,10 +14,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from app.cli import main
 from runtime.devices import DeviceConfig, DeviceManager, Program, open_device, supported_ops
 from runtime.devices.manager import on_device_thread
 from runtime.devices.sim import SimDevice
 from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from tests.support.classifiers import zipmap_classifier
 from tests.support.fakes import blocking
 
 MB = 1_000_000
@@ -366,6 +368,19 @@ def test_the_reference_backend_stacks_a_loops_scan_outputs_as_onnxruntime(manage
     assert_reference_runs_as_onnxruntime(
         managers("d0", "reference"), node, x, 17, n=np.array(RNG.integers(1, 5)),
         go=np.array(True), rows=np.array([0]))
+
+
+@pytest.mark.parametrize("text", [False, True], ids=["int_labels", "text_labels"])
+def test_the_reference_backend_zips_class_scores_into_maps_as_onnxruntime(text, tmp_path,
+                                                                          capsys):
+    """onnx's evaluator has no ZipMap, which ends scikit-learn's, LightGBM's, XGBoost's
+    and CatBoost's classifiers as exported: the reference device could not run them."""
+    path = str(tmp_path / "classifier.onnx")
+    onnx.save(zipmap_classifier(RNG, text), path)
+    code = main(["run", path, "--devices", "reference:2", "--requests", "5", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "every output matches onnxruntime (5 answers" in out, out
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])

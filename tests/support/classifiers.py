@@ -11,24 +11,28 @@ from onnx import TensorProto, helper
 FEATURES, CLASSES = 4, 3
 
 
-def zipmap_classifier(rng: np.random.Generator) -> onnx.ModelProto:
-    """Scaler -> LinearClassifier (softmax) -> ZipMap, over a symbolic batch."""
+def zipmap_classifier(rng: np.random.Generator, text: bool = False) -> onnx.ModelProto:
+    """Scaler -> LinearClassifier (softmax) -> ZipMap, over a symbolic batch; classes
+    0, 1, 2, or with `text` "a", "b", "c"."""
+    key = TensorProto.STRING if text else TensorProto.INT64
     probabilities = helper.make_value_info("probabilities", helper.make_sequence_type_proto(
-        helper.make_map_type_proto(TensorProto.INT64,
-                                   helper.make_tensor_type_proto(TensorProto.FLOAT, []))))
+        helper.make_map_type_proto(key, helper.make_tensor_type_proto(TensorProto.FLOAT, []))))
     ml = {"domain": "ai.onnx.ml"}
+    labels, zipped = ({"classlabels_strings": list("abc"[:CLASSES])},
+                      {"classlabels_strings": list("abc"[:CLASSES])}) if text else \
+        ({"classlabels_ints": list(range(CLASSES))}, {"classlabels_int64s": list(range(CLASSES))})
     nodes = [
         helper.make_node("Scaler", ["x"], ["scaled"], name="scaler", offset=[0.5] * FEATURES,
                          scale=rng.uniform(0.5, 2, FEATURES).tolist(), **ml),
         helper.make_node("LinearClassifier", ["scaled"], ["label", "scores"], name="linear",
-                         classlabels_ints=list(range(CLASSES)), post_transform="SOFTMAX",
+                         **labels, post_transform="SOFTMAX",
                          coefficients=rng.standard_normal(FEATURES * CLASSES).tolist(),
                          intercepts=rng.standard_normal(CLASSES).tolist(), **ml),
-        helper.make_node("ZipMap", ["scores"], ["probabilities"], name="zipmap",
-                         classlabels_int64s=list(range(CLASSES)), **ml)]
+        helper.make_node("ZipMap", ["scores"], ["probabilities"], name="zipmap", **zipped,
+                         **ml)]
     graph = helper.make_graph(
         nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                             ["N", FEATURES])],
-        [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]), probabilities])
+        [helper.make_tensor_value_info("label", key, ["N"]), probabilities])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                    helper.make_opsetid("ai.onnx.ml", 3)])
