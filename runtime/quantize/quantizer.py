@@ -206,10 +206,13 @@ def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs, its nodes
-    named."""
+    named; first, whether there is work for it (`_has_work`: its pre-processing fails on
+    some models with nothing to quantize, an XGBoost classifier, in its own words)."""
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src = Path(tmp) / "in.onnx"
         source = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        _has_work(source, sorted(quantizable_ops()), str(model) if isinstance(
+            model, str | Path) else source.graph.name or "the model")
         large = save(unlist_initializers(source, in_place=source is not model), str(src))
         out = Path(tmp) / "prepared.onnx"
         try:
@@ -279,7 +282,6 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
     q = _ort()
     kind = _method(method)
     ops = sorted(quantizable_ops())
-    _has_work(prepared, ops)
     with tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
         large = save(prepared, str(model_path))
@@ -300,16 +302,16 @@ QUANTIZED_OPS = QUANTIZE_OPS | DEQUANTIZE_OPS | {"QLinearConv", "QLinearMatMul",
                                                   "MatMulInteger", "ConvInteger"}
 
 
-def _has_work(model: onnx.ModelProto, ops: Sequence[str]) -> None:
-    """QuantizeError, before any calibration run, for a model quantized already (its
+def _has_work(model: onnx.ModelProto, ops: Sequence[str], label: str) -> None:
+    """QuantizeError, before anything runs, for a model quantized already (its
     profile would miss what its QuantizeLinear nodes read) or with no node of a type
     onnxruntime quantizes (a scikit-learn forest): its profile would hold no range."""
     present = sorted({op for _, op in body_ops(model.graph)})
     if done := sorted(QUANTIZED_OPS.intersection(present)):
-        raise QuantizeError(f"{model.graph.name or 'the model'} is quantized already: it holds "
+        raise QuantizeError(f"{label} is quantized already: it holds "
                             f"{' and '.join(done[:2])} nodes; quantize its float original")
     if not set(ops) & set(present):
-        raise QuantizeError(f"{model.graph.name or 'the model'} has nothing to quantize: none "
+        raise QuantizeError(f"{label} has nothing to quantize: none "
                             f"of its ops ({', '.join(present[:8])}{', ...' * (len(present) > 8)}) "
                             f"is one onnxruntime quantizes ({', '.join(ops[:6])}, ...)")
 

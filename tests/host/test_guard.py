@@ -12,15 +12,14 @@ import math
 import threading
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError, HostClosedError, PrismError, RequestTimeoutError
 from runtime.executor.futures import ReadyFuture
 from runtime.host import HostManager
+from tests.support.classifiers import stumps_declared_flat
 from tests.support.fakes import FakeDevice, FaultyManager, Gate, cut, retyped, without
 from tests.support.serving import MLP, TRANSFORMER, WAIT, Events, assert_same, expected, idle, poll
 
@@ -165,27 +164,6 @@ def test_a_bad_output_fails_its_request_naming_partition_device_and_what(kind, p
             else:
                 assert_same(fut.result(timeout=WAIT), expected(TRANSFORMER, feeds))
         assert poll(lambda: idle(host))
-
-
-def stumps_declared_flat(trees: int, features: int, rng: np.random.Generator) -> onnx.ModelProto:
-    """A regressor of `trees` one-split trees as CatBoost exports one: the predictions
-    declared [N], made [N, 1] by the ensemble, the model importing ai.onnx.ml alone."""
-    ids = np.repeat(np.arange(trees), 3).tolist()
-    node = helper.make_node(
-        "TreeEnsembleRegressor", ["features"], ["predictions"], domain="ai.onnx.ml",
-        n_targets=1, nodes_treeids=ids, nodes_nodeids=[0, 1, 2] * trees,
-        nodes_featureids=[int(f) for t in rng.integers(0, features, trees) for f in (t, 0, 0)],
-        nodes_values=[float(v) for t in rng.standard_normal(trees) for v in (t, 0, 0)],
-        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"] * trees,
-        nodes_truenodeids=[1, 0, 0] * trees, nodes_falsenodeids=[2, 0, 0] * trees,
-        target_treeids=np.repeat(np.arange(trees), 2).tolist(), target_nodeids=[1, 2] * trees,
-        target_ids=[0] * 2 * trees, target_weights=rng.standard_normal(2 * trees).tolist())
-    graph = helper.make_graph(
-        [node], "stumps", [helper.make_tensor_value_info("features", TensorProto.FLOAT,
-                                                         ["N", features])],
-        [helper.make_tensor_value_info("predictions", TensorProto.FLOAT, ["N"])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 2)],
-                             ir_version=8)
 
 
 @pytest.mark.parametrize("spec", ["cpu:1", "cpu:2", "reference:1"])
