@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     devices = parse_devices(args.devices)
     repository = ModelRepository(args.model_repository) if args.model_repository else None
     wanted = _wanted(args.models, repository)
+    for path in repository.outside() if repository is not None and not args.models else ():
+        sys.stderr.write(f"prism: skipped {path}: it links out of the model repository, to "
+                         f"{path.resolve()} (models load only from inside it)\n")
     params = _parameters(args)
     trace_path = output_file(args.trace, "--trace") if args.trace else None
     limits = Limits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
@@ -128,7 +131,8 @@ def _wanted(models: list[str], repository: ModelRepository | None
         elif repository is not None and model in repository.names():
             name, found = model, None
         else:
-            where = f" nor a model in {repository.root}" if repository else ""
+            where = f" nor a model in {repository.root}{repository.linked_out(model)}" \
+                if repository else ""
             hint = (f" (a folder: serve a model repository with --model-repository {model})"
                     if path.is_dir() and repository is None else "")
             raise PrismError(f"MODEL {model!r} is not an .onnx or .prism file{where}{hint}")

@@ -56,9 +56,23 @@ class ModelRepository:
         versions = self._versions(name)
         if not versions:
             raise NetworkNotFoundError(f"model {name!r} is not in the repository "
-                                       f"{self.root} (it holds {', '.join(self.names())})")
+                                       f"{self.root} (it holds {', '.join(self.names())})"
+                                       f"{self.linked_out(name)}")
         config = self.root / name / "config.pbtxt"
         return Entry(name, versions, self._config(config) if config.is_file() else {})
+
+    def outside(self) -> list[Path]:
+        """What is laid out as a model (a folder, a NAME.onnx or NAME.prism) but links out
+        of the repository: refused, and named, so nobody wonders where a model went."""
+        return sorted(p for p in self.root.iterdir()
+                      if (p.is_dir() or p.suffix in SUFFIXES) and not self._inside(p)
+                      and _NAME.fullmatch(p.name if p.is_dir() else p.stem))
+
+    def linked_out(self, name: str) -> str:
+        """Where the entry named `name` that links out of the repository leads, as the end
+        of a message; "" if none does."""
+        return next((f"; {p} links out of it, to {p.resolve()}" for p in self.outside()
+                     if name in (p.name, p.stem)), "")
 
     def _versions(self, name: str) -> dict[str, Path]:
         folder = self.root / name

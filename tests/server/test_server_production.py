@@ -38,6 +38,7 @@ from app.server.protocol import Limits
 from app.server.runner import ServeProcess
 from app.server.state import ServerSettings
 from app.server.tensors import DTYPES, parse_infer
+from runtime.errors import PrismError
 from tests.cli.test_cli import one_line_error
 from tests.support.servers import (
     WAIT,
@@ -617,6 +618,31 @@ def test_a_bind_naming_no_dimension_of_the_model_is_refused(capsys):
     line = one_line_error(capsys, ["partition", str(MLP), "--devices", "cpu:1", "--bind",
                                    "nosuchdim=3"])
     assert "--bind nosuchdim" in line and "batch" in line, line
+
+
+def test_a_model_linked_out_of_the_repository_is_named_as_skipped_not_lost(
+        capsys, monkeypatch, tmp_path):
+    """A model file linked in from elsewhere is refused (models load only from inside the
+    repository); the server started without it and said nothing, and asked for by name
+    it was "not a model in" the repository."""
+    repository, elsewhere = tmp_path / "repository", tmp_path / "elsewhere"
+    repository.mkdir(), elsewhere.mkdir()
+    (elsewhere / "mlp.onnx").write_bytes(MLP.read_bytes())
+    (repository / "linked.onnx").symlink_to(elsewhere / "mlp.onnx")
+    (repository / "kept.onnx").write_bytes(MLP.read_bytes())
+    monkeypatch.setattr(app.serve_cmd, "HostManager", _refused)
+    assert main(["serve", "--devices", "cpu:1", "--model-repository", str(repository)]) == 1
+    err = capsys.readouterr().err
+    assert f"prism: skipped {repository / 'linked.onnx'}: it links out of the model " \
+           f"repository, to {elsewhere / 'mlp.onnx'}" in err, err
+    assert "kept.onnx" not in err
+    line = one_line_error(capsys, ["serve", "linked", "--devices", "cpu:1",
+                                   "--model-repository", str(repository)])
+    assert f"linked.onnx links out of it, to {elsewhere / 'mlp.onnx'}" in line, line
+
+
+def _refused(*args, **kwargs):
+    raise PrismError("no host in this test")
 
 
 def test_serve_refuses_a_trace_it_cannot_write_before_serving(capsys, monkeypatch):
