@@ -377,6 +377,15 @@ def _drop_empty_trailing_inputs(graph: onnx.GraphProto) -> None:
             _drop_empty_trailing_inputs(sub)
 
 
+def _free_negative_dims(graph: onnx.GraphProto) -> None:
+    """A dimension declared -1 (PaddlePaddle's exporter writes its dynamic batch so) is
+    free to onnxruntime, as one with no value: made so, in place."""
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        for d in value.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
+
+
 def copy_initializer(graph: onnx.GraphProto, source: onnx.TensorProto, name: str) -> None:
     """A copy of `source` in `graph`'s initializers under `name`: a reader's own."""
     own = onnx.TensorProto()
@@ -632,6 +641,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     inline_functions(model)
     name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
+    _free_negative_dims(model.graph)
     unlist_initializers(model, in_place=True)  # read_model's copy
     report = fold_constants(model) if fold else FoldReport()
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group

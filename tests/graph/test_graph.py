@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
+from app.cli import main
 from runtime.cost import node_cost
 from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError, PartitionError
@@ -210,6 +211,21 @@ def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networ
     bound = random_feeds(specs, rng, {"h": 32, "t": 7})
     assert bound["nchw"].shape == (1, 3, 32, side) and bound["mask"].shape == (1, 32, side)
     assert bound["tokens"].shape == (1, 7)
+
+
+def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, tmp_path):
+    """PaddlePaddle's exporter declares a dynamic dimension -1 (PP-OCR's direction
+    classifier): the load sized a made-up input by it and failed, "negative dimensions
+    are not allowed", as an internal error."""
+    model = upsampling_detector([-1, 3, -1, -1])
+    loaded = load_graph(model)
+    assert loaded.tensors["image"].dims == (None, 3, None, None)
+    assert loaded.tensors["image"].shape == (1, 3, IMAGE_SIDE, IMAGE_SIDE)
+    path = str(tmp_path / "paddle_style.onnx")
+    onnx.save(model, path)
+    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
+        capsys.readouterr().err
+    assert "every output matches onnxruntime" in capsys.readouterr().out
 
 
 def test_unknown_binding_names_are_ignored():
