@@ -237,7 +237,10 @@ def own_biases(graph: onnx.GraphProto) -> None:
     own, in place. Its quantizer copies a shared bias itself, naming the copy by appending
     a number, and a dynamo export may hold that name already (timm's PoolFormer: `val_12`,
     the bias of 24 InstanceNormalizations, copied to `val_124`, a Reshape's output): it
-    then failed ("shared mode is not supported for weight")."""
+    then failed ("shared mode is not supported for weight"). A Gemm's bias of shape
+    [1, N], which onnxruntime's pre-processing writes fusing a MatMul and an Add (Magika),
+    is its own of shape [N], the same to Gemm: the quantizer's per-channel bias check
+    takes one number per channel and failed on the row ("truth value of an array")."""
     inits = {t.name: t for t in graph.initializer}
     taken = {*inits, *(i.name for i in graph.input),
              *(t for n in graph.node for t in (*n.input, *n.output))}
@@ -245,9 +248,13 @@ def own_biases(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         bias = node.input[2] if (node.op_type in _BIASED and node.domain in DEFAULT_DOMAINS
                                  and len(node.input) > 2) else ""
-        if bias in biases:
+        row = node.op_type == "Gemm" and bias in inits and len(inits[bias].dims) == 2 and \
+            inits[bias].dims[0] == 1
+        if bias in biases or row:
             node.input[2] = fresh_name(f"{bias}/{node.name}", taken)
             copy_initializer(graph, inits[bias], node.input[2])
+            if row:
+                del graph.initializer[-1].dims[0]
         elif bias in inits:
             biases.add(bias)
 
@@ -294,6 +301,10 @@ def profile(prepared: onnx.ModelProto, samples: Samples, path: str | Path,
         except Exception as exc:  # onnxruntime's own errors, in its own words
             raise QuantizeError(f"onnxruntime's calibration of {prepared.graph.name or 'the model'}"
                                 f" failed: {' '.join(str(exc).split())[:300]}") from None
+        if not ranges.data:  # silero's VAD: the work lies in an If on the sample rate
+            raise QuantizeError(f"onnxruntime's calibration of {prepared.graph.name or 'the model'}"
+                                f" ranged no tensor: the ops it quantizes read no float tensor "
+                                f"outside If, Loop and Scan bodies, which it does not calibrate")
         q.save_tensors_data(ranges, Path(path))
     return len(ranges.data)
 
