@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
     devices = parse_devices(args.devices)
     repository = ModelRepository(args.model_repository) if args.model_repository else None
     wanted = _wanted(args.models, repository)
-    for path in repository.outside() if repository is not None and not args.models else ():
-        sys.stderr.write(f"prism: skipped {path}: it links out of the model repository, to "
-                         f"{path.resolve()} (models load only from inside it)\n")
+    for skipped in repository.outside() if repository is not None and not args.models else ():
+        sys.stderr.write(f"prism: skipped {skipped}: it links out of the model repository, to "
+                         f"{skipped.resolve()} (models load only from inside it)\n")
     params = _parameters(args)
     trace_path = output_file(args.trace, "--trace") if args.trace else None
     limits = Limits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
