@@ -3,7 +3,8 @@
     graph = owned(graph)       # what `Trainer` trains and writes out
     own_statistics(model.graph)  # in place: each BatchNorm's running statistics its own
 
-`runtime.train.gradients` differentiates the model as given (an initializer several
+A model whose weights are all `Constant` nodes (PaddlePaddle's) has them as initializers
+(`weights_of_constants`). `runtime.train.gradients` differentiates the model as given (an initializer several
 nodes read gets the sum of their gradients, as central differences on the file would);
 `gradients(owned(load_graph(path, fold=False)), ...)` gives PyTorch's parameters'
 gradients.
@@ -48,14 +49,37 @@ def owned(graph: Graph) -> Graph:
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     size = (len(model.graph.initializer), len(model.graph.node))
+    constants = weights_of_constants(model.graph)
     own_statistics(model.graph)
-    taken = own_weights(model.graph)
+    taken = [*constants, *own_weights(model.graph)]
     tie_again(model.graph)
     if size == (len(model.graph.initializer), len(model.graph.node)):
         return graph
     out = load_graph(model, name=graph.name, fold=False)
     out.folded = dataclasses.replace(out.folded, nodes=(*graph.folded.nodes, *taken))
     return out  # a map or annotation may name an Identity taken for a weight, as if folded
+
+
+def weights_of_constants(graph: onnx.GraphProto) -> list[str]:
+    """PaddlePaddle's exporter writes every weight as a `Constant` node (PP-OCR's text
+    detector: 342 of them), so a model with no float initializer had no parameter to
+    train. There, each float Constant of a dimension or more becomes an initializer named
+    as its output, in place, as other exporters write weights (a scalar stays a constant,
+    as a 0-d initializer does). The names of the nodes taken."""
+    if any(t.data_type in FLOATS for t in graph.initializer):
+        return []
+    taken = []
+    for node in list(graph.node):
+        value = next((a.t for a in node.attribute if a.name == "value"), None) \
+            if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS else None
+        if value is not None and value.data_type in FLOATS and value.dims:
+            weight = onnx.TensorProto()
+            weight.CopyFrom(value)
+            weight.name = node.output[0]
+            graph.initializer.append(weight)
+            graph.node.remove(node)
+            taken.append(node.name)
+    return taken
 
 
 def _reads(graph: onnx.GraphProto) -> Counter[str]:

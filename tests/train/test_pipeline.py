@@ -600,3 +600,54 @@ def test_a_weight_standardized_by_a_training_batch_norm_trains_over_two_stages()
                    for t in trainer.trained_model().graph.initializer}
     assert not np.allclose(trained["w"], weights["w"])
     assert {"mean", "var"}.isdisjoint(trained)
+
+
+def test_weights_written_as_constant_nodes_train_as_initializers_do() -> None:
+    """PaddlePaddle's exporter writes every weight as a Constant node (PP-OCR's text
+    detector): "has no trainable weights" before. Trained, they move exactly as the same
+    weights written as initializers do; a scalar Constant stays a constant."""
+    rng = np.random.default_rng()
+    weights = {"w1": rng.standard_normal((6, 8)).astype(np.float32),
+               "b1": rng.standard_normal(8).astype(np.float32),
+               "w2": rng.standard_normal((8, 3)).astype(np.float32)}
+    half = np.array(0.5, np.float32)
+    layers = [helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"),
+              helper.make_node("Add", ["m1", "b1"], ["a1"], name="add1"),
+              helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+              helper.make_node("Mul", ["r1", "half"], ["h1"], name="scale"),
+              helper.make_node("MatMul", ["h1", "w2"], ["y"], name="mm2")]
+    io = ([helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 6])],
+          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])])
+
+    def model(as_constants: bool) -> onnx.ModelProto:
+        values = {**weights, "half": half}
+        constants = [helper.make_node("Constant", [], [k], name=f"const_{k}",
+                                      value=numpy_helper.from_array(v, k))
+                     for k, v in values.items()] if as_constants else []
+        inits = [] if as_constants else [numpy_helper.from_array(v, k) for k, v in values.items()]
+        return helper.make_model(helper.make_graph([*constants, *layers], "paddle_style", *io,
+                                                   inits),
+                                 opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    targets = rng.standard_normal((16, 3)).astype(np.float32)
+    config = TrainConfig(loss="mse", optimizer=Optimizer("sgd", lr=0.05), batch_size=8,
+                         micro_batches=2, epochs=3, seed=0,
+                         partition={"default": "p0", "partitions": {"p0": "cpu0", "p1": "cpu1"},
+                                    "nodes": {"scale": "p1", "mm2": "p1"}})
+    trained = []
+    for as_constants in (True, False):
+        with Trainer(model(as_constants), {"x": x}, targets, parse_devices("cpu:2"),
+                     config) as trainer:
+            result = trainer.run()
+            assert result.stages == 2
+            assert result.epochs[-1].loss < result.epochs[0].loss
+            trained.append({t.name: numpy_helper.to_array(t)
+                            for t in trainer.trained_model().graph.initializer})
+    from_constants, from_initializers = trained
+    assert set(weights) <= set(from_constants)
+    for name, start in weights.items():
+        assert not np.allclose(from_constants[name], start)
+        np.testing.assert_allclose(from_constants[name], from_initializers[name], rtol=1e-5,
+                                   atol=1e-6)
+    assert float(from_constants.get("half", half)) == 0.5
