@@ -4,8 +4,9 @@
     own_statistics(model.graph)  # in place: each BatchNorm's running statistics its own
 
 A model whose weights are all `Constant` nodes (PaddlePaddle's) has them as initializers
-(`weights_of_constants`). `runtime.train.gradients` differentiates the model as given (an initializer several
-nodes read gets the sum of their gradients, as central differences on the file would);
+(`weights_of_constants`). `runtime.train.gradients` differentiates the model as given (an
+initializer several nodes read gets the sum of their gradients, as central differences on
+the file would);
 `gradients(owned(load_graph(path, fold=False)), ...)` gives PyTorch's parameters'
 gradients.
 
