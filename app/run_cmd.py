@@ -267,6 +267,15 @@ def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]
     return graph.name, input_specs(graph)
 
 
+def made_up_hint(feeds: dict) -> str:
+    """Where every request failed on made-up inputs, which ones and how to give others:
+    a model may take only some sizes (PP-OCR's recognizer, text lines 48 high) or values
+    (silero's VAD, a sample rate of 8000 or 16000)."""
+    shown = ", ".join(f"{k} {list(getattr(v, 'shape', ()))}" for k, v in list(feeds.items())[:4])
+    return (f" (on made-up inputs: {shown}{', ...' * (len(feeds) > 4)}; give yours with "
+            f"--inputs FILE.npz, or sizes with --bind DIM=N)")
+
+
 def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str]:
     """What went wrong, each in a few words: the run's one line on stderr."""
     found = []
@@ -331,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"trace: {count} events in {trace_path} (open it in "
                           f"https://ui.perfetto.dev)")
     problems = _problems(load.stats, check, recorder)
+    if feeds is None and load.stats.failed == load.stats.done > 0:
+        problems[0] += made_up_hint(load.pool[0])
     if problems:
         raise PrismError("; ".join(problems))
     if check is not None:

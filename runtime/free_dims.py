@@ -16,13 +16,16 @@ Dims = Sequence[int | str | None]
 
 
 def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
-    """An image input's height and width axes, when both are free: a float tensor of rank
-    4 whose channels (1, 3 or 4) come first (NCHW) or last (NHWC)."""
+    """The free ones of an image input's height and width axes: a float tensor of rank 4
+    whose channels (1, 3 or 4) come first (NCHW) or last (NHWC), a side free (a text
+    line's width, its height fixed: PP-OCR's recognizer reads [N, 3, 48, W], and at a
+    width of 1 it reads nothing)."""
     if not floating or dims is None or len(dims) != 4:
         return ()
     for channels, sides in ((1, (2, 3)), (3, (1, 2))):
-        if dims[channels] in _CHANNELS and not any(isinstance(dims[a], int) for a in sides):
-            return sides
+        free = tuple(a for a in sides if not isinstance(dims[a], int))
+        if dims[channels] in _CHANNELS and free:
+            return free
     return ()
 
 

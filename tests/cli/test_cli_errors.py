@@ -430,3 +430,24 @@ def test_a_closed_pipe_is_not_an_error_to_report():
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert err == "" and proc.returncode in (0, 1), err
+
+
+def test_every_request_failing_on_made_up_inputs_says_which_and_how_to_give_others(
+        capsys, tmp_path):
+    """A model taking only some sizes (an even number of rows here; PP-OCR's recognizer,
+    text lines 48 high): the error said what onnxruntime said, not that the inputs were
+    made up nor how to give real ones."""
+    model = _save(_model([helper.make_node("Reshape", ["x", "pairs"], ["y"])],
+                         [_vec("x", ["rows", 4])], [_vec("y", [None, 8])],
+                         [numpy_helper.from_array(np.array([-1, 8], np.int64), "pairs")]),
+                  tmp_path / "pairs.onnx")
+    line = one_line_error(capsys, ["run", model, "--devices", "cpu:1", "--requests", "2"])
+    assert line.endswith("(on made-up inputs: x [1, 4]; give yours with --inputs FILE.npz, "
+                         "or sizes with --bind DIM=N)"), line
+    assert main(["run", model, "--devices", "cpu:1", "--requests", "2", "--bind", "rows=2",
+                 "--check"]) == 0
+    np.savez(tmp_path / "rows.npz", x=np.random.default_rng().standard_normal(
+        (3, 4)).astype(np.float32))
+    line = one_line_error(capsys, ["run", model, "--devices", "cpu:1", "--requests", "2",
+                                   "--inputs", str(tmp_path / "rows.npz")])
+    assert "made-up" not in line and "2 of 2 requests failed" in line, line
