@@ -15,6 +15,7 @@ from app.arguments import load_options, run_devices
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.measuring import add_network_measuring
+from app.run_cmd import model_inputs, read_inputs
 from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds
@@ -37,16 +38,18 @@ def run(args: argparse.Namespace) -> int:
     devices = run_devices(args)
     options = load_options(args)
     name = Path(args.model).stem
+    feeds = read_inputs(args.inputs, *model_inputs(args.model, options["bindings"])) \
+        if args.inputs else None
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:
         add_network_measuring(host, plain_console(stderr=True), name, args.model, **options)
         graph = host.graph(name)
         load = LoadGenerator(host, name, concurrency=args.concurrency, requests=args.requests,
-                             bindings=options["bindings"])
+                             bindings=options["bindings"], feeds=feeds)
         rate = load.measure()
     threads = sum(d.threads for d in devices if d.backend == "cpu") or 1
     plain = plain_onnxruntime(graph, args.concurrency, args.requests, threads,
-                              options["bindings"])
+                              options["bindings"], feeds)
     figures = {"prism": _figures(rate, load.stats.latencies),
                "onnxruntime": _figures(*plain), "onnxruntime_threads": threads,
                "clients": args.concurrency, "requests": args.requests}

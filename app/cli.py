@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="closed-loop clients, for both runtimes; with --url, one run per "
                             "level (e.g. 1,8,64)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    bench.add_argument("--inputs", metavar="FILE.npz",
+                       help="feeds to send instead of random ones (a model that takes only "
+                            "some sizes or values)")
     _add_serving_args(bench)
     _add_remap_arg(bench)
     bench.add_argument("--url", help="load a running `prism serve` (or any Open Inference "

@@ -5,8 +5,9 @@ level, and the server's own split of a request's time into queueing and compute,
 its `/metrics` (Triton's counters) before and after each level.
 
 Requests use Triton's binary tensor data extension both ways, random inputs drawn once per
-level from the model's metadata (a small pool, as perf_analyzer reuses its data); the
-client is aiohttp, one connection per client.
+level from the model's metadata (a small pool, as perf_analyzer reuses its data), or the
+feeds of `--inputs FILE.npz` (perf_analyzer's `--input-data`); the client is aiohttp, one
+connection per client.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rich import box
 from rich.table import Table
 
 from app.console import plain_console, progress_on
+from app.run_cmd import read_inputs
 from app.server.tensors import DTYPES, to_bytes
 from runtime.errors import PrismError
 from runtime.inputs import InputSpec, random_feeds
@@ -58,7 +60,7 @@ class Level:
 def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PRISM_TOKEN")
     levels = asyncio.run(bench(args.url.rstrip("/"), args.served_model, args.concurrency,
-                               args.requests, token, quiet=args.json))
+                               args.requests, token, quiet=args.json, inputs=args.inputs))
     if args.json:
         print(json.dumps([asdict(level) for level in levels], indent=2))
     else:
@@ -67,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def bench(url: str, model: str | None, levels: list[int], requests: int,
-                token: str | None = None, quiet: bool = True) -> list[Level]:
+                token: str | None = None, quiet: bool = True, inputs: str | None = None
+                ) -> list[Level]:
+    """`inputs`: an .npz of the feeds to send, checked against the model's metadata, in
+    place of random ones."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     connector = aiohttp.TCPConnector(limit=max(levels))
     async with aiohttp.ClientSession(headers=headers, connector=connector,
@@ -75,11 +80,15 @@ async def bench(url: str, model: str | None, levels: list[int], requests: int,
                                      ) as session:
         model = model or await _only_model(session, url)
         metadata = await _get_json(session, "GET", f"{url}/v2/models/{model}")
+        specs = _specs(metadata)
+        given = read_inputs(inputs, model, specs) if inputs else None
         out = []
         with progress_on(plain_console(stderr=True), quiet=quiet) as progress:
             for clients in levels:
                 task = progress.add_task(f"{model}, {clients} clients", total=requests)
-                bodies = [_request(metadata, np.random.default_rng()) for _ in range(POOL)]
+                bodies = [_request(metadata, given)] if given is not None else [
+                    _request(metadata, random_feeds(specs, np.random.default_rng()))
+                    for _ in range(POOL)]
                 out.append(await _level(session, f"{url}/v2/models/{model}", bodies, clients,
                                         requests, partial(progress.advance, task)))
         return out
@@ -143,17 +152,25 @@ async def _level(session: aiohttp.ClientSession, model_url: str,
                  errors[0] if errors else None)
 
 
-def _request(metadata: dict, rng: np.random.Generator) -> tuple[bytes, dict]:
-    """One binary request of random inputs as the host's own load draws them
-    (`random_feeds`: variable dimensions as 1, an image's sides 224), all outputs binary."""
-    described, blobs = [], []
+def _specs(metadata: dict) -> list[InputSpec]:
+    """The model's inputs as its metadata describes them (-1: a variable dimension)."""
+    specs = []
     for spec in metadata["inputs"]:
         dtype = DTYPES.get(spec["datatype"])
         if dtype is None:
             raise PrismError(f"input {spec['name']!r} is {spec['datatype']}: the load "
-                             f"generator draws none")
-        dims = tuple(d if d >= 0 else None for d in spec["shape"])
-        array = random_feeds([InputSpec(spec["name"], dtype, dims)], rng)[spec["name"]]
+                             f"generator sends none")
+        specs.append(InputSpec(spec["name"], dtype, tuple(d if d >= 0 else None
+                                                          for d in spec["shape"])))
+    return specs
+
+
+def _request(metadata: dict, feeds: dict[str, np.ndarray]) -> tuple[bytes, dict]:
+    """One binary request of `feeds` (random ones as the host's own load draws them,
+    `random_feeds`: variable dimensions as 1, an image's sides 224), all outputs binary."""
+    described, blobs = [], []
+    for spec in metadata["inputs"]:
+        array = feeds[spec["name"]]
         blob = to_bytes(array)
         described.append({"name": spec["name"], "shape": list(array.shape),
                           "datatype": spec["datatype"],

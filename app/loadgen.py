@@ -285,12 +285,14 @@ class LoadGenerator:
 
 
 def plain_onnxruntime(graph: Graph, clients: int, requests: int, threads: int = 1,
-                      bindings: Mapping[str, int] | None = None) -> tuple[float, list[float]]:
+                      bindings: Mapping[str, int] | None = None, feeds: dict | None = None
+                      ) -> tuple[float, list[float]]:
     """The baseline: one plain onnxruntime session on the whole model, fed by `clients`
-    threads (onnxruntime releases the GIL while it runs). Returns (requests/s, latencies)."""
+    threads (onnxruntime releases the GIL while it runs) `feeds` or random ones. Returns
+    (requests/s, latencies)."""
     session = cpu_session(graph.model, threads=threads, stamp=True)
-    rng = np.random.default_rng()
-    pool = feed_pool(input_specs(graph), rng, bindings)
+    pool = [feeds] if feeds is not None else feed_pool(input_specs(graph),
+                                                        np.random.default_rng(), bindings)
     count = iter(range(requests))
     latencies: list[float] = []
 

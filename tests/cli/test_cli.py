@@ -26,7 +26,7 @@ from runtime.inputs import input_specs
 from runtime.observe.events import read_jsonl
 from runtime.partition import partition_steps
 from runtime.partition.steps import STEP_KINDS
-from tests.support.dags import SAMPLES_DIR, upsampling_detector
+from tests.support.dags import SAMPLES_DIR, even_rows_model, upsampling_detector
 
 TRANSFORMER = str(SAMPLES_DIR / "transformer.onnx")
 MLP = str(SAMPLES_DIR / "mlp.onnx")
@@ -289,6 +289,20 @@ def test_bench_compares_prism_with_plain_onnxruntime(capsys):
     with pytest.raises(SystemExit) as done:
         main(["bench", str(SAMPLES_DIR / "mlp.onnx"), "--devices", "cpu:1", "--replicas", "two"])
     assert done.value.code == 2 and "--replicas" in capsys.readouterr().err
+
+
+def test_bench_sends_the_feeds_of_an_npz_to_prism_and_onnxruntime_alike(capsys, tmp_path):
+    """A model taking only some sizes failed every made-up request under `prism bench`,
+    which had no way to be given real ones."""
+    path, data = str(tmp_path / "pairs.onnx"), tmp_path / "rows.npz"
+    onnx.save(even_rows_model(), path)
+    np.savez(data, x=np.random.default_rng().standard_normal((4, 4)).astype(np.float32))
+    line = one_line_error(capsys, ["bench", path, "--devices", "cpu:1", "--requests", "20"])
+    assert "requests failed" in line, line
+    assert main(["bench", path, "--devices", "cpu:1", "--requests", "50", "--concurrency", "2",
+                 "--inputs", str(data), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["prism"]["requests_per_second"] > 0 and figures["ratio"] > 0
 
 
 # -- first contact -----------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from runtime.errors import ModelLoadError
 from runtime.graph import load_graph
 from runtime.inputs import input_specs
 from tests.cli.test_cli import MLP, PRISM, TRANSFORMER, _wide, one_line_error
+from tests.support.dags import even_rows_model
 
 __all__ = ["_wide"]  # autouse: rich must not wrap the lines we read
 
@@ -437,10 +438,7 @@ def test_every_request_failing_on_made_up_inputs_says_which_and_how_to_give_othe
     """A model taking only some sizes (an even number of rows here; PP-OCR's recognizer,
     text lines 48 high): the error said what onnxruntime said, not that the inputs were
     made up nor how to give real ones."""
-    model = _save(_model([helper.make_node("Reshape", ["x", "pairs"], ["y"])],
-                         [_vec("x", ["rows", 4])], [_vec("y", [None, 8])],
-                         [numpy_helper.from_array(np.array([-1, 8], np.int64), "pairs")]),
-                  tmp_path / "pairs.onnx")
+    model = _save(even_rows_model(), tmp_path / "pairs.onnx")
     line = one_line_error(capsys, ["run", model, "--devices", "cpu:1", "--requests", "2"])
     assert line.endswith("(on made-up inputs: x [1, 4]; give yours with --inputs FILE.npz, "
                          "or sizes with --bind DIM=N)"), line

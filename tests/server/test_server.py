@@ -23,9 +23,10 @@ from tritonclient.utils import InferenceServerException
 from app.http_bench import bench
 from app.server.runner import check_exposure
 from app.server.state import ServerSettings
-from runtime.errors import PrismError
+from runtime.errors import InvalidInputError, PrismError
 from runtime.inputs import random_feeds
 from tests.support.classifiers import zipmap_classifier
+from tests.support.dags import even_rows_model
 from tests.support.servers import (
     WAIT,
     binary_request,
@@ -878,6 +879,31 @@ def test_bench_url_reports_levels_and_the_servers_split(server):
         assert 0 < lv.p50_seconds <= lv.p90_seconds <= lv.p95_seconds <= lv.p99_seconds
         assert lv.server is not None and lv.server["compute_us"] > 0
         assert lv.server["queue_us"] + lv.server["compute_us"] <= lv.server["request_us"] * 1.01
+
+
+def test_bench_url_sends_the_feeds_of_an_npz(client, server, tmp_path):
+    """perf_analyzer's --input-data: a model taking only some sizes (an even number of
+    rows) failed every random request, and `prism bench --url` had no other."""
+    import asyncio
+
+    url, state = server
+    folder = state.catalog.repository.root / "pairs" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(even_rows_model(), folder / "model.onnx")
+    data, wrong = tmp_path / "rows.npz", tmp_path / "wrong.npz"
+    np.savez(data, x=np.random.default_rng().standard_normal((6, 4)).astype(np.float32))
+    np.savez(wrong, rows=np.zeros((6, 4), np.float32))
+    try:
+        client.load_model("pairs")
+        [drawn] = asyncio.run(bench(url, "pairs", [2], 10))
+        assert drawn.errors == 10
+        [given] = asyncio.run(bench(url, "pairs", [2], 20, inputs=str(data)))
+        assert given.requests == 20 and given.errors == 0, given.first_error
+        with pytest.raises(InvalidInputError, match=f"{wrong}: .*'x'"):
+            asyncio.run(bench(url, "pairs", [2], 10, inputs=str(wrong)))
+    finally:
+        client.unload_model("pairs")
+        shutil.rmtree(folder.parent)
 
 
 def test_bench_url_draws_text_inputs(client, server):

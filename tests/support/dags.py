@@ -619,3 +619,14 @@ def upsampling_detector(dims: Sequence[int | str | None], seed: int = 0) -> onnx
         nodes, "neck", [helper.make_tensor_value_info("image", TensorProto.FLOAT, list(dims))],
         [helper.make_tensor_value_info("joined", TensorProto.FLOAT, None)], [*weights, scales])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def even_rows_model() -> onnx.ModelProto:
+    """x [rows, 4] -> y [rows / 2, 8]: a model taking only some sizes (an even number of
+    rows), on which made-up inputs (one row) fail."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "pairs"], ["y"], name="pair")], "pairs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
+        [numpy_helper.from_array(np.array([-1, 8], np.int64), "pairs")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
