@@ -7,6 +7,8 @@ by (32, 16, 14)."""
 
 from __future__ import annotations
 
+import ast
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 
 IMAGE_SIDE = 224
@@ -16,16 +18,15 @@ Dims = Sequence[int | str | None]
 
 
 def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
-    """The free ones of an image input's height and width axes: a float tensor of rank 4
-    whose channels (1, 3 or 4) come first (NCHW) or last (NHWC), a side free (a text
-    line's width, its height fixed: PP-OCR's recognizer reads [N, 3, 48, W], and at a
-    width of 1 it reads nothing)."""
+    """An image input's height and width axes, when both are free: a float tensor of rank
+    4 whose channels (1, 3 or 4) come first (NCHW) or last (NHWC). With one side fixed
+    the shape says too little: a key cache [batch, heads, past, head size] of 4 heads or
+    a head size of 4 reads as an image as well as a text line [N, 3, 48, W] does."""
     if not floating or dims is None or len(dims) != 4:
         return ()
     for channels, sides in ((1, (2, 3)), (3, (1, 2))):
-        free = tuple(a for a in sides if not isinstance(dims[a], int))
-        if dims[channels] in _CHANNELS and free:
-            return free
+        if dims[channels] in _CHANNELS and not any(isinstance(dims[a], int) for a in sides):
+            return sides
     return ()
 
 
@@ -42,7 +43,36 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str
 def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default: int = 1
                   ) -> tuple[int, ...]:
     """One input's shape: fixed sizes as they are, named ones from `sizes` (`free_sizes`),
-    an unnamed image side as IMAGE_SIDE, any other `default`."""
+    a name that is a sum of others from theirs (`_summed`), an unnamed image side as
+    IMAGE_SIDE, any other `default`."""
     sides = image_axes(dims, floating)
     return tuple(d if isinstance(d, int) else int(sizes[d]) if d is not None and d in sizes
-                 else IMAGE_SIDE if a in sides else default for a, d in enumerate(dims))
+                 else _summed(d, sizes, default) or (IMAGE_SIDE if a in sides else default)
+                 for a, d in enumerate(dims))
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.FloorDiv: operator.floordiv}
+
+
+def _summed(name: str | None, sizes: Mapping[str, int], default: int) -> int | None:
+    """A dimension named by arithmetic over others, as optimum names an attention mask's
+    `past_sequence_length + sequence_length`: its size from theirs (a mask as long as
+    the keys it covers); None for a plain name, or a size under 1."""
+    if name is None or not any(op in name for op in "+-*/"):
+        return None
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Name):
+            return int(sizes.get(node.id, default))
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        raise ValueError(name)
+
+    try:
+        size = value(ast.parse(name, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+    return size if size >= 1 else None

@@ -202,13 +202,14 @@ def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networ
              InputSpec("tokens", np.dtype(np.int64), ("n", "t")),
              InputSpec("unnamed", np.dtype(np.float32), (None, 1, None, None)),
              InputSpec("text_line", np.dtype(np.float32), ("n", 3, 48, "width")),
+             InputSpec("keys", np.dtype(np.float32), ("n", 4, "past", 64)),
              InputSpec("no_image", np.dtype(np.float32), ("n", 5, "a", "b")),
              InputSpec("ints", np.dtype(np.int64), ("n", 3, "a", "b"))]
     rng = np.random.default_rng()
     shapes = {k: v.shape for k, v in random_feeds(specs, rng).items()}
     assert shapes == {"nchw": (1, 3, side, side), "nhwc": (1, side, side, 4),
                       "mask": (1, side, side), "tokens": (1, 1), "unnamed": (1, 1, side, side),
-                      "text_line": (1, 3, 48, side),
+                      "text_line": (1, 3, 48, 1), "keys": (1, 4, 1, 64),
                       "no_image": (1, 5, 1, 1), "ints": (1, 3, 1, 1)}
     bound = random_feeds(specs, rng, {"h": 32, "t": 7})
     assert bound["nchw"].shape == (1, 3, 32, side) and bound["mask"].shape == (1, 32, side)
@@ -228,6 +229,35 @@ def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, 
     assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
         capsys.readouterr().err
     assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
+def test_a_dimension_named_as_a_sum_of_others_is_made_up_as_their_sum(capsys, tmp_path):
+    """optimum names a decoder's attention mask [batch, past_sequence_length +
+    sequence_length]: made up as 1 against keys of 1 + 1, GPT-2 and Llama exports failed
+    every request (a Gather out of bounds). Here the mask is joined to the keys' means."""
+    f = TensorProto.FLOAT
+    total = "past_sequence_length + sequence_length"
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past", "new"], ["keys"], axis=2),
+         helper.make_node("ReduceMean", ["keys", "last"], ["means"], keepdims=0),
+         helper.make_node("Unsqueeze", ["mask", "one"], ["row"]),
+         helper.make_node("Concat", ["row", "means"], ["y"], axis=1)], "decoder",
+        [helper.make_tensor_value_info("past", f, ["batch", 2, "past_sequence_length", 4]),
+         helper.make_tensor_value_info("new", f, ["batch", 2, "sequence_length", 4]),
+         helper.make_tensor_value_info("mask", f, ["batch", total])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.array([3], np.int64), "last"),
+         numpy_helper.from_array(np.array([1], np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    specs = input_specs(load_graph(model))
+    rng = np.random.default_rng()
+    assert random_feeds(specs, rng)["mask"].shape == (1, 2)
+    assert random_feeds(specs, rng, {"past_sequence_length": 5})["mask"].shape == (1, 6)
+    assert load_graph(model, bindings={"sequence_length": 3}).tensors["mask"].shape == (1, 4)
+    path = str(tmp_path / "decoder.onnx")
+    onnx.save(model, path)
+    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
+        capsys.readouterr().err
 
 
 def test_unknown_binding_names_are_ignored():
