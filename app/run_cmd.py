@@ -182,9 +182,9 @@ class OutputCheck:
     def noise(self) -> str:
         """After a mismatch in values: how far onnxruntime's own answer on that input
         moves with its graph optimizations off. A cut between partitions changes which
-        nodes onnxruntime fuses as much, so an error within that is the model's float
-        noise (a random-weight RT-DETR's TopK picks other queries over near ties), and one
-        far past it a fault."""
+        nodes onnxruntime fuses as much, so an error within that is the model's rounding
+        noise (a random-weight RT-DETR's TopK picks other queries over near ties; an int8
+        YOLO's requantizations), and one far past it a fault."""
         if self.differing is None or not math.isfinite(self.differing[2]):
             return ""
         feeds, name, err = self.differing
@@ -195,7 +195,7 @@ class OutputCheck:
         except Exception:  # a model onnxruntime runs only optimized: nothing to tell
             return ""
         own, _ = difference(plain, want, self.computed.get(name))
-        verdict = ": float noise this model amplifies" if own >= err else ""
+        verdict = ": rounding noise this model amplifies" if own >= err else ""
         return (f"; on that input onnxruntime with its graph optimizations off differs from "
                 f"itself by {own:.3g}{verdict}")
 

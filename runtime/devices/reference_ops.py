@@ -27,6 +27,9 @@ than onnx's spec (and onnxruntime) do.
   writes for UpSampling2D and onnxruntime runs), a mode the evaluator does not know.
 - Upsample (opsets 7 to 9): the evaluator repeats by whole nearest scales only, and fails
   on `linear` (torchvision's LR-ASPP exported at opset 9).
+- DequantizeLinear below opset 19: the evaluator (onnx 1.23) keeps kernels from 19 on
+  only, so a QOperator or QDQ model at opsets 10 to 18 (onnxruntime's quantizer writes
+  13) failed to load on the reference device.
 - ai.onnx.ml's ZipMap, which the evaluator lacks: every classifier skl2onnx, onnxmltools
   (LightGBM, XGBoost) and CatBoost export ends in one unless told not to.
 """
@@ -45,6 +48,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_batch_normalization import BatchNormalization_14
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
+from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_loop import Loop as _Loop
 from onnx.reference.ops.op_resize import Resize as _Resize
 
@@ -381,6 +385,14 @@ class Upsample(_Resize):
                             coordinate_transformation_mode="asymmetric", nearest_mode="floor")
 
 
+class DequantizeLinear(_CommonDequantizeLinear):
+    """Every opset's node: the attributes its opset has (`axis` from 13, `block_size` from
+    21, `output_dtype` from 23), the defaults otherwise."""
+
+    def _run(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=None):
+        return super()._run(x, x_scale, x_zero_point, axis, block_size, output_dtype)
+
+
 class ZipMap(OpRun):
     """Each row of class scores as a map from the class labels, as onnxruntime gives it:
     a list of dicts."""
@@ -393,4 +405,4 @@ class ZipMap(OpRun):
 
 
 KERNELS = (ConvTranspose, MaxPool, AveragePool, LpPool, LRN, GridSample, GatherElements,
-           GlobalMaxPool, BatchNormalization, Loop, Resize, Upsample, ZipMap)
+           GlobalMaxPool, BatchNormalization, Loop, Resize, Upsample, DequantizeLinear, ZipMap)

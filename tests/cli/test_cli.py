@@ -223,7 +223,7 @@ def test_run_record_writes_every_request(capsys, tmp_path):
 @pytest.mark.parametrize(("perturbed", "told"), [
     ("both", r"onnxruntime with its graph optimizations off differs from itself by "
              r"[0-9.e-]+\n"),  # float32's few units in the last place, told without a verdict
-    ("optimized", r"differs from itself by 0.5: float noise this model amplifies\n")])
+    ("optimized", r"differs from itself by 0.5: rounding noise this model amplifies\n")])
 def test_run_failed_check_names_output_and_error(capsys, monkeypatch, perturbed, told):
     """And how far onnxruntime's own answer moves without its graph optimizations: here
     onnxruntime is perturbed in both sessions (a fault), or in its optimized one alone."""

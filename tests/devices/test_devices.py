@@ -15,10 +15,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from app.cli import main
-from runtime.devices import DeviceConfig, DeviceManager, Program, open_device, supported_ops
+from runtime.devices import (
+    DeviceConfig,
+    DeviceManager,
+    Program,
+    open_device,
+    parse_devices,
+    supported_ops,
+)
 from runtime.devices.manager import on_device_thread
 from runtime.devices.sim import SimDevice
 from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
+from runtime.host import HostManager
 from tests.support.classifiers import zipmap_classifier
 from tests.support.fakes import blocking
 
@@ -368,6 +376,36 @@ def test_the_reference_backend_stacks_a_loops_scan_outputs_as_onnxruntime(manage
     assert_reference_runs_as_onnxruntime(
         managers("d0", "reference"), node, x, 17, n=np.array(RNG.integers(1, 5)),
         go=np.array(True), rows=np.array([0]))
+
+
+@pytest.mark.parametrize("opset", [10, 13, 18, 19])
+def test_the_reference_backend_dequantizes_at_every_opset_as_onnxruntime(opset):
+    """onnx's evaluator (1.23) keeps DequantizeLinear from opset 19 on only: a quantized
+    model at 13, as onnxruntime's quantizer writes one, failed to load on the device.
+    Per channel (axis) from 13 on."""
+    f, rows = TensorProto.FLOAT, int(RNG.integers(1, 5))
+    channel = opset >= 13
+    w = RNG.integers(-127, 128, (6, 5)).astype(np.int8)
+    scale = RNG.uniform(0.01, 0.1, 5 if channel else ()).astype(np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"],
+                              **({"axis": 1} if channel else {})),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
+    weights = {"xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8), "w": w,
+               "ws": scale}
+    model = helper.make_model(helper.make_graph(
+        nodes, "qdq", [helper.make_tensor_value_info("x", f, ["n", 6])],
+        [helper.make_tensor_value_info("y", f, ["n", 5])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()]),
+        opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    x = RNG.standard_normal((rows, 6)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with HostManager(parse_devices("reference:1")) as host:
+        host.add_network("qdq", model)
+        np.testing.assert_allclose(host.infer("qdq", {"x": x}, timeout=30)["y"], want,
+                                   rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("text", [False, True], ids=["int_labels", "text_labels"])
