@@ -583,12 +583,15 @@ def test_a_weight_standardized_by_a_training_batch_norm_trains_over_two_stages()
     x = rng.standard_normal((8, cin, 6, 6)).astype(np.float32)
     labels = rng.integers(0, out, 8)
     grads = loss_and_gradients(model, {"x": x}, labels)[1]
-    direction = rng.standard_normal(weights["w"].shape).astype(np.float32)
+    # along the gradient, where the difference is largest: along a random direction it
+    # was within float32's resolution of the loss and missed 2 % (worst of 60 draws here
+    # 1.6e-2, along the gradient 7e-5)
+    direction = grads["w"]
     step = 1e-2 / np.linalg.norm(direction)
     ahead, behind = (loss_and_gradients(with_weights(model, {"w": weights["w"] + s * direction}),
                                         {"x": x}, labels)[0] for s in (step, -step))
     numeric = (ahead - behind) / (2 * step)
-    assert float((grads["w"] * direction).sum()) == pytest.approx(numeric, rel=2e-2, abs=1e-5)
+    assert float((grads["w"] * direction).sum()) == pytest.approx(numeric, rel=1e-3)
     split = {"default": "p0", "partitions": {"p0": "cpu0", "p1": "cpu1"},
              "nodes": dict.fromkeys(["pool", "flat"], "p1")}
     config = TrainConfig(optimizer=Optimizer("sgd", lr=0.1), batch_size=4, micro_batches=2,
