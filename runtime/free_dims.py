@@ -13,20 +13,26 @@ from collections.abc import Iterable, Mapping, Sequence
 
 IMAGE_SIDE = 224
 _CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
+_LINE = 8  # the least fixed height under which a free width is a text line's
 
 Dims = Sequence[int | str | None]
 
 
 def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
-    """An image input's height and width axes, when both are free: a float tensor of rank
-    4 whose channels (1, 3 or 4) come first (NCHW) or last (NHWC). With one side fixed
-    the shape says too little: a key cache [batch, heads, past, head size] of 4 heads or
-    a head size of 4 reads as an image as well as a text line [N, 3, 48, W] does."""
+    """An image input's free sides: a float tensor of rank 4, its channels (1, 3 or 4)
+    first (NCHW) or last (NHWC), its height and width free, or its width alone under a
+    text line's height (PP-OCR's recognizers read [N, 3, 48, W]; 1 wide, nothing). Not a
+    free height under a fixed width, nor a width under a height of a few: key caches
+    [batch, heads, past, head size] take those shapes."""
     if not floating or dims is None or len(dims) != 4:
         return ()
-    for channels, sides in ((1, (2, 3)), (3, (1, 2))):
-        if dims[channels] in _CHANNELS and not any(isinstance(dims[a], int) for a in sides):
-            return sides
+    for channels, (height, width) in ((1, (2, 3)), (3, (1, 2))):
+        tall = dims[height]
+        if dims[channels] in _CHANNELS and not isinstance(dims[width], int):
+            if not isinstance(tall, int):
+                return height, width
+            if tall >= _LINE:
+                return (width,)
     return ()
 
 

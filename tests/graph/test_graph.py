@@ -203,13 +203,15 @@ def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networ
              InputSpec("unnamed", np.dtype(np.float32), (None, 1, None, None)),
              InputSpec("text_line", np.dtype(np.float32), ("n", 3, 48, "width")),
              InputSpec("keys", np.dtype(np.float32), ("n", 4, "past", 64)),
+             InputSpec("few_heads", np.dtype(np.float32), ("n", 2, "cached", 4)),
              InputSpec("no_image", np.dtype(np.float32), ("n", 5, "a", "b")),
              InputSpec("ints", np.dtype(np.int64), ("n", 3, "a", "b"))]
     rng = np.random.default_rng()
     shapes = {k: v.shape for k, v in random_feeds(specs, rng).items()}
     assert shapes == {"nchw": (1, 3, side, side), "nhwc": (1, side, side, 4),
                       "mask": (1, side, side), "tokens": (1, 1), "unnamed": (1, 1, side, side),
-                      "text_line": (1, 3, 48, 1), "keys": (1, 4, 1, 64),
+                      "text_line": (1, 3, 48, side), "keys": (1, 4, 1, 64),
+                      "few_heads": (1, 2, 1, 4),
                       "no_image": (1, 5, 1, 1), "ints": (1, 3, 1, 1)}
     bound = random_feeds(specs, rng, {"h": 32, "t": 7})
     assert bound["nchw"].shape == (1, 3, 32, side) and bound["mask"].shape == (1, 32, side)
