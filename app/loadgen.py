@@ -57,6 +57,15 @@ def feed_pool(specs: list[InputSpec], rng: np.random.Generator,
     return pool + [random_feeds(specs, rng, bindings) for _ in range(more)]
 
 
+def made_up_hint(feeds: dict) -> str:
+    """Where every request failed on made-up inputs, which ones and how to give others:
+    a model may take only some sizes (PP-OCR's recognizer, text lines 48 high) or values
+    (silero's VAD, a sample rate of 8000 or 16000)."""
+    shown = ", ".join(f"{k} {list(getattr(v, 'shape', ()))}" for k, v in list(feeds.items())[:4])
+    return (f" (on made-up inputs: {shown}{', ...' * (len(feeds) > 4)}; give yours with "
+            f"--inputs FILE.npz, or sizes with --bind DIM=N)")
+
+
 class LoadGenerator:
     """Drive one network. Give `concurrency` (closed loop) or `rate` (open loop)."""
 
@@ -172,7 +181,9 @@ class LoadGenerator:
         wall = time.perf_counter() - start
         self.stop()
         if self.stats.failed:
-            raise PrismError(f"{self.stats.failed} requests failed: {self.stats.errors[0]}")
+            hint = made_up_hint(self.pool[0]) if self.fixed_feeds is None and \
+                self.stats.failed == self.stats.done else ""
+            raise PrismError(f"{self.stats.failed} requests failed: {self.stats.errors[0]}{hint}")
         return self.stats.ok / wall
 
     def wait(self, timeout: float | None = None) -> bool:

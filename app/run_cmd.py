@@ -19,7 +19,7 @@ from rich.table import Table
 
 from app.arguments import load_options, output_file, run_devices, writing
 from app.console import plain_console, progress_on
-from app.loadgen import LoadGenerator, LoadStats
+from app.loadgen import LoadGenerator, LoadStats, made_up_hint
 from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.ort.sessions import cpu_session
@@ -265,15 +265,6 @@ def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]
 
     graph = load_graph(path, bindings=bindings, name=Path(path).stem)
     return graph.name, input_specs(graph)
-
-
-def made_up_hint(feeds: dict) -> str:
-    """Where every request failed on made-up inputs, which ones and how to give others:
-    a model may take only some sizes (PP-OCR's recognizer, text lines 48 high) or values
-    (silero's VAD, a sample rate of 8000 or 16000)."""
-    shown = ", ".join(f"{k} {list(getattr(v, 'shape', ()))}" for k, v in list(feeds.items())[:4])
-    return (f" (on made-up inputs: {shown}{', ...' * (len(feeds) > 4)}; give yours with "
-            f"--inputs FILE.npz, or sizes with --bind DIM=N)")
 
 
 def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str]:

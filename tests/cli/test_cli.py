@@ -298,7 +298,9 @@ def test_bench_sends_the_feeds_of_an_npz_to_prism_and_onnxruntime_alike(capsys, 
     onnx.save(even_rows_model(), path)
     np.savez(data, x=np.random.default_rng().standard_normal((4, 4)).astype(np.float32))
     line = one_line_error(capsys, ["bench", path, "--devices", "cpu:1", "--requests", "20"])
-    assert "requests failed" in line, line
+    assert "requests failed" in line and line.endswith(
+        "(on made-up inputs: x [1, 4]; give yours with --inputs FILE.npz, or sizes with "
+        "--bind DIM=N)"), line
     assert main(["bench", path, "--devices", "cpu:1", "--requests", "50", "--concurrency", "2",
                  "--inputs", str(data), "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
