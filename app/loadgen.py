@@ -81,11 +81,12 @@ class LoadGenerator:
         self.requests, self.timeout, self.on_result = requests, timeout, on_result
         self.specs = host.inputs(network)
         self.bindings = dict(bindings or {})
-        self.fixed_feeds = dict(feeds) if feeds is not None else None
+        self.made_up = feeds is None
         self.rng = np.random.default_rng(seed)
         # A pool drawn once per run: drawing per request would cost more than a small
-        # network's run, and the generator would measure itself.
-        self.pool = feed_pool(self.specs, self.rng, self.bindings)
+        # network's run, and the generator would measure itself. Given feeds are the pool.
+        self.pool = feed_pool(self.specs, self.rng, self.bindings) if feeds is None else \
+            [dict(feeds)]
         self.stats = LoadStats()
         self._lock = threading.Lock()
         self._running = threading.Event()
@@ -181,10 +182,14 @@ class LoadGenerator:
         wall = time.perf_counter() - start
         self.stop()
         if self.stats.failed:
-            hint = made_up_hint(self.pool[0]) if self.fixed_feeds is None and \
-                self.stats.failed == self.stats.done else ""
-            raise PrismError(f"{self.stats.failed} requests failed: {self.stats.errors[0]}{hint}")
+            raise PrismError(f"{self.stats.failed} requests failed: {self.stats.errors[0]}"
+                             f"{self.hint()}")
         return self.stats.ok / wall
+
+    def hint(self) -> str:
+        """`made_up_hint` where every request failed on made-up inputs, else ""."""
+        every = self.stats.failed == self.stats.done > 0
+        return made_up_hint(self.pool[0]) if self.made_up and every else ""
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until the requested number of requests have ended (or `timeout`)."""
@@ -206,8 +211,6 @@ class LoadGenerator:
                                        self.stats.sent >= self.requests):
                 return None
             self.stats.sent += 1
-            if self.fixed_feeds is not None:
-                return self.fixed_feeds
             return self.pool[self.stats.sent % len(self.pool)]
 
     def _send(self, client: int) -> None:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from app.arguments import load_options, output_file, run_devices, writing
 from app.console import plain_console, progress_on
-from app.loadgen import LoadGenerator, LoadStats, made_up_hint
+from app.loadgen import LoadGenerator, LoadStats
 from app.measuring import add_network_measuring
 from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.ort.sessions import cpu_session
@@ -331,8 +331,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"trace: {count} events in {trace_path} (open it in "
                           f"https://ui.perfetto.dev)")
     problems = _problems(load.stats, check, recorder)
-    if feeds is None and load.stats.failed == load.stats.done > 0:
-        problems[0] += made_up_hint(load.pool[0])
+    if hint := load.hint():  # every request failed on made-up inputs
+        problems[0] += hint
     if problems:
         raise PrismError("; ".join(problems))
     if check is not None:

@@ -74,10 +74,7 @@ def weights_of_constants(graph: onnx.GraphProto) -> list[str]:
         value = next((a.t for a in node.attribute if a.name == "value"), None) \
             if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS else None
         if value is not None and value.data_type in FLOATS and value.dims:
-            weight = onnx.TensorProto()
-            weight.CopyFrom(value)
-            weight.name = node.output[0]
-            graph.initializer.append(weight)
+            copy_initializer(graph, value, node.output[0])
             graph.node.remove(node)
             taken.append(node.name)
     return taken
