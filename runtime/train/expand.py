@@ -13,6 +13,9 @@ stage follows):
 - a Loop whose trip count they fix and whose condition stays true (TorchScript's
   EmbeddingBag), or whose condition its body computes from what they fix (TensorFlow's
   while loops: a counter below the sequence length): unrolled.
+- a SplitToSequence read only by SequenceAt at positions they fix (torch.split and chunk
+  in an unoptimized dynamo export): by a Split, each SequenceAt by an Identity of its
+  piece, as onnxscript's optimizer rewrites them.
 
 A body built from the node's input types (context-dependent), an If's condition or a
 Loop's trip count needs facts of a run: the forward expands again after probing what it
@@ -22,14 +25,14 @@ expanded.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper, version_converter
 
-from runtime.graph import DEFAULT_DOMAINS
+from runtime.graph import DEFAULT_DOMAINS, reads_of
 from runtime.train.facts import Facts
 from runtime.train.registry import rule_for
 
@@ -42,10 +45,11 @@ def expand_nodes(model: onnx.ModelProto, facts: Facts, opset: int
     the node it stands for."""
     served: dict[str, str] = {}
     ids = itertools.count()
+    pieces = _pieces(model.graph, facts, opset, ids)
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
         start = len(nodes)
-        nodes.extend(_expanded(node, facts, opset, ids))
+        nodes.extend(pieces.get(node.name) or _expanded(node, facts, opset, ids))
         if len(nodes) - start != 1 or nodes[start] is not node:
             served.update((n.name, node.name) for n in nodes[start:])
     if not served:
@@ -55,6 +59,90 @@ def expand_nodes(model: onnx.ModelProto, facts: Facts, opset: int
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out, served
+
+
+def _pieces(graph: onnx.GraphProto, facts: Facts, opset: int, ids: Iterator[int]
+            ) -> dict[str, list[onnx.NodeProto]]:
+    """Node name -> what replaces it, for each SplitToSequence whose sequence only
+    SequenceAt nodes read, at positions the facts fix, and its readers."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for t in reads_of(node):
+            readers.setdefault(t, []).append(node)
+    outputs = {o.name for o in graph.output}
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        if node.op_type != "SplitToSequence" or node.domain not in DEFAULT_DOMAINS or \
+                node.output[0] in outputs or node.input[0] not in facts.shapes:
+            continue
+        reads = readers.get(node.output[0], [])
+        at = [_fixed(r.input[1], facts) if r.op_type == "SequenceAt" and
+              r.domain in DEFAULT_DOMAINS and list(r.input) == [node.output[0], r.input[1]]
+              else None for r in reads]
+        sizes, fixed = _split_sizes(node, facts), [int(a) for a in at if a is not None]
+        if sizes is None or len(fixed) < len(at):
+            continue
+        prefix = f"{node.name}/f{next(ids)}"
+        split = [*_split_node(node, sizes, prefix, opset)]
+        parts = split[-1].output
+        if not _given_split(node) and _attr(node, "keepdims", 1) == 0:
+            squeezes = _squeezes(parts, prefix, _attr(node, "axis", 0), opset)
+            split += squeezes
+            parts = [n.output[0] for n in squeezes if n.op_type == "Squeeze"]
+        out[node.name] = split
+        for r, a in zip(reads, fixed, strict=True):
+            out[r.name] = [helper.make_node("Identity", [parts[a % len(parts)]],
+                                            [r.output[0]], name=f"{prefix}/{r.name}")]
+    return out
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def _given_split(node: onnx.NodeProto) -> str:
+    return node.input[1] if len(node.input) > 1 else ""
+
+
+def _split_sizes(node: onnx.NodeProto, facts: Facts) -> list[int] | None:
+    """The sizes of a SplitToSequence's pieces along its axis, if the facts fix them: its
+    `split` sizes, pieces of `split` with the remainder last, or pieces of 1."""
+    shape = facts.shape(node.input[0])
+    length = shape[_attr(node, "axis", 0) % len(shape)] if shape else 0
+    split = _whole(_given_split(node), facts) if _given_split(node) else np.asarray(1)
+    if split is None or split.ndim > 1 or length == 0:
+        return None
+    if split.ndim == 1:
+        return [int(v) for v in split]
+    step = int(split)
+    return [min(step, length - s) for s in range(0, length, step)] if step > 0 else None
+
+
+def _split_node(node: onnx.NodeProto, sizes: list[int], prefix: str, opset: int
+                ) -> Iterator[onnx.NodeProto]:
+    """A Split of the node's input into pieces of `sizes`: its sizes an input from opset
+    13, an attribute before."""
+    axis, names = _attr(node, "axis", 0), [f"{prefix}/{i}" for i in range(len(sizes))]
+    if opset < 13:
+        yield helper.make_node("Split", [node.input[0]], names, axis=axis, split=sizes,
+                               name=prefix)
+        return
+    yield helper.make_node("Constant", [], [f"{prefix}/sizes"], name=f"{prefix}/sizes",
+                           value=numpy_helper.from_array(np.asarray(sizes, np.int64)))
+    yield helper.make_node("Split", [node.input[0], f"{prefix}/sizes"], names, axis=axis,
+                           name=prefix)
+
+
+def _squeezes(parts: Sequence[str], prefix: str, axis: int, opset: int
+              ) -> list[onnx.NodeProto]:
+    """Each piece with its split axis squeezed away (SplitToSequence's keepdims=0)."""
+    if opset < 13:
+        return [helper.make_node("Squeeze", [p], [f"{p}/squeezed"], axes=[axis],
+                                 name=f"{p}/squeezed") for p in parts]
+    axes = helper.make_node("Constant", [], [f"{prefix}/axes"], name=f"{prefix}/axes",
+                            value=numpy_helper.from_array(np.asarray([axis], np.int64)))
+    return [axes, *(helper.make_node("Squeeze", [p, axes.output[0]], [f"{p}/squeezed"],
+                                     name=f"{p}/squeezed") for p in parts)]
 
 
 def _expanded(node: onnx.NodeProto, facts: Facts | None, opset: int, ids: Iterator[int]

@@ -71,20 +71,25 @@ def probe(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     known = {o.name for o in wide.graph.output}
     names = [o for n in wide.graph.node for o in n.output if o and o not in known]
     wide.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
-    values = run_model(wide, feeds)
+    run = run_model(wide, feeds)
+    values = {k: v for k, v in run.items() if not isinstance(v, list)}
     values.update({t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer})
     values.update(feeds)
     shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in values.items()}
     dtypes = {k: np.asarray(v).dtype for k, v in values.items()}
+    # a sequence has its tensors' type (a gradient would flow through it) and no one shape
+    dtypes.update((k, np.asarray(v[0]).dtype) for k, v in run.items() if isinstance(v, list) and v)
     small = {k: np.asarray(v) for k, v in values.items()
              if np.size(v) <= _KEPT.get(np.asarray(v).dtype.kind, -1)}
     return Facts(shapes, dtypes, small, data_dependent(model.graph, sources))
 
 
-def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every output of one run, on onnxruntime's CPU, else onnx's reference evaluator:
-    where onnxruntime has no kernel for the model's types, or one that takes them and runs
-    none (LSTM in float64 raises RuntimeException as it runs)."""
+def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+              ) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Every output of one run (a sequence as the list of its tensors), on onnxruntime's
+    CPU, else onnx's reference evaluator: where onnxruntime has no kernel for the model's
+    types, or one that takes them and runs none (LSTM in float64 raises RuntimeException
+    as it runs)."""
     from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
 
     from runtime.devices.reference import evaluator
@@ -101,7 +106,8 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[s
                 from None
     except Exception as exc:
         raise _failed(model, exc) from None
-    return {n: np.asarray(v) for n, v in zip(names, results, strict=True)}
+    return {n: v if isinstance(v, list) else np.asarray(v)
+            for n, v in zip(names, results, strict=True)}
 
 
 def _failed(model: onnx.ModelProto, exc: Exception) -> TrainingError:

@@ -434,6 +434,43 @@ def test_a_while_loop_counting_to_the_sequence_length_trains_unrolled() -> None:
         gradients(model(by_state), {"x": x}, target, loss="mse")
 
 
+@pytest.mark.parametrize("split", ["sizes", "scalar", "none"])
+def test_a_split_into_a_sequence_read_at_fixed_positions_trains_as_a_split(split: str) -> None:
+    """An unoptimized dynamo export writes torch.split and chunk as SplitToSequence read by
+    SequenceAt: given sizes, a size with the remainder last, or pieces of 1 squeezed away
+    (unbind); each trains as a Split. A position the data gives leaves it refused."""
+    rng = np.random.default_rng()
+    mk = helper.make_node
+    rows, width = int(rng.integers(2, 4)), int(rng.integers(5, 8))
+    given = {"sizes": [mk("SplitToSequence", ["h", "sizes"], ["seq"], axis=1)],
+             "scalar": [mk("SplitToSequence", ["h", "two"], ["seq"], axis=1)],
+             "none": [mk("SplitToSequence", ["h"], ["seq"], axis=1, keepdims=0)]}[split]
+    first = int(rng.integers(1, width))
+    weights = {"w": rng.standard_normal((width, width)), "sizes": np.asarray(
+        [first, width - first], np.int64), "two": np.asarray(2, np.int64),
+        "at0": np.asarray(0, np.int64), "last": np.asarray(-1, np.int64)}
+
+    def model(position: str, feeds: dict) -> onnx.ModelProto:
+        nodes = [mk("MatMul", ["x", "w"], ["h"]), *given,
+                 mk("SequenceAt", ["seq", "at0"], ["a"], name="at_first"),
+                 mk("SequenceAt", ["seq", position], ["b"], name="at_other"),
+                 *(mk("ReduceSum", [p], [f"s{p}"], keepdims=0, axes=[-1]) if split != "none"
+                   else mk("Identity", [p], [f"s{p}"]) for p in "ab"),
+                 mk("Mul", ["sa", "sb"], ["y"])]
+        return typed_model(nodes, weights, ["y"], feeds, opset=11)
+
+    x = rng.standard_normal((rows, width))
+    target = rng.standard_normal(rows)
+    fixed = model("last", {"x": x})
+    ours = gradients(fixed, {"x": x}, target, loss="mse")
+    assert not mismatches(ours, numeric_gradients(fixed, {"x": x}, target, "mse"))
+    assert ours["w"].any()
+    at = np.asarray(1, np.int64)
+    fed = model("at", {"x": x, "at": at})
+    with pytest.raises(TrainingError, match="has no gradient rule"):
+        gradients(fed, {"x": x, "at": at}, target, loss="mse")
+
+
 @pytest.mark.parametrize("step", ["Floor", "Ceil", "Round", "Sign", "Hardmax"])
 def test_a_step_passes_no_gradient_back_as_in_pytorch(step: str) -> None:
     rng = np.random.default_rng()

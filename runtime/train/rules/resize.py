@@ -80,5 +80,6 @@ def _matrix(r: Rewriting, k: int, a: int, b: int, scale: float | None) -> np.nda
         [], [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(dtype), None)],
         [numpy_helper.from_array(v, n) for n, v in feeds.items()]),
         opset_imports=[helper.make_opsetid("", r.e.opset)])
-    made = run_model(model, {})["y"]  # [a, ..., b along k, ...]: row i is basis vector i
+    # [a, ..., b along k, ...]: row i is basis vector i
+    made = np.asarray(run_model(model, {})["y"])
     return np.moveaxis(made, (holds, k), (0, 1)).reshape(a, b)
