@@ -148,10 +148,10 @@ def _placeholder(name: str) -> str:
     return "p_" + name.replace(".", "_")
 
 
-def _parameter(node: onnx.NodeProto, t: str, module: str) -> str:
-    """The PyTorch parameter `node`, of `module`, reads where it reads initializer `t`:
-    the one of its module's its FX node's arguments name (`p_<module>_<field>`; by `t`'s
-    field when it names several), else its module's parameter of `t`'s field."""
+def _named(node: onnx.NodeProto, t: str, module: str) -> str | None:
+    """The PyTorch parameter `node`, of `module`, reads where it reads initializer `t`,
+    if its FX node's arguments name it: `t` itself, or the one of its module's they name
+    (`p_<module>_<field>`; by `t`'s field when they name several)."""
     field = t.rpartition(".")[2]
     fx = _metadata(node, FX_NODE) or ""
     named = set(re.findall(r"%(p_\w+)", fx.partition("args =")[2]))
@@ -162,7 +162,12 @@ def _parameter(node: onnx.NodeProto, t: str, module: str) -> str:
     own = sorted(p[len(prefix):] for p in named - others if p.startswith(prefix))
     if len(own) > 1:
         own = [f for f in own if f == field]
-    return f"{module}.{own[0] if len(own) == 1 else field}".lstrip(".")
+    return f"{module}.{own[0]}".lstrip(".") if len(own) == 1 else None
+
+
+def _parameter(node: onnx.NodeProto, t: str, module: str) -> str:
+    """`_named`, else its module's parameter of `t`'s field."""
+    return _named(node, t, module) or f"{module}.{t.rpartition('.')[2]}".lstrip(".")
 
 
 def own_weights(graph: onnx.GraphProto) -> list[str]:
@@ -170,12 +175,16 @@ def own_weights(graph: onnx.GraphProto) -> list[str]:
     initializer again, in place: a TorchScript `Identity` of a shared one becomes an
     initializer under the Identity's name; a dynamo initializer read for several
     parameters (each read's by its node's module and FX node, `_parameter`) stays its own
-    parameter's, and each other parameter's reads read a copy under PyTorch's name. The
-    names of the Identity nodes so taken out."""
+    parameter's, and each other parameter's reads read a copy under PyTorch's name. Equal
+    values that are no fill (ConViT's identity-initialized projections) are taken apart
+    only where the FX nodes name different parameters (`_named`): dynamo names a tied
+    weight once. The names of the Identity nodes so taken out."""
     inits = {t.name: t for t in graph.initializer}
     reads = _reads(graph)
-    shared = {t for t, n in reads.items() if n > 1 and t in inits and _fill(inits[t])}
-    if not shared:
+    merged = {t for t, n in reads.items() if n > 1 and t in inits
+              and inits[t].data_type in FLOATS and np.prod(inits[t].dims) >= 2}
+    shared = {t for t in merged if _fill(inits[t])}
+    if not merged:
         return []
     taken = set(inits) | {t for n in graph.node for t in (*n.input, *n.output)}
     gone = []
@@ -196,8 +205,9 @@ def own_weights(graph: onnx.GraphProto) -> list[str]:
         scopes = _modules(node)
         modules.update(scopes)
         for k, t in enumerate(node.input):
-            if t in shared and scopes:
-                param = _parameter(node, t, scopes[-1])
+            if t in merged and scopes:
+                param = _parameter(node, t, scopes[-1]) if t in shared else \
+                    _named(node, t, scopes[-1]) or t
                 readers.setdefault(t, {}).setdefault(param, []).append((node, k))
     for t, by_param in readers.items():
         if len(by_param) < 2 or t.rpartition(".")[0] not in modules:
@@ -218,14 +228,21 @@ def _key(values: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
     return values.dtype.str, values.shape, hashlib.blake2b(data, digest_size=16).digest()
 
 
+def _folded(name: str) -> bool:
+    """Is the initializer an exporter's folded tensor (`onnx::MatMul_7`, `val_3`), not a
+    parameter under its PyTorch name (`a.b`)?"""
+    return "." not in name or name.startswith("onnx::")
+
+
 def tie_again(graph: onnx.GraphProto) -> None:
     """Each initializer an exporter folded out of another, a copy or a matrix's transpose,
     is read as that one again (through a Transpose), in place: PyTorch trains a tied weight
     as one, its gradient the sum of its uses. TorchScript folds a tied LM head into a copy
     of the embedding's transpose; dynamo folds a shared layer's transposed weight once at
     each use (ALBERT). Random values are equal only when made so; fills are equal by
-    chance and left to `own_weights`. The name kept is a parameter's (`a.b`) over a
-    folded tensor's (`onnx::MatMul_7`, `val_3`)."""
+    chance and left to `own_weights`. Only a folded tensor is read as another: two
+    parameters under their own names stay two, equal or not (ConViT's identity-initialized
+    projections), as an exporter writes a tie once."""
     reads = _reads(graph)
     inner = {t for n in graph.node for t in set(reads_of(n)).difference(n.input)}
     outputs = {o.name for o in graph.output}
@@ -237,9 +254,11 @@ def tie_again(graph: onnx.GraphProto) -> None:
     transposes: list[onnx.NodeProto] = []
     taken = {t.name for t in graph.initializer} | {
         t for n in graph.node for t in (n.name, *n.input, *n.output)}
-    for t in sorted(weights, key=lambda t: "." not in t.name or t.name.startswith("onnx::")):
+    for t in sorted(weights, key=lambda t: _folded(t.name)):
         values = numpy_helper.to_array(t)
-        if (key := _key(values)) in seen:
+        if not _folded(t.name):  # a parameter, under its own name: its own
+            seen.setdefault(_key(values), t.name)
+        elif (key := _key(values)) in seen:
             same[t.name] = seen[key]
         elif values.ndim == 2 and shapes[tuple(t.dims[::-1])] and (
                 source := seen.get(_key(values.T))):

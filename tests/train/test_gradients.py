@@ -129,6 +129,42 @@ def test_an_exported_network_owned_has_pytorchs_gradients(form: str) -> None:
         np.testing.assert_allclose(got[name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.parametrize("form", ["separate", "scopes"])
+def test_equal_parameters_that_are_no_fill_stay_two(form: str) -> None:
+    """Two identity-initialized projections (ConViT's): written apart they stay two, equal
+    as they are; stored once by dynamo, whose FX nodes name both, they are two again."""
+    rng = np.random.default_rng()
+    width = int(rng.integers(3, 6))
+    mk = helper.make_node
+    params = {"a.weight": np.eye(width), "b.weight": np.eye(width),
+              "out.weight": rng.standard_normal((width, 3))}
+    steps = [("a", "x", "h1"), ("b", "t1", "h2"), ("out", "t2", "logits")]
+
+    def model(merged: bool) -> onnx.ModelProto:
+        nodes = []
+        for k, (module, x, y) in enumerate(steps):
+            weight = "a.weight" if merged and module == "b" else f"{module}.weight"
+            node = mk("MatMul", [x, weight], [y], name=f"node_matmul_{k}")
+            helper.set_metadata_props(node, {
+                "pkg.torch.onnx.name_scopes": repr(["", module, f"matmul_{k}"]),
+                "pkg.torch.onnx.fx_node": f"%matmul_{k} : [num_users=1] = call_function"
+                f"[target=torch.ops.aten.matmul](args = (%{x}, %p_{module}_weight),"
+                " kwargs = {})"})
+            nodes += [node, *([mk("Tanh", [y], [f"t{k + 1}"])] if module != "out" else [])]
+        weights = {n: v for n, v in params.items() if not (merged and n == "b.weight")}
+        return typed_model(nodes, {n: v.astype(np.float32) for n, v in weights.items()},
+                           ["logits"], {"x": rng.standard_normal((4, width)).astype(np.float32)})
+
+    separate = model(False)
+    feeds, labels = {"x": rng.standard_normal((4, width)).astype(np.float32)}, \
+        rng.integers(0, 3, 4)
+    want = gradients(separate, feeds, labels)
+    got = gradients(owned(load_graph(model(form == "scopes"), fold=False)), feeds, labels)
+    assert got.keys() == want.keys() == params.keys()
+    for name, grad in want.items():
+        np.testing.assert_allclose(got[name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_every_backend_runs_the_backward_graph(backend: str) -> None:
     rng = np.random.default_rng()
