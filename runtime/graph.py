@@ -35,8 +35,8 @@ from runtime.units import human_bytes
 Dim = int | str | None
 DEFAULT_DOMAINS = ("", "ai.onnx")
 READ_ANYWAY = 64 << 20  # model bytes read whatever the memory free: a fraction of a second
-_FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-                     onnx.TensorProto.BFLOAT16})
+FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                    onnx.TensorProto.BFLOAT16})  # the float element types
 
 
 @dataclass(frozen=True)
@@ -545,7 +545,7 @@ def _shaped_inputs(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto
         tensor = value.type.tensor_type
         if value.type.HasField("tensor_type") and tensor.HasField("shape"):
             yield value, tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None
-                               for d in tensor.shape.dim), tensor.elem_type in _FLOATS
+                               for d in tensor.shape.dim), tensor.elem_type in FLOATS
 
 
 def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int

@@ -17,13 +17,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from runtime.errors import TrainingError
-from runtime.graph import DEFAULT_DOMAINS, Graph, default_opset, reads_of
+from runtime.graph import DEFAULT_DOMAINS, FLOATS, Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
 from runtime.train.emit import Emitter
 from runtime.train.expand import expand_nodes
 from runtime.train.facts import Facts, probe
 from runtime.train.loss import LABELS, Loss
-from runtime.train.owners import FLOATS, own_statistics
+from runtime.train.owners import own_statistics
 from runtime.train.registry import Rewriting, rule_for
 
 TRAINING_OPSET = 17  # the oldest ai.onnx opset a training graph is written in

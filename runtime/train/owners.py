@@ -35,13 +35,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.graph import DEFAULT_DOMAINS, Graph, copy_initializer, load_graph, reads_of
+from runtime.graph import DEFAULT_DOMAINS, FLOATS, Graph, copy_initializer, load_graph, reads_of
 from runtime.names import fresh_name
 
 # dynamo's metadata on each node: the modules it ran in, and the FX node it came from
 SCOPES, FX_NODE = "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.fx_node"
-FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
-          onnx.TensorProto.BFLOAT16}
 
 
 def owned(graph: Graph) -> Graph:
