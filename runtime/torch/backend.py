@@ -2,7 +2,8 @@
 
 Dynamo captures a graph; AOT autograd lowers it to ATen operators, functional (no
 mutation, no aliasing), with PyTorch's decompositions of the operators ONNX has no
-translation for and of the transformer fast path's fused operators (`fastpath`); the
+translation for, of the transformer fast path's fused operators (`fastpath`), and of the
+operators whose translation a training graph cannot use (`training_norm`, `attention`); the
 forward graph is split into blocks that run on Prism's devices (`CompiledGraph`), the
 backward graph, when gradients are wanted, runs in PyTorch. Where AOT autograd cannot
 lower a graph with all those decompositions it tries the core ones alone, and failing
@@ -26,12 +27,14 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx import GraphModule
 
 from runtime.errors import described
+from runtime.torch.attention import ATTENTION
 from runtime.torch.block import OffloadWarning
 from runtime.torch.compiled import CompiledGraph
 from runtime.torch.fastpath import FAST_PATH
 from runtime.torch.options import OffloadOptions
 from runtime.torch.refused import wrongly_decomposed
 from runtime.torch.support import decompositions
+from runtime.torch.training_norm import TRAINING_NORM
 
 NAME = "prism"
 
@@ -57,7 +60,8 @@ def prism(gm: GraphModule, example_inputs: list[torch.Tensor],
     failures: list[Exception] = []
     for core in (False, True):  # PyTorch's non-core decompositions are not all functional
         lower = aot_autograd(fw_compiler=forward, bw_compiler=backward,
-                             decompositions={**decompositions(core), **FAST_PATH})
+                             decompositions={**decompositions(core), **FAST_PATH,
+                                             **TRAINING_NORM, **ATTENTION})
         try:
             return lower(gm, example_inputs)
         except Exception as exc:  # any tracing failure: the next table, or PyTorch

@@ -21,7 +21,8 @@ class Refusal:
 
 
 # onnxruntime's inference kernels normalize with the running statistics whatever ONNX's
-# `training_mode` says, where PyTorch in training normalizes with the batch's own
+# `training_mode` says, where PyTorch in training normalizes with the batch's own; only
+# what training_norm.py does not write out (float16) gets here
 _TRAINING_NORM = Refusal("batch norm in training mode: onnxruntime normalizes with the "
                          "running statistics, PyTorch with the batch's")
 _DIVISOR = Refusal("a divisor_override: torch.onnx's translation ignores it",
@@ -72,6 +73,7 @@ REFUSED: dict[str, Refusal] = {
 # Operators whose first output is right but whose other outputs (kept for the backward
 # pass) are not what PyTorch makes: offloaded only where nothing reads the others.
 FIRST_OUTPUT_ONLY: dict[str, str] = {
+    # reached only where attention.py declines to write it out (float16, dropout)
     "aten._scaled_dot_product_flash_attention_for_cpu":
         "its logsumexp output (kept for gradients) is not PyTorch's",
     # torchlib makes total_weight 1, so a mean loss's gradient comes out batch-size times

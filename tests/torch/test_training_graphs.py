@@ -1,0 +1,118 @@
+"""A training graph leaves PyTorch whole: batch norm in training mode
+(runtime/torch/training_norm.py) and attention with the logsumexp its backward reads
+(runtime/torch/attention.py) are written out, so a training step's outputs, gradients,
+running statistics and batch count equal eager PyTorch's with nothing left behind;
+float16 batch norm, which PyTorch normalizes in float32, stays in PyTorch with its reason.
+
+Smooth activations only (a ReLU's gradient jumps where an output rounds across zero, and
+fresh inputs would land there now and then), and no bias before a norm (its gradient is
+zero but for rounding).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import runtime.torch  # noqa: F401 (registers the backend; installed, the entry point does)
+from runtime.host import HostManager
+from runtime.torch.compiled import collecting
+from tests.support.torch_modules import fresh, fresh_weights, relative_error
+
+# a step per batch size: the second step's weights are the optimizer's, fed to the block,
+# and its new batch size makes dynamo trace again with a dynamic batch dimension
+GROWTH = (0, 2)
+
+class Attention(nn.Module):
+    """Four heads over a sequence of 6, as `F.scaled_dot_product_attention` is called."""
+
+    def __init__(self, causal: bool = False, mask: str | None = None) -> None:
+        super().__init__()
+        self.qkv, self.out, self.causal = nn.Linear(16, 48), nn.Linear(16, 5), causal
+        self.mask = None if mask is None else torch.randn(6, 6)
+        if mask == "a row hidden":
+            self.mask[2] = float("-inf")  # type: ignore[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(*x.shape[:2], 3, 4, 4).permute(2, 0, 3, 1, 4)
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
+                                               is_causal=self.causal)
+        return self.out(heads.transpose(1, 2).flatten(2))
+
+
+# name -> (the module, the shape of its input)
+TRAINED: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "1d": (lambda: nn.Sequential(nn.Linear(6, 8, bias=False), nn.BatchNorm1d(8), nn.Tanh()),
+           (5, 6)),
+    "1d over a sequence": (lambda: nn.Sequential(nn.Conv1d(3, 8, 3, bias=False),
+                                                 nn.BatchNorm1d(8), nn.GELU()), (4, 3, 9)),
+    "2d": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.SiLU(),
+                                 nn.Conv2d(8, 4, 3, bias=False),
+                                 nn.BatchNorm2d(4, momentum=0.3)), (3, 3, 9, 9)),
+    "3d without affine": (lambda: nn.Sequential(nn.Conv3d(2, 4, 2, bias=False),
+                                                nn.BatchNorm3d(4, affine=False), nn.Tanh()),
+                          (2, 2, 5, 5, 5)),
+    "no running statistics": (lambda: nn.Sequential(
+        nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6, track_running_stats=False),
+        nn.Tanh()), (4, 3, 7, 7)),
+    "attention": (Attention, (3, 6, 16)),
+    "causal attention": (lambda: Attention(causal=True), (3, 6, 16)),
+    "attention with a mask": (lambda: Attention(mask="additive"), (3, 6, 16)),
+    "attention with a row masked whole": (lambda: Attention(mask="a row hidden"), (3, 6, 16)),
+}
+
+
+def _train(module: nn.Module, x: torch.Tensor,
+           seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One SGD step on the output's product with random values drawn from `seed` (a loss
+    a norm cannot flatten): (the output, each gradient)."""
+    module.zero_grad()
+    out = module(x)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    (out * probe).sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]  # type: ignore[union-attr]
+    with torch.no_grad():
+        for p in module.parameters():
+            p -= 0.1 * p.grad  # type: ignore[operator]
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_a_training_step_runs_on_the_host_as_eager(name: str, host: HostManager):
+    make, shape = TRAINED[name]
+    fresh_weights()
+    module = make().train()
+    reference = copy.deepcopy(module)
+    fast = torch.compile(module, backend="prism", options={"host": host})
+    with collecting() as reports:
+        for more in GROWTH:
+            x = fresh(shape[0] + more, *shape[1:])
+            seed = int(np.random.default_rng().integers(2**62))
+            got, got_grads = _train(fast, x, seed)
+            want, want_grads = _train(reference, x, seed)
+            assert relative_error(got, want) < 1e-4
+            for g, w in zip(got_grads, want_grads, strict=True):
+                assert relative_error(g, w) < 1e-4
+    for (buffer, b), c in zip(module.named_buffers(), reference.buffers(), strict=True):
+        assert torch.allclose(b, c, rtol=1e-5, atol=1e-6), buffer
+    assert reports and all(r.networks and not r.kept_nodes for r in reports), \
+        "\n".join(r.table() for r in reports)
+
+
+def test_float16_batch_norm_in_training_stays_in_pytorch(host: HostManager):
+    fresh_weights()
+    module = nn.BatchNorm1d(8).half().train()
+    reference = copy.deepcopy(module)
+    fast = torch.compile(module, backend="prism", options={"host": host})
+    x = fresh(6, 8).half()
+    with collecting() as reports:
+        got = fast(x)
+    assert torch.equal(got, reference(x))
+    kept = {n.op: n.reason for r in reports for n in r.kept_nodes}
+    assert any("batch norm in training mode" in why for why in kept.values()), kept
