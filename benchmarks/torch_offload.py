@@ -3,11 +3,13 @@ same module exported by hand and run in plain onnxruntime (what the backend adds
 call: dynamo's guards, AOT autograd's wrapper, the block's numpy hand-over and the host),
 and against eager PyTorch. The block's network called through `host.run` directly splits
 the added time into the host's share and PyTorch's (dynamo, AOT autograd, the block).
+A training step (the forward offloaded, the backward in PyTorch) against eager's.
 One thread everywhere; calls interleaved in rounds, so the
 machine's load falls on all three alike; medians."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
@@ -86,6 +88,27 @@ def _measure(name: str, module: nn.Module, x: torch.Tensor, rounds: int) -> list
                    "reported", True, detail)]
 
 
+def _training_step(name: str, module: nn.Module, x: torch.Tensor, rounds: int) -> dict:
+    """A step's forward and backward, with the module's batch norms in training mode."""
+    torch.set_num_threads(1)
+    module.train()
+    reference = copy.deepcopy(module)
+    with HostManager([DeviceConfig(name="cpu0", backend="cpu", threads=1)]) as host:
+        fast = torch.compile(module, backend="prism", options={"host": host})
+
+        def step(model: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+            return lambda: model(x).square().mean().backward()
+
+        times = interleaved({"prism": step(fast), "eager": step(reference)}, rounds, 5)
+        (graph,) = reports()[-1:]
+    prism_ms, eager_ms = times["prism"] * 1e3, times["eager"] * 1e3
+    detail = (f"prism {prism_ms:.2f} ms, eager PyTorch {eager_ms:.2f} ms per step; "
+              f"{len(graph.offloaded)} of {len(graph.nodes)} forward operators offloaded in "
+              f"{len(graph.blocks)} block(s) (medians of {rounds} interleaved rounds of 5)")
+    return result(f"{name}: training step, prism / eager PyTorch", prism_ms / eager_ms, "x",
+                  "reported", True, detail)
+
+
 def run(quick: bool = False) -> list[dict]:
     rounds = 15 if quick else 60
     rng = np.random.default_rng()
@@ -94,4 +117,6 @@ def run(quick: bool = False) -> list[dict]:
     out += _measure("cnn 3x32x32, batch 8", cnn(),
                     torch.from_numpy(rng.standard_normal((8, 3, 32, 32), dtype=np.float32)),
                     rounds)
+    out.append(_training_step("cnn 3x32x32, batch 8", cnn(), torch.from_numpy(
+        rng.standard_normal((8, 3, 32, 32), dtype=np.float32)), rounds // 3))
     return out

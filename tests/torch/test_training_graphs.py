@@ -116,3 +116,18 @@ def test_float16_batch_norm_in_training_stays_in_pytorch(host: HostManager):
     assert torch.equal(got, reference(x))
     kept = {n.op: n.reason for r in reports for n in r.kept_nodes}
     assert any("batch norm in training mode" in why for why in kept.values()), kept
+
+
+def test_the_backward_runs_pytorchs_own_kernels(host: HostManager):
+    """The backward graph runs in PyTorch: its batch norm, pooling and activation
+    gradients are PyTorch's fused kernels, not the exporter's decompositions of them."""
+    fresh_weights()
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.GELU(),
+                           nn.MaxPool2d(2)).train()
+    fast = torch.compile(module, backend="prism", options={"host": host})
+    loss = fast(fresh(2, 3, 10, 10)).sum()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as ran:
+        loss.backward()
+    kernels = {event.key for event in ran.key_averages()}
+    assert {"aten::native_batch_norm_backward", "aten::max_pool2d_with_indices_backward",
+            "aten::gelu_backward"} <= kernels, sorted(kernels)
