@@ -51,8 +51,15 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, per_round: 
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 
-def _measure(name: str, module: nn.Module, x: torch.Tensor, rounds: int) -> list[dict]:
+def _fresh_dynamo() -> None:
+    """One thread, and dynamo's cache emptied: the modules are all `nn.Sequential`, whose
+    one `forward` dynamo would otherwise trace again with dynamic sizes."""
     torch.set_num_threads(1)
+    torch._dynamo.reset()
+
+
+def _measure(name: str, module: nn.Module, x: torch.Tensor, rounds: int) -> list[dict]:
+    _fresh_dynamo()
     with torch.no_grad():
         program = torch.onnx.export(module, (x,), dynamo=True, verbose=False)
     options = ort.SessionOptions()
@@ -90,7 +97,7 @@ def _measure(name: str, module: nn.Module, x: torch.Tensor, rounds: int) -> list
 
 def _training_step(name: str, module: nn.Module, x: torch.Tensor, rounds: int) -> dict:
     """A step's forward and backward, with the module's batch norms in training mode."""
-    torch.set_num_threads(1)
+    _fresh_dynamo()
     module.train()
     reference = copy.deepcopy(module)
     with HostManager([DeviceConfig(name="cpu0", backend="cpu", threads=1)]) as host:
