@@ -2,9 +2,10 @@
 
 The block's weights (parameters and buffers) become the model's initializers, so the
 partitioner sees and places them; its other tensors become the model's inputs. Sizes the
-block reads as Python ints are taken from its tensors' shapes where one of them carries
-that size, so a block of a dynamic graph exports with dynamic dimensions; a size no input
-carries is fixed at its value, and the model then serves that value only.
+block reads as Python ints are computed from its tensors' shapes where they carry every
+symbol of that size (`s0`, or `s0 + 1` for a cache one token longer), so a block of a
+dynamic graph exports with dynamic dimensions; a size they do not carry is fixed at its
+value, and the model then serves that value only.
 
 The exporter is `torch.onnx.export(..., dynamo=True)`: torch.export of the block, then
 torchlib's translation of each ATen operator and onnxscript's optimizer (constant folding,
@@ -22,23 +23,28 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 import torch
 from torch.fx import GraphModule
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._sympy.interp import sympy_interp
+from torch.utils._sympy.reference import PythonReferenceAnalysis
 
 
 @dataclass(frozen=True)
 class Source:
     """What a block's placeholder becomes in the exported model: a fed tensor (`fed`, its
-    index among them), a weight (`weight`, its buffer), a size read from a fed tensor
-    (`size`, fed index and `dim`), or an int fixed at export (`fixed`, its `value`)."""
+    index among them), a weight (`weight`, its buffer), a size computed from fed tensors'
+    dimensions (`size`: the expression `size`, each symbol read from (fed index, dim) in
+    `reads`), or an int fixed at export (`fixed`, its `value`)."""
 
     kind: str
     index: int = 0
     buffer: str = ""
-    dim: int = 0
+    size: Any = None  # a sympy expression
+    reads: tuple[tuple[Any, int, int], ...] = ()
     value: int = 0
 
 
@@ -86,7 +92,8 @@ class _Block(torch.nn.Module):
             elif source.kind == "weight":
                 args.append(getattr(self, source.buffer))
             elif source.kind == "size":
-                args.append(fed[source.index].size(source.dim))
+                symbols = {sym: fed[k].size(d) for sym, k, d in source.reads}
+                args.append(sympy_interp(PythonReferenceAnalysis, symbols, source.size))
             else:
                 args.append(source.value)
         return self.gm(*args)
@@ -108,11 +115,6 @@ def quiet_loggers(names: Sequence[str] = ("torch.onnx", "torch.export", "onnxscr
             lg.setLevel(level)
 
 
-def _same_symbol(a: object, b: object) -> bool:
-    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) \
-        and a.node.expr == b.node.expr
-
-
 def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
              ) -> tuple[list[Source], list[int], dict[str, torch.Tensor], dict[int, int]]:
     """Per placeholder what feeds it, the positions of the fed tensors, the weights by
@@ -121,6 +123,7 @@ def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
     fed_positions = [i for i, a in enumerate(args)
                      if isinstance(a, torch.Tensor) and i not in weights]
     fed_index = {pos: k for k, pos in enumerate(fed_positions)}
+    carried = _carried_symbols(placeholders, fed_positions)
     sources: list[Source] = []
     buffers: dict[str, torch.Tensor] = {}
     fixed: dict[int, int] = {}
@@ -132,7 +135,7 @@ def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
             buffers[name] = arg
             sources.append(Source("weight", buffer=name))
         else:
-            size = _size_source(node.meta.get("val"), placeholders, fed_positions)
+            size = _size_source(node.meta.get("val"), carried)
             if size is None:
                 fixed[i] = int(arg)  # type: ignore[call-overload]
                 size = Source("fixed", value=fixed[i])
@@ -140,16 +143,29 @@ def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
     return sources, fed_positions, buffers, fixed
 
 
-def _size_source(value: object, placeholders: list, fed_positions: list[int]
-                 ) -> Source | None:
-    """A size read from fed tensor k's dimension d, if that dimension is the symbol
-    `value`."""
+def _carried_symbols(placeholders: list, fed_positions: list[int]
+                     ) -> dict[Any, tuple[int, int]]:
+    """Each symbol a fed tensor's dimension is -> (fed index, dim): the first such."""
+    carried: dict[Any, tuple[int, int]] = {}
     for k, pos in enumerate(fed_positions):
         fake = placeholders[pos].meta.get("val")
         for d, size in enumerate(getattr(fake, "shape", ())):
-            if _same_symbol(size, value):
-                return Source("size", index=k, dim=d)
-    return None
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                carried.setdefault(size.node.expr, (k, d))
+    return carried
+
+
+def _size_source(value: object, carried: dict[Any, tuple[int, int]]
+                 ) -> Source | None:
+    """A size computed from fed tensors' dimensions, if they carry every symbol of the
+    symbolic int `value`."""
+    if not isinstance(value, torch.SymInt):
+        return None
+    expr = value.node.expr
+    if not expr.free_symbols <= carried.keys():
+        return None
+    return Source("size", size=expr, reads=tuple((sym, *carried[sym])
+                                                 for sym in expr.free_symbols))
 
 
 def _dynamic_dims(gm: GraphModule, fed_positions: list[int]) -> tuple | None:

@@ -132,3 +132,34 @@ def test_batching_serves_the_dynamic_graph_and_says_why_not_the_static_one(host)
     with torch.no_grad():
         for x, y in zip(inputs, answers, strict=True):
             assert relative_error(y, model(x)) < 1e-4
+
+
+class _Decode(nn.Module):
+    """One decoding step over a cache that grows a row a step: the block reads the new
+    length (the cache's length + 1) as an int computed outside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, cache: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        length = cache.shape[1] + 1
+        full = torch.cat([cache, self.proj(token)], 1)
+        return full * torch.arange(length, dtype=full.dtype)[None, :, None] / length
+
+
+def test_a_size_computed_from_a_dynamic_one_keeps_the_block_dynamic(host):
+    """A cache one row longer each step: after dynamo marks its length dynamic, every
+    later length is served by the one variant exported (it exported again per length,
+    ~2 s a token for a small Llama's generate)."""
+    fresh_weights()
+    model = _Decode().eval()
+    fast = torch.compile(model, backend="prism", options={"host": host})
+    with torch.no_grad(), collecting() as reports:
+        for length in range(3, 9):
+            cache, token = fresh(2, length, 4), fresh(2, 1, 4)
+            assert relative_error(fast(cache, token), model(cache, token)) < 1e-4
+    dynamic = reports[-1]
+    assert [len(b.variants) for b in dynamic.blocks.values()] == [1]
+    (variant,) = next(iter(dynamic.blocks.values())).variants
+    assert any(None in dims for dims in variant.inputs.values())
