@@ -7,7 +7,8 @@ attention stayed in PyTorch and cut the graph into a block per layer. Written ou
 scaled scores, the causal mask from the top left or the additive mask, softmax), with the
 logsumexp beside it, the layer leaves PyTorch whole; a graph that reads no logsumexp
 (inference) exports none, and computes what torch.onnx's translation does. A row whose
-mask hides every key is PyTorch's: zeros, logsumexp 0.
+mask hides every key is PyTorch's: zeros, logsumexp 0. With fewer key/value heads than
+query heads (grouped-query attention, `enable_gqa`), each serves its group of query heads.
 Dropout (random) and dtypes other than float32 and float64 decline and stay in PyTorch.
 """
 
@@ -27,6 +28,9 @@ def flash_attention_for_cpu(query: torch.Tensor, key: torch.Tensor, value: torch
                             scale: float | None = None) -> Any:
     if dropout_p > 0 or query.dtype not in (torch.float32, torch.float64):
         return NotImplemented
+    groups = query.size(-3) // key.size(-3)  # grouped-query: a key/value head per group
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     scores = query @ key.transpose(-2, -1) * (query.size(-1) ** -0.5 if scale is None
                                               else scale)
     if is_causal:

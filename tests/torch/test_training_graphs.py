@@ -30,19 +30,25 @@ from tests.support.torch_modules import fresh, fresh_weights, relative_error
 GROWTH = (0, 2)
 
 class Attention(nn.Module):
-    """Four heads over a sequence of 6, as `F.scaled_dot_product_attention` is called."""
+    """Four heads over a sequence of 6, as `F.scaled_dot_product_attention` is called;
+    with fewer `kv_heads`, grouped-query attention (each key and value head serves
+    4 / kv_heads query heads, as a Llama, Mistral or Qwen2 config asks)."""
 
-    def __init__(self, causal: bool = False, mask: str | None = None) -> None:
+    def __init__(self, causal: bool = False, mask: str | None = None, kv_heads: int = 4
+                 ) -> None:
         super().__init__()
-        self.qkv, self.out, self.causal = nn.Linear(16, 48), nn.Linear(16, 5), causal
+        self.qkv, self.out = nn.Linear(16, 16 + 8 * kv_heads), nn.Linear(16, 5)
+        self.causal, self.kv_heads = causal, kv_heads
         self.mask = None if mask is None else torch.randn(6, 6)
         if mask == "a row hidden":
             self.mask[2] = float("-inf")  # type: ignore[index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).reshape(*x.shape[:2], 3, 4, 4).permute(2, 0, 3, 1, 4)
+        q, k, v = (t.unflatten(-1, (-1, 4)).transpose(1, 2) for t in self.qkv(x).split(
+            [16, 4 * self.kv_heads, 4 * self.kv_heads], -1))
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
-                                               is_causal=self.causal)
+                                               is_causal=self.causal,
+                                               enable_gqa=self.kv_heads < 4)
         return self.out(heads.transpose(1, 2).flatten(2))
 
 
@@ -65,6 +71,9 @@ TRAINED: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "causal attention": (lambda: Attention(causal=True), (3, 6, 16)),
     "attention with a mask": (lambda: Attention(mask="additive"), (3, 6, 16)),
     "attention with a row masked whole": (lambda: Attention(mask="a row hidden"), (3, 6, 16)),
+    "grouped-query attention, causal": (lambda: Attention(causal=True, kv_heads=2), (3, 6, 16)),
+    "multi-query attention with a mask": (lambda: Attention(mask="additive", kv_heads=1),
+                                          (3, 6, 16)),
 }
 
 
