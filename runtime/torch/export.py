@@ -2,10 +2,10 @@
 
 The block's weights (parameters and buffers) become the model's initializers, so the
 partitioner sees and places them; its other tensors become the model's inputs. Sizes the
-block reads as Python ints are computed from its tensors' shapes where they carry every
-symbol of that size (`s0`, or `s0 + 1` for a cache one token longer), so a block of a
-dynamic graph exports with dynamic dimensions; a size they do not carry is fixed at its
-value, and the model then serves that value only.
+block reads as Python ints are computed from its tensors' shapes where the size is
+arithmetic over sizes their dimensions are (`s0`, `s0 + 1` for a cache one token longer),
+so a block of a dynamic graph exports with dynamic dimensions; a size they do not carry is
+fixed at its value, and the model then serves that value only.
 
 The exporter is `torch.onnx.export(..., dynamo=True)`: torch.export of the block, then
 torchlib's translation of each ATen operator and onnxscript's optimizer (constant folding,
@@ -23,9 +23,9 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import onnx
+import sympy  # type: ignore[import-untyped]
 import torch
 from torch.fx import GraphModule
 from torch.utils._python_dispatch import _disable_current_modes
@@ -43,8 +43,8 @@ class Source:
     kind: str
     index: int = 0
     buffer: str = ""
-    size: Any = None  # a sympy expression
-    reads: tuple[tuple[Any, int, int], ...] = ()
+    size: sympy.Expr | None = None
+    reads: tuple[tuple[sympy.Symbol, int, int], ...] = ()
     value: int = 0
 
 
@@ -123,7 +123,7 @@ def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
     fed_positions = [i for i, a in enumerate(args)
                      if isinstance(a, torch.Tensor) and i not in weights]
     fed_index = {pos: k for k, pos in enumerate(fed_positions)}
-    carried = _carried_symbols(placeholders, fed_positions)
+    carried = _carried_sizes(placeholders, fed_positions)
     sources: list[Source] = []
     buffers: dict[str, torch.Tensor] = {}
     fixed: dict[int, int] = {}
@@ -143,29 +143,32 @@ def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
     return sources, fed_positions, buffers, fixed
 
 
-def _carried_symbols(placeholders: list, fed_positions: list[int]
-                     ) -> dict[Any, tuple[int, int]]:
-    """Each symbol a fed tensor's dimension is -> (fed index, dim): the first such."""
-    carried: dict[Any, tuple[int, int]] = {}
+def _carried_sizes(placeholders: list, fed_positions: list[int]
+                   ) -> dict[sympy.Expr, tuple[int, int]]:
+    """Each symbolic size a fed tensor's dimension is (`s0`, `s0 + 1`) -> (fed index,
+    dim): the first such."""
+    carried: dict[sympy.Expr, tuple[int, int]] = {}
     for k, pos in enumerate(fed_positions):
         fake = placeholders[pos].meta.get("val")
         for d, size in enumerate(getattr(fake, "shape", ())):
-            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+            if isinstance(size, torch.SymInt):
                 carried.setdefault(size.node.expr, (k, d))
     return carried
 
 
-def _size_source(value: object, carried: dict[Any, tuple[int, int]]
+def _size_source(value: object, carried: dict[sympy.Expr, tuple[int, int]]
                  ) -> Source | None:
-    """A size computed from fed tensors' dimensions, if they carry every symbol of the
-    symbolic int `value`."""
+    """A size computed from fed tensors' dimensions, if the symbolic int `value` is
+    arithmetic over sizes they carry (whole ones first: `s0 + 1` is a dimension itself)."""
     if not isinstance(value, torch.SymInt):
         return None
-    expr = value.node.expr
-    if not expr.free_symbols <= carried.keys():
+    named = {size: sympy.Symbol(f"fed{k}_dim{d}") for size, (k, d) in carried.items()}
+    expr = value.node.expr.xreplace(named)
+    reads = tuple((named[size], k, d) for size, (k, d) in carried.items()
+                  if named[size] in expr.free_symbols)
+    if len(reads) != len(expr.free_symbols):  # a symbol no fed dimension carries
         return None
-    return Source("size", size=expr, reads=tuple((sym, *carried[sym])
-                                                 for sym in expr.free_symbols))
+    return Source("size", size=expr, reads=reads)
 
 
 def _dynamic_dims(gm: GraphModule, fed_positions: list[int]) -> tuple | None:

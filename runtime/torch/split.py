@@ -12,7 +12,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from runtime.torch.support import NodeSupport, op_label
+from runtime.torch.support import NodeSupport, is_size, op_label
 
 
 @dataclass
@@ -53,10 +53,17 @@ def split(gm: GraphModule, support: NodeSupport, min_block_size: int,
     operators, and groups that read no tensor, stay in PyTorch."""
     counted = operators(gm)
     ops = {n.name: op_label(n) for n in counted}
-    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    groups = sorted(partitioner.propose_partitions(),
-                    key=lambda p: min(position[n] for n in p.nodes))
+    while True:  # each round keeps one more size in PyTorch: bounded by their number
+        partitioner = CapabilityBasedPartitioner(gm, support,
+                                                 allows_single_node_partition=True)
+        groups = sorted(partitioner.propose_partitions(),
+                        key=lambda p: min(position[n] for n in p.nodes))
+        shared = {n.name: "a size blocks apart read" for g in groups for n in g.nodes
+                  if is_size(n) and not set(n.users) <= g.nodes.keys()}
+        if not shared:  # a block hands out tensors only
+            break
+        support.exclude(shared)
     reasons = {name: why for name, why in support.reasons.items() if name in ops}
     kept = []
     for group in groups:

@@ -2,7 +2,9 @@
 
 A node is offloaded when ONNX can express it (torch.onnx's library, torchlib, translates
 its operator), every tensor it reads or makes has a numpy type on the cpu, it makes
-tensors (not Python numbers), it draws nothing from PyTorch's random generator, and
+tensors (not Python numbers: but a size, read from a tensor or computed from sizes, goes
+where every node reading it goes, so reading a size made in a block does not cut it), it
+draws nothing from PyTorch's random generator, and
 neither the user (`torch_executed_ops`) nor the qualification sweep (`refused.py`: an
 operator, or an operator called with some arguments) keeps it in PyTorch. Whether some
 device runs the ONNX it becomes is known once a block is exported: the block then splits
@@ -61,6 +63,15 @@ def decompositions(core: bool = False) -> dict[Any, Callable]:
         table = _decomp.create_onnx_friendly_decomposition_table(translated)
     return {op: fn for op, fn in table.items()
             if getattr(op, "overloadpacket", op) not in _KEEP and "backward" not in str(op)}
+
+
+def is_size(node: Node) -> bool:
+    """A symbolic size: read from a tensor (`aten.sym_size`), or arithmetic on sizes
+    (`operator.mul`, `torch.sym_sum`)."""
+    target = node.target
+    return isinstance(node.meta.get("val"), torch.SymInt) and (
+        getattr(target, "__module__", None) == "_operator"
+        or getattr(target, "__name__", "").startswith("sym_"))
 
 
 def op_label(node: Node) -> str:
@@ -131,6 +142,13 @@ class NodeSupport(OperatorSupportBase):
         self.reasons: dict[str, str] = {}
         self._seen: dict[Node, str | None] = {}
 
+    def exclude(self, excluded: Mapping[str, str]) -> None:
+        """Keep these nodes in PyTorch too (node name -> why); every node is decided
+        again."""
+        self.excluded.update(excluded)
+        self._seen.clear()
+        self.reasons.clear()
+
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: Node) -> bool:
         return self.problem(node) is None
 
@@ -151,6 +169,10 @@ class NodeSupport(OperatorSupportBase):
         if node.target is operator.getitem and isinstance(node.args[0], Node):
             source = node.args[0]
             return None if self.problem(source) is None else f"reads {source.name}, kept"
+        if is_size(node):
+            users = list(node.users)
+            return None if users and all(self.problem(u) is None for u in users) \
+                else "a size read where PyTorch runs"
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):
             return f"{op_label(node)} is Python arithmetic on sizes, not an ATen operator"

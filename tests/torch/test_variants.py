@@ -11,9 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from runtime.torch import OffloadWarning
-from runtime.torch.compiled import collecting
+from runtime.torch.compiled import CompiledGraph, collecting
+from runtime.torch.options import OffloadOptions
 from runtime.torch.tensors import laid_out, layout_of, to_numpy, to_torch
 from tests.support.torch_modules import fresh, fresh_weights, relative_error
 
@@ -163,3 +165,22 @@ def test_a_size_computed_from_a_dynamic_one_keeps_the_block_dynamic(host):
     assert [len(b.variants) for b in dynamic.blocks.values()] == [1]
     (variant,) = next(iter(dynamic.blocks.values())).variants
     assert any(None in dims for dims in variant.inputs.values())
+
+
+def _grown_and_paired(past: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    keys = torch.cat([past, token.tanh()], 1)
+    n = keys.shape[1]  # read from the tensor cat makes: `sym_size(cat, 1)` in the graph
+    return keys[:, :, None].expand(-1, n, 2, -1).reshape(keys.shape[0], n * 2, -1).softmax(1)
+
+
+def test_a_size_read_from_a_tensor_a_block_makes_stays_in_that_block(host):
+    """A decode step's graph reads the grown cache's length from the tensor cat makes
+    (a Llama with grouped-query attention repeats its keys so): the size and the
+    arithmetic on it go into the block with their readers, one block, not three cut at
+    each size."""
+    gm = make_fx(_grown_and_paired, tracing_mode="symbolic")(fresh(2, 5, 4), fresh(2, 1, 4))
+    graph = CompiledGraph(gm, OffloadOptions.of({"host": host}))
+    for length in (3, 6, 9):
+        past, token = fresh(2, length, 4), fresh(2, 1, 4)
+        assert relative_error(graph(past, token), _grown_and_paired(past, token)) < 1e-5
+    assert [len(b.variants) for b in graph.report.blocks.values()] == [1]
