@@ -2,13 +2,13 @@
 
 A node is offloaded when ONNX can express it (torch.onnx's library, torchlib, translates
 its operator), every tensor it reads or makes has a numpy type on the cpu, it makes
-tensors (not Python numbers: but a size, read from a tensor or computed from sizes, goes
-where every node reading it goes, so reading a size made in a block does not cut it), it
-draws nothing from PyTorch's random generator, and
-neither the user (`torch_executed_ops`) nor the qualification sweep (`refused.py`: an
-operator, or an operator called with some arguments) keeps it in PyTorch. Whether some
+tensors, it draws nothing from PyTorch's random generator, and neither the user
+(`torch_executed_ops`) nor the qualification sweep (`refused.py`: an operator, or an
+operator called with some arguments) keeps it in PyTorch. Whether some
 device runs the ONNX it becomes is known once a block is exported: the block then splits
-around the nodes no device runs (`runtime/torch/block.py`).
+around the nodes no device runs (`runtime/torch/block.py`). A size (read from a tensor,
+or arithmetic on sizes) leaves with the nodes reading it when they all leave, and the
+tensor it is read from too: reading a size made in a block does not cut the block.
 """
 
 from __future__ import annotations
@@ -169,9 +169,11 @@ class NodeSupport(OperatorSupportBase):
         if node.target is operator.getitem and isinstance(node.args[0], Node):
             source = node.args[0]
             return None if self.problem(source) is None else f"reads {source.name}, kept"
-        if is_size(node):
-            users = list(node.users)
-            return None if users and all(self.problem(u) is None for u in users) \
+        if is_size(node):  # with its readers, if they leave and so does what it reads
+            read = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"),
+                                                                   torch.Tensor)]
+            return None if node.users and all(self.problem(n) is None
+                                              for n in (*node.users, *read)) \
                 else "a size read where PyTorch runs"
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):
