@@ -7,8 +7,8 @@ tensors, it draws nothing from PyTorch's random generator, and neither the user
 operator called with some arguments) keeps it in PyTorch. Whether some
 device runs the ONNX it becomes is known once a block is exported: the block then splits
 around the nodes no device runs (`runtime/torch/block.py`). A size (read from a tensor,
-or arithmetic on sizes) leaves with the nodes reading it when they all leave, and the
-tensor it is read from too: reading a size made in a block does not cut the block.
+or arithmetic on sizes) leaves with the nodes reading it when they all leave and a block
+may be fed the tensor it is read from: reading a size made in a block does not cut it.
 """
 
 from __future__ import annotations
@@ -169,11 +169,11 @@ class NodeSupport(OperatorSupportBase):
         if node.target is operator.getitem and isinstance(node.args[0], Node):
             source = node.args[0]
             return None if self.problem(source) is None else f"reads {source.name}, kept"
-        if is_size(node):  # with its readers, if they leave and so does what it reads
-            read = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"),
-                                                                   torch.Tensor)]
-            return None if node.users and all(self.problem(n) is None
-                                              for n in (*node.users, *read)) \
+        if is_size(node):  # with its readers, if they leave and a block may read its tensor
+            read = [v for a in node.all_input_nodes
+                    if isinstance(v := a.meta.get("val"), torch.Tensor)]
+            return None if node.users and all(self.problem(u) is None for u in node.users) \
+                and not any(_tensor_problem(t, "") for t in read) \
                 else "a size read where PyTorch runs"
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):

@@ -184,3 +184,22 @@ def test_a_size_read_from_a_tensor_a_block_makes_stays_in_that_block(host):
         past, token = fresh(2, length, 4), fresh(2, 1, 4)
         assert relative_error(graph(past, token), _grown_and_paired(past, token)) < 1e-5
     assert [len(b.variants) for b in graph.report.blocks.values()] == [1]
+
+
+def _scaled_by_a_length(pairs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    kept = torch.view_as_complex(pairs)  # complex: stays in PyTorch
+    return (y * kept.shape[1]).tanh(), kept
+
+
+def test_a_size_read_from_a_graph_input_goes_into_the_block(host):
+    """The block reading a length that only an input beside it carries is fed that input
+    for its size, so one variant serves every length (the size stayed in PyTorch and was
+    fixed: a variant per length)."""
+    gm = make_fx(_scaled_by_a_length, tracing_mode="symbolic")(fresh(3, 5, 2), fresh(3, 4))
+    graph = CompiledGraph(gm, OffloadOptions.of({"host": host}))
+    for length in (3, 6, 9):
+        pairs, y = fresh(3, length, 2), fresh(3, 4)
+        got, want = graph(pairs, y), _scaled_by_a_length(pairs, y)
+        assert relative_error(got[0], want[0]) < 1e-5 and torch.equal(got[1], want[1])
+    assert [len(b.variants) for b in graph.report.blocks.values()] == [1]
+    assert [n.op for n in graph.report.kept_nodes] == ["aten.view_as_complex.default"]
