@@ -144,28 +144,26 @@ def _sources(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
 
 
 def _carried_sizes(placeholders: list, fed_positions: list[int]
-                   ) -> dict[sympy.Expr, tuple[int, int]]:
-    """Each symbolic size a fed tensor's dimension is (`s0`, `s0 + 1`) -> (fed index,
-    dim): the first such."""
-    carried: dict[sympy.Expr, tuple[int, int]] = {}
+                   ) -> dict[sympy.Expr, tuple[sympy.Symbol, int, int]]:
+    """Each symbolic size a fed tensor's dimension is (`s0`, `s0 + 1`) -> a symbol naming
+    it, and (fed index, dim) of the first such dimension."""
+    carried: dict[sympy.Expr, tuple[sympy.Symbol, int, int]] = {}
     for k, pos in enumerate(fed_positions):
         fake = placeholders[pos].meta.get("val")
         for d, size in enumerate(getattr(fake, "shape", ())):
-            if isinstance(size, torch.SymInt):
-                carried.setdefault(size.node.expr, (k, d))
+            if isinstance(size, torch.SymInt) and size.node.expr not in carried:
+                carried[size.node.expr] = (sympy.Symbol(f"fed{k}_dim{d}"), k, d)
     return carried
 
 
-def _size_source(value: object, carried: dict[sympy.Expr, tuple[int, int]]
+def _size_source(value: object, carried: dict[sympy.Expr, tuple[sympy.Symbol, int, int]]
                  ) -> Source | None:
     """A size computed from fed tensors' dimensions, if the symbolic int `value` is
     arithmetic over sizes they carry (whole ones first: `s0 + 1` is a dimension itself)."""
     if not isinstance(value, torch.SymInt):
         return None
-    named = {size: sympy.Symbol(f"fed{k}_dim{d}") for size, (k, d) in carried.items()}
-    expr = value.node.expr.xreplace(named)
-    reads = tuple((named[size], k, d) for size, (k, d) in carried.items()
-                  if named[size] in expr.free_symbols)
+    expr = value.node.expr.xreplace({size: read[0] for size, read in carried.items()})
+    reads = tuple(read for read in carried.values() if read[0] in expr.free_symbols)
     if len(reads) != len(expr.free_symbols):  # a symbol no fed dimension carries
         return None
     return Source("size", size=expr, reads=reads)

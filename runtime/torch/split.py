@@ -59,7 +59,7 @@ def split(gm: GraphModule, support: NodeSupport, min_block_size: int,
                                                  allows_single_node_partition=True)
         groups = sorted(partitioner.propose_partitions(),
                         key=lambda p: min(position[n] for n in p.nodes))
-        shared = {n.name: "a size blocks apart read" for g in groups for n in g.nodes
+        shared = {n.name: "a size read in two blocks" for g in groups for n in g.nodes
                   if is_size(n) and not set(n.users) <= g.nodes.keys()}
         if not shared:  # a block hands out tensors only
             break

@@ -4,11 +4,11 @@ A node is offloaded when ONNX can express it (torch.onnx's library, torchlib, tr
 its operator), every tensor it reads or makes has a numpy type on the cpu, it makes
 tensors, it draws nothing from PyTorch's random generator, and neither the user
 (`torch_executed_ops`) nor the qualification sweep (`refused.py`: an operator, or an
-operator called with some arguments) keeps it in PyTorch. Whether some
-device runs the ONNX it becomes is known once a block is exported: the block then splits
-around the nodes no device runs (`runtime/torch/block.py`). A size (read from a tensor,
-or arithmetic on sizes) leaves with the nodes reading it when they all leave and a block
-may be fed the tensor it is read from: reading a size made in a block does not cut it.
+operator called with some arguments) keeps it in PyTorch. Whether some device runs the
+ONNX it becomes is known once a block is exported: the block then splits around the nodes
+no device runs (`runtime/torch/block.py`). A size (read from a tensor, or arithmetic on
+sizes) leaves with the nodes reading it when they all leave and a block may be fed the
+tensor it is read from: reading a size made in a block does not cut it.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ back without copies."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -173,13 +174,19 @@ def _grown_and_paired(past: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return keys[:, :, None].expand(-1, n, 2, -1).reshape(keys.shape[0], n * 2, -1).softmax(1)
 
 
+def _symbolic(fn: Callable, host, *examples: torch.Tensor) -> CompiledGraph:
+    """`fn` traced with every dimension symbolic (sizes read as `aten.sym_size` where the
+    graph first meets them), compiled over `host`."""
+    return CompiledGraph(make_fx(fn, tracing_mode="symbolic")(*examples),
+                         OffloadOptions.of({"host": host}))
+
+
 def test_a_size_read_from_a_tensor_a_block_makes_stays_in_that_block(host):
     """A decode step's graph reads the grown cache's length from the tensor cat makes
     (a Llama with grouped-query attention repeats its keys so): the size and the
     arithmetic on it go into the block with their readers, one block, not three cut at
     each size."""
-    gm = make_fx(_grown_and_paired, tracing_mode="symbolic")(fresh(2, 5, 4), fresh(2, 1, 4))
-    graph = CompiledGraph(gm, OffloadOptions.of({"host": host}))
+    graph = _symbolic(_grown_and_paired, host, fresh(2, 5, 4), fresh(2, 1, 4))
     for length in (3, 6, 9):
         past, token = fresh(2, length, 4), fresh(2, 1, 4)
         assert relative_error(graph(past, token), _grown_and_paired(past, token)) < 1e-5
@@ -195,8 +202,7 @@ def test_a_size_read_from_a_graph_input_goes_into_the_block(host):
     """The block reading a length that only an input beside it carries is fed that input
     for its size, so one variant serves every length (the size stayed in PyTorch and was
     fixed: a variant per length)."""
-    gm = make_fx(_scaled_by_a_length, tracing_mode="symbolic")(fresh(3, 5, 2), fresh(3, 4))
-    graph = CompiledGraph(gm, OffloadOptions.of({"host": host}))
+    graph = _symbolic(_scaled_by_a_length, host, fresh(3, 5, 2), fresh(3, 4))
     for length in (3, 6, 9):
         pairs, y = fresh(3, length, 2), fresh(3, 4)
         got, want = graph(pairs, y), _scaled_by_a_length(pairs, y)
