@@ -620,12 +620,14 @@ def holds_half(model: onnx.ModelProto) -> bool:
 
 def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                bindings: Mapping[str, int] | None = None, default_dim: int = 1,
-               name: str | None = None, max_bytes: int | None = None, fold: bool = True
-               ) -> Graph:
+               name: str | None = None, max_bytes: int | None = None, fold: bool = True,
+               owned: bool = False) -> Graph:
     """Read, check, name, fold and shape a model. `bindings` maps symbolic dims to values.
     `max_bytes`: a model file larger is refused unread (`read_model`). `fold`: compute
     every tensor that depends on constants alone now (`runtime.fold`), so no such node is
-    work and no such tensor crosses devices per request.
+    work and no such tensor crosses devices per request. `owned`: a ModelProto given is
+    the caller's no longer, and becomes the graph's model as it is, not a copy (its
+    weights held once, not twice: a block PyTorch offloads).
     A Graph already loaded (with the same bindings) is reused, renamed if asked."""
     if isinstance(source, Graph):
         if not bindings or dict(bindings) == source.bindings:
@@ -633,7 +635,8 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
             graph.name = name or source.name
             return graph
         source = source.model
-    model, stored = _read(source, max_bytes)
+    model, stored = (source, {}) if owned and isinstance(source, onnx.ModelProto) \
+        else _read(source, max_bytes)
     label = str(source) if isinstance(source, str | Path) else "model"
     sort_nodes(model.graph)
     _check(model, label, source)

@@ -244,7 +244,8 @@ class OffloadedBlock(torch.nn.Module):
         name = f"torch.{self.ctx.graph}.{self.block}" + (
             f".v{len(self.variants) + 1}" if self.variants else "")
         try:
-            graph = load_graph(exported.model, bindings=_bindings(exported, args), name=name)
+            graph = load_graph(exported.model, bindings=_bindings(exported, args), name=name,
+                               owned=True)
         except PrismError as exc:
             self._fall(f"Prism cannot load its ONNX: {first_line(exc)}")
             return None

@@ -15,6 +15,7 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from runtime.torch import OffloadWarning
+from runtime.torch.block import OffloadedBlock
 from runtime.torch.compiled import CompiledGraph, collecting
 from runtime.torch.options import OffloadOptions
 from runtime.torch.tensors import laid_out, layout_of, to_numpy, to_torch
@@ -209,3 +210,19 @@ def test_a_size_read_from_a_graph_input_goes_into_the_block(host):
         assert relative_error(got[0], want[0]) < 1e-5 and torch.equal(got[1], want[1])
     assert [len(b.variants) for b in graph.report.blocks.values()] == [1]
     assert [n.op for n in graph.report.kept_nodes] == ["aten.view_as_complex.default"]
+
+
+def test_a_block_holds_its_weights_once(host):
+    """The exported model becomes the host's graph as it is: one copy of the weights
+    beside the sessions', not two (a 156M-parameter Llama's generate took 6.9 GB, then
+    5.1)."""
+    fresh_weights()
+    linear = nn.Linear(8, 8).eval()
+    graph = CompiledGraph(make_fx(lambda x: linear(x).relu())(fresh(2, 8)),
+                          OffloadOptions.of({"host": host}))
+    x = fresh(2, 8)
+    with torch.no_grad():
+        assert relative_error(graph(x), linear(x).relu()) < 1e-5
+    (block,) = [m for m in graph.module.modules() if isinstance(m, OffloadedBlock)]
+    (variant,) = block.variants
+    assert variant.exported.model is host.graph(variant.network).model
