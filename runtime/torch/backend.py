@@ -60,8 +60,9 @@ def prism(gm: GraphModule, example_inputs: list[torch.Tensor],
     failures: list[Exception] = []
     for core in (False, True):  # PyTorch's non-core decompositions are not all functional
         lower = aot_autograd(fw_compiler=forward, bw_compiler=backward,
-                             decompositions={**decompositions(core), **FAST_PATH,
-                                             **TRAINING_NORM, **ATTENTION})
+                             decompositions={**{op: fn for op, fn in decompositions(core).items()
+                                                if op not in settings.custom_translation_table},
+                                             **FAST_PATH, **TRAINING_NORM, **ATTENTION})
         try:
             return lower(gm, example_inputs)
         except Exception as exc:  # any tracing failure: the next table, or PyTorch

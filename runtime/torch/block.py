@@ -225,7 +225,8 @@ class OffloadedBlock(torch.nn.Module):
         if tensors <= baked:  # weights alone: a model needs something to feed
             baked = frozenset()
         try:
-            exported = export_block(self.gm, args, baked)
+            exported = export_block(self.gm, args, baked,
+                                    self.ctx.options.custom_translation_table)
         except ExportFailed as exc:
             culprits = [n.name for n in operators(self.gm) if op_label(n) == exc.op]
             if culprits and len(culprits) < len(self.record.nodes):
@@ -341,8 +342,10 @@ class OffloadedBlock(torch.nn.Module):
         if self.block.count("_") >= MAX_SPLITS:  # each split leaves out an operator: bounded
             self._fall(f"split {MAX_SPLITS} times, now around {', '.join(ops)} ({why})")
             return
-        inner = split(self.gm, NodeSupport(self.ctx.options.torch_executed_ops, excluded),
-                      self.ctx.options.min_block_size, prefix=f"{self.block}_")
+        options = self.ctx.options
+        inner = split(self.gm, NodeSupport(options.torch_executed_ops, excluded,
+                                           options.custom_translation_table),
+                      options.min_block_size, prefix=f"{self.block}_")
         if any(name in excluded for block in inner.blocks for name in block.nodes):
             self._fall(f"{', '.join(ops)} cannot be split off ({why})")
             return

@@ -20,9 +20,10 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 import sympy  # type: ignore[import-untyped]
@@ -204,10 +205,11 @@ def _cause(exc: BaseException) -> str:
     return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:200]
 
 
-def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int]
-                 ) -> ExportedBlock:
+def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int],
+                 translations: Mapping[Any, Any] | None = None) -> ExportedBlock:
     """Export `gm` called with `args`; `weights`: positions of args to hold as
-    initializers. Raises ExportFailed naming the operator the exporter stopped at."""
+    initializers; `translations`: the user's `custom_translation_table`. Raises
+    ExportFailed naming the operator the exporter stopped at."""
     sources, fed_positions, buffers, fixed = _sources(gm, args, weights)
     dynamic = None if fixed else _dynamic_dims(gm, fed_positions)
     wrapper = _Block(gm, sources, buffers).eval()
@@ -221,7 +223,9 @@ def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int
                 warnings.catch_warnings(), quiet_loggers():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(wrapper, fed, dynamo=True, dynamic_shapes=dynamic,
-                                        verbose=False, optimize=True)
+                                        verbose=False, optimize=True,
+                                        custom_translation_table=dict(translations or {})
+                                        or None)
     except Exception as exc:  # the exporter raises many kinds; each becomes a fallback
         text = "\n".join(str(e) for e in _chain(exc))
         raise ExportFailed(failed_op(text), _cause(exc)) from None

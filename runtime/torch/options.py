@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 DEFAULT_DEVICES = "cpu:2"  # as PrismBackend: a graph is split over two cpu devices
 KEYS = ("devices", "host", "partition", "replicas", "batching", "min_block_size",
-        "torch_executed_ops", "dry_run", "timeout")
+        "torch_executed_ops", "custom_translation_table", "dry_run", "timeout")
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,12 @@ class OffloadOptions:
     of the caller's instead (the caller closes it); `partition`, `replicas`, `batching`:
     as `HostManager.add_network`; `min_block_size`: blocks of fewer ATen operators stay in
     PyTorch; `torch_executed_ops`: operators kept in PyTorch (`aten.sin`, `aten.sub.Tensor`,
-    `aten::sin`, `torch.ops.aten.sin.default` or the op itself); `dry_run`: decide, export
-    and plan, but run everything in PyTorch and print the report; `timeout`: seconds a
-    block's run may take on the host (None: the host's own)."""
+    `aten::sin`, `torch.ops.aten.sin.default` or the op itself); `custom_translation_table`:
+    as `torch.onnx.export`'s, an operator overload -> its ONNX translation (an onnxscript
+    function), for operators torch.onnx does not translate (a library's custom op) or
+    translates otherwise: such an operator leaves PyTorch, undecomposed; `dry_run`:
+    decide, export and plan, but run everything in PyTorch and print the report;
+    `timeout`: seconds a block's run may take on the host (None: the host's own)."""
 
     devices: str | None = None
     host: HostManager | None = None
@@ -39,6 +42,7 @@ class OffloadOptions:
     batching: BatchingConfig | None = None
     min_block_size: int = 1
     torch_executed_ops: frozenset[str] = field(default_factory=frozenset)
+    custom_translation_table: Mapping[Any, Any] = field(default_factory=dict)
     dry_run: bool = False
     timeout: float | None = None
 
@@ -74,12 +78,34 @@ class OffloadOptions:
                    batching=BatchingConfig.of(options.get("batching")),
                    min_block_size=size,
                    torch_executed_ops=op_names(options.get("torch_executed_ops") or ()),
+                   custom_translation_table=_translations(
+                       options.get("custom_translation_table")),
                    dry_run=bool(options.get("dry_run", False)),
                    timeout=options.get("timeout"))
 
     @property
     def device_spec(self) -> str:
         return self.devices or DEFAULT_DEVICES
+
+
+def _translations(table: object) -> dict[Any, Any]:
+    """`custom_translation_table` checked: keys operator overloads (what a graph's nodes
+    call: `torch.ops.mylib.op.default`, not `torch.ops.mylib.op`), values callables."""
+    if table is None:
+        return {}
+    if not isinstance(table, Mapping):
+        raise PrismError(f"prism backend: custom_translation_table must map operators to "
+                         f"translations, got {type(table).__name__}")
+    for op, translation in table.items():
+        if not hasattr(op, "overloadpacket"):
+            hint = " (name an overload: .default)" if hasattr(op, "overloads") else ""
+            raise PrismError(f"prism backend: custom_translation_table: {op!r} is not an "
+                             f"operator overload{hint}")
+        if not callable(translation) and not (
+                isinstance(translation, list | tuple) and all(map(callable, translation))):
+            raise PrismError(f"prism backend: custom_translation_table: the translation of "
+                             f"{op_name(op)} is not a function")
+    return dict(table)
 
 
 def op_name(op: object) -> str:

@@ -1,21 +1,22 @@
 """Which nodes of an ATen graph may leave PyTorch, and why the others stay.
 
-A node is offloaded when ONNX can express it (torch.onnx's library, torchlib, translates
-its operator), every tensor it reads or makes has a numpy type on the cpu, it makes
-tensors, it draws nothing from PyTorch's random generator, and neither the user
-(`torch_executed_ops`) nor the qualification sweep (`refused.py`: an operator, or an
-operator called with some arguments) keeps it in PyTorch. Whether some device runs the
-ONNX it becomes is known once a block is exported: the block then splits around the nodes
-no device runs (`runtime/torch/block.py`). A size (read from a tensor, or arithmetic on
-sizes) leaves with the nodes reading it when they all leave and a block may be fed the
-tensor it is read from: reading a size made in a block does not cut it.
+A node is offloaded when ONNX can express it (torch.onnx's library, torchlib, or the
+user's `custom_translation_table` translates its operator), every tensor it reads or
+makes has a numpy type on the cpu, it makes tensors, it draws nothing from PyTorch's
+random generator, and neither the user (`torch_executed_ops`) nor the qualification
+sweep (`refused.py`: an operator, or an operator called with some arguments) keeps it in
+PyTorch. Whether some device runs the ONNX it becomes is known once a block is exported:
+the block then splits around the nodes no device runs (`runtime/torch/block.py`). A size
+(read from a tensor, or arithmetic on sizes) leaves with the nodes reading it when they
+all leave and a block may be fed the tensor it is read from: reading a size made in a
+block does not cut it.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -133,11 +134,12 @@ class NodeSupport(OperatorSupportBase):
     """The capability check the partitioner asks; `reasons` keeps why each node stays."""
 
     def __init__(self, torch_executed_ops: frozenset[str] = frozenset(),
-                 excluded: Mapping[str, str] | None = None):
+                 excluded: Mapping[str, str] | None = None, translated: Iterable[Any] = ()):
         """`excluded`: node name -> why it stays, decided elsewhere (no device runs the
-        ONNX it becomes)."""
+        ONNX it becomes); `translated`: operators the user's custom translations cover."""
         super().__init__()
         self.executed = torch_executed_ops
+        self.translated = frozenset(translated)
         self.excluded = dict(excluded or {})
         self.reasons: dict[str, str] = {}
         self._seen: dict[Node, str | None] = {}
@@ -190,7 +192,7 @@ class NodeSupport(OperatorSupportBase):
             return aux
         if torch.Tag.nondeterministic_seeded in target.tags and not _draws_nothing(node):
             return "random: it draws from PyTorch's generator"
-        if not onnx_registry().is_registered(target):
+        if target not in self.translated and not onnx_registry().is_registered(target):
             return "ONNX cannot express it (torch.onnx has no translation)"
         return self._values_problem(node)
 

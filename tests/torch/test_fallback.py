@@ -127,6 +127,9 @@ def test_a_host_that_stops_answering_hands_the_block_back_to_pytorch():
     ({"min_block_size": 0}, "min_block_size must be a whole number"),
     ({"batching": {"max_batch": 4}}, "batching: unknown setting"),
     ({"devices": "gpu:9"}, "devices:"),
+    ({"custom_translation_table": [print]}, "custom_translation_table must map"),
+    ({"custom_translation_table": {torch.ops.aten.sin: print}}, "name an overload"),
+    ({"custom_translation_table": {torch.ops.aten.sin.default: 3}}, "is not a function"),
 ])
 def test_bad_options_are_refused_in_one_line_before_tracing(options, words):
     with pytest.raises(PrismError) as caught:
@@ -134,6 +137,43 @@ def test_bad_options_are_refused_in_one_line_before_tracing(options, words):
     assert words in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(PrismError):
         runtime.torch.compile(nn.ReLU(), **options)
+
+
+@torch.library.custom_op("prism_tests::soft_scaled", mutates_args=())
+def soft_scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """A library's own operator: torch.onnx has no translation for it."""
+    return x / (1 + x.abs()) * scale
+
+
+@soft_scaled.register_fake
+def _(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _soft_scaled_onnx(x, scale: float):  # type: ignore[no-untyped-def]
+    from onnxscript.onnx_opset import opset18 as op
+
+    return op.Mul(op.Softsign(x), op.CastLike(scale, x))
+
+
+def test_a_custom_operator_given_its_translation_leaves_pytorch(host):
+    """As torch.onnx.export's `custom_translation_table`: the operator a library brings
+    (transformers' mixture-of-experts matmul) goes into the block with its neighbours,
+    where without it the graph is cut around it."""
+    layers = nn.Sequential(nn.Linear(6, 6), nn.ReLU())
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(soft_scaled(layers(x), 1.5))
+
+    table = {torch.ops.prism_tests.soft_scaled.default: _soft_scaled_onnx}
+    x = fresh(4, 6)
+    answer, report, lines = run(model, x, host=host, custom_translation_table=table)
+    assert relative_error(answer, model(x).detach()) < 1e-5 and not lines, lines
+    assert not report.kept_nodes and len(report.blocks) == 1, report.table()
+    torch._dynamo.reset()  # the same function compiled again, without the table
+    _, alone, _ = run(model, x, host=host)
+    assert [n.op for n in alone.kept_nodes] == ["prism_tests.soft_scaled.default"]
+    assert len(alone.blocks) == 2
 
 
 def test_op_names_read_every_spelling():
