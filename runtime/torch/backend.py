@@ -59,10 +59,10 @@ def prism(gm: GraphModule, example_inputs: list[torch.Tensor],
 
     failures: list[Exception] = []
     for core in (False, True):  # PyTorch's non-core decompositions are not all functional
+        table = {**decompositions(core), **FAST_PATH, **TRAINING_NORM, **ATTENTION}
         lower = aot_autograd(fw_compiler=forward, bw_compiler=backward,
-                             decompositions={**{op: fn for op, fn in decompositions(core).items()
-                                                if op not in settings.custom_translation_table},
-                                             **FAST_PATH, **TRAINING_NORM, **ATTENTION})
+                             decompositions={op: fn for op, fn in table.items()
+                                             if op not in settings.custom_translation_table})
         try:
             return lower(gm, example_inputs)
         except Exception as exc:  # any tracing failure: the next table, or PyTorch

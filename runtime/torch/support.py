@@ -183,16 +183,17 @@ class NodeSupport(OperatorSupportBase):
         label, packet = str(target), str(target.overloadpacket)
         if label in self.executed or packet in self.executed:
             return "in torch_executed_ops"
-        refusal = REFUSED.get(label) or REFUSED.get(packet)
+        own = target in self.translated  # the user's translation: torchlib's faults not its
+        refusal = None if own else REFUSED.get(label) or REFUSED.get(packet)
         if refusal is not None and refusal.when(_arguments(node)):
             return refusal.reason
-        aux = FIRST_OUTPUT_ONLY.get(label) or FIRST_OUTPUT_ONLY.get(packet)
+        aux = None if own else FIRST_OUTPUT_ONLY.get(label) or FIRST_OUTPUT_ONLY.get(packet)
         if aux is not None and any(u.target is operator.getitem and u.args[1] != 0
                                    for u in node.users):
             return aux
         if torch.Tag.nondeterministic_seeded in target.tags and not _draws_nothing(node):
             return "random: it draws from PyTorch's generator"
-        if target not in self.translated and not onnx_registry().is_registered(target):
+        if not own and not onnx_registry().is_registered(target):
             return "ONNX cannot express it (torch.onnx has no translation)"
         return self._values_problem(node)
 

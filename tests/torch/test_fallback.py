@@ -156,23 +156,32 @@ def _soft_scaled_onnx(x, scale: float):  # type: ignore[no-untyped-def]
     return op.Mul(op.Softsign(x), op.CastLike(scale, x))
 
 
+def _erfcx_onnx(x):  # type: ignore[no-untyped-def]
+    from onnxscript.onnx_opset import opset18 as op
+
+    return op.Mul(op.Exp(op.Mul(x, x)), op.Sub(op.CastLike(1.0, x), op.Erf(x)))
+
+
 def test_a_custom_operator_given_its_translation_leaves_pytorch(host):
     """As torch.onnx.export's `custom_translation_table`: the operator a library brings
-    (transformers' mixture-of-experts matmul) goes into the block with its neighbours,
-    where without it the graph is cut around it."""
+    (transformers' mixture-of-experts matmul), and one whose torchlib translation Prism
+    refuses (erfcx's far tails), go into the block with their neighbours, where without
+    the table the graph is cut around them."""
     layers = nn.Sequential(nn.Linear(6, 6), nn.ReLU())
 
     def model(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(soft_scaled(layers(x), 1.5))
+        return torch.tanh(torch.special.erfcx(soft_scaled(layers(x), 1.5)))
 
-    table = {torch.ops.prism_tests.soft_scaled.default: _soft_scaled_onnx}
+    table = {torch.ops.prism_tests.soft_scaled.default: _soft_scaled_onnx,
+             torch.ops.aten.special_erfcx.default: _erfcx_onnx}
     x = fresh(4, 6)
     answer, report, lines = run(model, x, host=host, custom_translation_table=table)
     assert relative_error(answer, model(x).detach()) < 1e-5 and not lines, lines
     assert not report.kept_nodes and len(report.blocks) == 1, report.table()
     torch._dynamo.reset()  # the same function compiled again, without the table
     _, alone, _ = run(model, x, host=host)
-    assert [n.op for n in alone.kept_nodes] == ["prism_tests.soft_scaled.default"]
+    assert [n.op for n in alone.kept_nodes] == ["prism_tests.soft_scaled.default",
+                                                "aten.special_erfcx.default"]
     assert len(alone.blocks) == 2
 
 
