@@ -23,6 +23,7 @@ import importlib.util
 import io
 import json
 import logging
+import math
 import tempfile
 import traceback
 import warnings
@@ -327,12 +328,35 @@ def _has_work(model: onnx.ModelProto, ops: Sequence[str], label: str) -> None:
                             f"is one onnxruntime quantizes ({', '.join(ops[:6])}, ...)")
 
 
-def read_profile(path: str | Path, graph: Graph) -> str:
-    """Check a profile against the prepared model; return its calibration method name."""
+@dataclass(frozen=True)
+class Profile:
+    """What quantizing reads of a profile besides its ranges: its calibration method's
+    name, and the tensors whose range is not finite (a log of 0 that a Where masks later,
+    as in MPNet's relative position buckets): quantized, such a tensor's scale would be
+    inf or NaN and every value through it NaN, so the nodes reading or writing it stay in
+    float."""
+
+    method: str
+    unbounded: frozenset[str]
+
+
+def _finite(value: object) -> bool:
+    """Is every number in a range's record (JSON lists and dicts) finite?"""
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def read_profile(path: str | Path, graph: Graph) -> Profile:
+    """Check a profile against the prepared model, and read what quantizing needs of it
+    beside the ranges."""
     try:
         raw = json.loads(Path(path).read_text())
         method = raw["calibration_method"]
         tensors = set(raw["data"])
+        unbounded = frozenset(t for t, r in raw["data"].items() if not _finite(r))
     except FileNotFoundError:
         raise QuantizeError(f"profile not found: {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -348,7 +372,7 @@ def read_profile(path: str | Path, graph: Graph) -> str:
         raise QuantizeError(f"profile {path} does not belong to {graph.name}: it has no range "
                             f"for any tensor")
     name = str(method.get("value", "") if isinstance(method, dict) else method)
-    return name.rsplit(".", 1)[-1].lower()
+    return Profile(name.rsplit(".", 1)[-1].lower(), unbounded)
 
 
 def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
@@ -357,12 +381,13 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
     float region's int8 output handed on channels-last where that saves transposes."""
     q = _ort()
     graph = load_graph(prepared)
-    method = read_profile(profile_path, graph)
+    profiled = read_profile(profile_path, graph)
     unknown = sorted(set(options.exclude_nodes) - set(graph.by_name))
     if unknown:
         raise QuantizeError(f"cannot keep {unknown[0]!r} in float: no such node in "
                             f"{graph.name} (after onnxruntime's pre-processing)")
     ops = sorted(quantizable_ops(options.format) - set(options.exclude_ops))
+    kept = [*options.float_nodes(graph), *_touching(graph, profiled.unbounded)]
     types = {"uint8": q.QuantType.QUInt8, "int8": q.QuantType.QInt8}
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src, out = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
@@ -370,11 +395,11 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
         try:
             q.quantize_static(
                 str(src), str(out), None, calibration_cache_path=str(profile_path),
-                calibrate_method=_method(method), op_types_to_quantize=ops,
+                calibrate_method=_method(profiled.method), op_types_to_quantize=ops,
                 quant_format=q.QuantFormat.QDQ if options.format == "qdq"
                 else q.QuantFormat.QOperator, per_channel=options.per_channel,
                 activation_type=types[options.activations], weight_type=types[options.weights],
-                nodes_to_exclude=options.float_nodes(graph), use_external_data_format=large)
+                nodes_to_exclude=kept, use_external_data_format=large)
         except Exception as exc:
             raise QuantizeError(f"onnxruntime could not quantize {graph.name}: "
                                 f"{' '.join(str(exc).split())[:300]}") from None
@@ -391,6 +416,11 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
             raise QuantizeError(_invalid_output(f" does not load in onnxruntime: {why}", graph,
                                                 options)) from None
         return model
+
+
+def _touching(graph: Graph, tensors: frozenset[str]) -> list[str]:
+    """The nodes reading or writing any of `tensors`."""
+    return [n.name for n in graph.nodes if tensors.intersection(n.reads + n.writes)]
 
 
 def _invalid_output(why: str, prepared: Graph, options: QuantizeOptions) -> str:
