@@ -49,11 +49,11 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str
 def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default: int = 1
                   ) -> tuple[int, ...]:
     """One input's shape: fixed sizes as they are, named ones from `sizes` (`free_sizes`),
-    a name that is a sum of others from theirs (`_summed`), an unnamed image side as
-    IMAGE_SIDE, any other `default`."""
+    a name that is arithmetic over others or a number (`_computed`), an unnamed image side
+    as IMAGE_SIDE, any other `default`."""
     sides = image_axes(dims, floating)
     return tuple(d if isinstance(d, int) else int(sizes[d]) if d is not None and d in sizes
-                 else _summed(d, sizes, default) or (IMAGE_SIDE if a in sides else default)
+                 else _computed(d, sizes, default) or (IMAGE_SIDE if a in sides else default)
                  for a, d in enumerate(dims))
 
 
@@ -61,11 +61,13 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv}
 
 
-def _summed(name: str | None, sizes: Mapping[str, int], default: int) -> int | None:
+def _computed(name: str | None, sizes: Mapping[str, int], default: int) -> int | None:
     """A dimension named by arithmetic over others, as optimum names an attention mask's
     `past_sequence_length + sequence_length`: its size from theirs (a mask as long as
-    the keys it covers); None for a plain name, or a size under 1."""
-    if name is None or not any(op in name for op in "+-*/"):
+    the keys it covers); or named by a number, as transformers' exporter names a key
+    cache's heads and head size (`[1, "2", "s53", "16"]`): that number. None for a plain
+    name, or a size under 1."""
+    if name is None or not (any(op in name for op in "+-*/") or name.strip().isdigit()):
         return None
 
     def value(node: ast.AST) -> int:

@@ -262,6 +262,29 @@ def test_a_dimension_named_as_a_sum_of_others_is_made_up_as_their_sum(capsys, tm
         capsys.readouterr().err
 
 
+def test_a_dimension_named_by_a_number_is_made_up_as_that_number(capsys, tmp_path):
+    """transformers' exporter names a decode step's cache heads and head size by numbers,
+    [1, "2", "s53", "16"], where the new keys it joins them to have 2 and 16 fixed: made up
+    as 1, every request failed (a Concat of mismatched dimensions)."""
+    f, heads, size = TensorProto.FLOAT, int(np.random.default_rng().integers(2, 6)), 8
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["token", "split"], ["new"]),
+         helper.make_node("Concat", ["past", "new"], ["keys"], axis=2)], "decode",
+        [helper.make_tensor_value_info("past", f, [1, str(heads), "s53", str(size)]),
+         helper.make_tensor_value_info("token", f, [1, heads * size])],
+        [helper.make_tensor_value_info("keys", f, [1, heads, "s53 + 1", size])],
+        [numpy_helper.from_array(np.array([1, heads, 1, size], np.int64), "split")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    loaded = load_graph(model)
+    assert loaded.tensors["past"].shape == (1, heads, 1, size)
+    assert random_feeds(input_specs(loaded), np.random.default_rng())["past"].shape == (
+        1, heads, 1, size)
+    path = str(tmp_path / "decode.onnx")
+    onnx.save(model, path)
+    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
+        capsys.readouterr().err
+
+
 def test_unknown_binding_names_are_ignored():
     g = load_graph(SAMPLES_DIR / "mlp.onnx", bindings={"sequence": 4})
     assert g.tensors["x"].shape == (1, 256)
