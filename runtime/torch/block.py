@@ -342,10 +342,8 @@ class OffloadedBlock(torch.nn.Module):
         if self.block.count("_") >= MAX_SPLITS:  # each split leaves out an operator: bounded
             self._fall(f"split {MAX_SPLITS} times, now around {', '.join(ops)} ({why})")
             return
-        options = self.ctx.options
-        inner = split(self.gm, NodeSupport(options.torch_executed_ops, excluded,
-                                           options.custom_translation_table),
-                      options.min_block_size, prefix=f"{self.block}_")
+        inner = split(self.gm, NodeSupport(self.ctx.options, excluded),
+                      self.ctx.options.min_block_size, prefix=f"{self.block}_")
         if any(name in excluded for block in inner.blocks for name in block.nodes):
             self._fall(f"{', '.join(ops)} cannot be split off ({why})")
             return

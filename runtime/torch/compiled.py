@@ -43,9 +43,7 @@ class CompiledGraph:
         name = f"g{self.number}"
         self.ctx = Context(name, options, host, devices,
                            GraphReport(name, [d.name for d in devices], options.dry_run))
-        result = split(gm, NodeSupport(options.torch_executed_ops,
-                                       translated=options.custom_translation_table),
-                       options.min_block_size)
+        result = split(gm, NodeSupport(options), options.min_block_size)
         install(result, self.ctx)
         self.module = result.module
         self._to_print = options.dry_run

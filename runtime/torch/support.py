@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from runtime.torch.export import quiet_loggers
+from runtime.torch.options import OffloadOptions
 from runtime.torch.refused import FIRST_OUTPUT_ONLY, REFUSED
 
 # torch dtype -> numpy can hold it without a copy, and onnxruntime computes with it
@@ -133,13 +134,13 @@ def _tensor_problem(tensor: torch.Tensor, role: str) -> str | None:
 class NodeSupport(OperatorSupportBase):
     """The capability check the partitioner asks; `reasons` keeps why each node stays."""
 
-    def __init__(self, torch_executed_ops: frozenset[str] = frozenset(),
-                 excluded: Mapping[str, str] | None = None, translated: Iterable[Any] = ()):
-        """`excluded`: node name -> why it stays, decided elsewhere (no device runs the
-        ONNX it becomes); `translated`: operators the user's custom translations cover."""
+    def __init__(self, options: OffloadOptions, excluded: Mapping[str, str] | None = None):
+        """`options`: the user's `torch_executed_ops` and `custom_translation_table`;
+        `excluded`: node name -> why it stays, decided elsewhere (no device runs the ONNX
+        it becomes)."""
         super().__init__()
-        self.executed = torch_executed_ops
-        self.translated = frozenset(translated)
+        self.executed = options.torch_executed_ops
+        self.translated = frozenset(options.custom_translation_table)
         self.excluded = dict(excluded or {})
         self.reasons: dict[str, str] = {}
         self._seen: dict[Node, str | None] = {}
