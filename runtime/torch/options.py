@@ -90,14 +90,15 @@ class OffloadOptions:
 
 def _translations(table: object) -> dict[Any, Any]:
     """`custom_translation_table` checked: keys operator overloads (what a graph's nodes
-    call: `torch.ops.mylib.op.default`, not `torch.ops.mylib.op`), values callables."""
+    call: `torch.ops.mylib.op.default`, not `torch.ops.mylib.op`) or, as torch.onnx takes
+    them, Python functions on sizes (`operator.floordiv`); values callables."""
     if table is None:
         return {}
     if not isinstance(table, Mapping):
         raise PrismError(f"prism backend: custom_translation_table must map operators to "
                          f"translations, got {type(table).__name__}")
     for op, translation in table.items():
-        if not hasattr(op, "overloadpacket"):
+        if hasattr(op, "overloads") or not callable(op):  # a packet matches no node
             hint = " (name an overload: .default)" if hasattr(op, "overloads") else ""
             raise PrismError(f"prism backend: custom_translation_table: {op!r} is not an "
                              f"operator overload{hint}")

@@ -130,6 +130,7 @@ def test_a_host_that_stops_answering_hands_the_block_back_to_pytorch():
     ({"custom_translation_table": [print]}, "custom_translation_table must map"),
     ({"custom_translation_table": {torch.ops.aten.sin: print}}, "name an overload"),
     ({"custom_translation_table": {torch.ops.aten.sin.default: 3}}, "is not a function"),
+    ({"custom_translation_table": {"aten.sin": print}}, "is not an operator overload"),
 ])
 def test_bad_options_are_refused_in_one_line_before_tracing(options, words):
     with pytest.raises(PrismError) as caught:
