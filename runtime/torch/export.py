@@ -224,8 +224,8 @@ def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int
             warnings.simplefilter("ignore")
             program = torch.onnx.export(wrapper, fed, dynamo=True, dynamic_shapes=dynamic,
                                         verbose=False, optimize=True,
-                                        custom_translation_table=dict(translations or {})
-                                        or None)
+                                        custom_translation_table=dict(translations)
+                                        if translations else None)
     except Exception as exc:  # the exporter raises many kinds; each becomes a fallback
         text = "\n".join(str(e) for e in _chain(exc))
         raise ExportFailed(failed_op(text), _cause(exc)) from None

@@ -140,7 +140,7 @@ class NodeSupport(OperatorSupportBase):
         it becomes)."""
         super().__init__()
         self.executed = options.torch_executed_ops
-        self.translated = frozenset(options.custom_translation_table)
+        self.translated = options.custom_translation_table
         self.excluded = dict(excluded or {})
         self.reasons: dict[str, str] = {}
         self._seen: dict[Node, str | None] = {}
