@@ -27,9 +27,10 @@ from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.free_dims import Dims, free_sizes, made_up_shape
-from runtime.large import Stored, checked, file_version, inferable, shell, too_large, typed_only
+from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
+from runtime.stored import Stored, file_version, held_in, in_file, shelled, with_weights
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -102,8 +103,6 @@ class Graph:
     # analyses that hold as long as the graph does (e.g. which backend runs which node)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     folded: FoldReport = field(default_factory=FoldReport)  # what folding did at load
-    # initializers read from external data files, where (their bytes stay mapped there)
-    stored: dict[str, Stored] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_name = {n.name: n for n in self.nodes}
@@ -188,9 +187,10 @@ def read_model(source: str | Path | bytes | onnx.ModelProto,
 
 def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
           ) -> tuple[onnx.ModelProto, dict[str, Stored]]:
-    """`read_model`, and where each initializer read from an external file lies in it."""
-    if isinstance(source, onnx.ModelProto):
-        return copy.deepcopy(source), {}
+    """`read_model`, and where each initializer read from a file lies in it (a loaded
+    graph's model given again: where its shells say)."""
+    if isinstance(source, onnx.ModelProto):  # a loaded graph's model: its weights filled
+        return with_weights(source), held_in(source)
     if isinstance(source, bytes | bytearray):
         try:
             return onnx.load_from_string(bytes(source)), {}
@@ -211,11 +211,11 @@ def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
     _check_size(path, size + _external_bytes(model, path.parent), max_bytes)
-    stored = {}
+    stored = in_file(path)
     for init in model.graph.initializer:
         where = {e.key: e.value for e in init.external_data}
         if external_data_helper.uses_external_data(init) and "length" in where:
-            file = path.parent / where["location"]
+            file = (path.parent / where["location"]).absolute()
             with contextlib.suppress(OSError):
                 stored[init.name] = Stored(str(file), int(where.get("offset", 0)),
                                            int(where["length"]), file_version(file))
@@ -654,13 +654,11 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     shapes = inferable(model)
     declared = _infer(shapes)
     bound = _infer(_bound_model(shapes, sizes, default_dim))
-    g = model.graph
-    initializers = {t.name: t for t in g.initializer}
     tensors: dict[str, Tensor] = {}
-    for tname, init in initializers.items():
-        dtype = _np_dtype(init.data_type)
+    for init in model.graph.initializer:
         shape = tuple(int(d) for d in init.dims)
-        tensors[tname] = Tensor(tname, dtype, shape, shape, init.data_type)
+        tensors[init.name] = Tensor(init.name, _np_dtype(init.data_type), shape, shape,
+                                    init.data_type)
     for tname in {*declared, *bound}:
         if tname in tensors:
             continue
@@ -670,6 +668,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         bound_shape = _bind(bdims if bdims is not None else dims, sizes, default_dim)
         tensors[tname] = Tensor(tname, _np_dtype(elem), bound_shape, dims, elem)
     _size_unknowns(tensors, model, sizes, default_dim)
+    model = shelled(model, stored)  # weights read from a file stay there, not in memory
+    g = model.graph
+    initializers = {t.name: t for t in g.initializer}
     nodes = []
     for i, proto in enumerate(g.node):
         outer = tuple(r for r in reads_of(proto) if r not in proto.input)
@@ -679,7 +680,8 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                           tuple(proto.output), attrs, outer, i, body))
     opsets = {op.domain or "": op.version for op in model.opset_import}
     graph_inputs = [v.name for v in g.input if v.name not in initializers]
-    types = {t: v.type for t, v in declared.items() if v.type.WhichOneof("value")}
+    # copies: a part of the inferred model would keep all of it (its weights) alive
+    types = {t: copy.deepcopy(v.type) for t, v in declared.items() if v.type.WhichOneof("value")}
     # a tensor typed by a run alone (`_size_unknowns`) is declared by its element type
     for tname, info in tensors.items():
         if tname not in types and tname not in initializers and info.elem_type:
@@ -687,5 +689,5 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
                  bindings=bindings, name=name or g.name or "network", types=types,
-                 folded=report, stored={t: at for t, at in stored.items() if t in initializers})
+                 folded=report)
 

@@ -165,10 +165,10 @@ class Signature:
 
 
 def signature(graph: Graph) -> Signature:
-    from onnx import numpy_helper
+    from runtime.stored import values
 
     return Signature(input_specs(graph), tuple(graph.outputs), {
-        t: numpy_helper.to_array(graph.initializers[t]) for t in graph.outputs
+        t: values(graph.initializers[t]) for t in graph.outputs
         if t in graph.initializers})
 
 
@@ -248,7 +248,7 @@ def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
 
 def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto) -> int | None:
     """The one column of the last axis `node` picks from input `spec`, if it does."""
-    from onnx import numpy_helper
+    from runtime.stored import values
 
     rank = len(spec.dims or ())
     width = spec.dims[-1] if spec.dims else None
@@ -257,7 +257,7 @@ def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto) -> int | None:
         node.op_type == "Gather" and rank > 1 and _attribute(node, "axis", 0) % rank == rank - 1)
     if not along_last or index is None or not isinstance(width, int):
         return None
-    picked = numpy_helper.to_array(index).ravel()
+    picked = values(index).ravel()
     return int(picked[0]) % width if picked.size == 1 else None
 
 

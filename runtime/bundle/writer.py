@@ -19,7 +19,6 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
 
 from runtime.bundle.driver import RUNS_IN_ORT, load_stage
 from runtime.bundle.reader import (
@@ -33,7 +32,7 @@ from runtime.bundle.reader import (
 from runtime.devices.config import DeviceConfig
 from runtime.devices.external import pointed
 from runtime.devices.ort.options import session_options
-from runtime.devices.ort.sessions import loadable, supported_ir_version
+from runtime.devices.ort.sessions import stamped, supported_ir_version
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, holds_half, load_graph
 from runtime.inputs import input_specs
@@ -42,6 +41,7 @@ from runtime.partition.plan import Plan
 from runtime.partition.planning import plan_network
 from runtime.partition.steps import Step
 from runtime.partition.submodel import extract
+from runtime.stored import values, with_weights
 from runtime.types import BatchingConfig, check_batchable
 from runtime.versions import versions
 
@@ -108,7 +108,7 @@ def optimize(model: onnx.ModelProto, threads: int, half: bool, label: str) -> on
 def annotated_network(graph: Graph, plan: Plan) -> onnx.ModelProto:
     """The whole model, stamped for onnxruntime, each node carrying its partition, device
     and backend in metadata_props (what Netron shows as the split)."""
-    model = loadable(graph.model)
+    model = stamped(with_weights(graph.model))
     model.ir_version = max(model.ir_version, min(NODE_METADATA_IR, supported_ir_version()))
     home = {n: p for p in plan.partitions for n in p.nodes}
     for node in model.graph.node:
@@ -126,7 +126,7 @@ def _constants(graph: Graph, store: WeightStore) -> dict[str, dict]:
     out = {}
     for name in graph.outputs:
         if name in graph.initializers:
-            array = numpy_helper.to_array(graph.initializers[name])
+            array = values(graph.initializers[name])
             data = array.tobytes()
             out[name] = {"dtype": array.dtype.name, "shape": list(array.shape),
                          "offset": store.put(data), "length": len(data)}
@@ -210,7 +210,7 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
     schedule, requirements, devices = _tables(graph, plan)
     for i, (part, row) in enumerate(zip(plan.partitions, schedule, strict=True)):
         report(f"compiling {part.name} for {part.device}", i, len(plan.partitions))
-        model = extract(graph, part)
+        model = with_weights(extract(graph, part))  # its weights copied into the bundle
         row["half"] = holds_half(model)  # the driver makes its sessions as `cpu` does
         if row["optimization"] != "none":
             model = optimize(model, row["threads"], row["half"],

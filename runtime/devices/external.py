@@ -5,7 +5,6 @@ other loads faster and is held once (`serialized`)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -14,7 +13,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.large import Stored, file_version, shell, tensor_bytes, too_large, typed_only
+from runtime.large import shell, tensor_bytes, too_large, typed_only
+from runtime.stored import STORED_MIN, Stored, current, filled, stored_at
 
 
 def inline_external(model: onnx.ModelProto, files: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -46,40 +46,41 @@ def pointed(tensor: onnx.TensorProto, location: str, offset: int, length: int
 
 
 IN_MEMORY = "prism-held"  # held weights are in-memory files IN_MEMORY.0, IN_MEMORY.1, ...
-HELD_MIN = 1 << 10  # an initializer of this many bytes or more is held (as in a bundle)
+HELD_MIN = STORED_MIN  # an initializer this large is held (as in a bundle), as is any shell
 
 
 def holdable(init: onnx.TensorProto) -> bool:
-    """Could the initializer be held beside its model? Text never is: ONNX keeps no text
-    in external data."""
-    return (tensor_bytes(init) >= HELD_MIN and init.data_location != onnx.TensorProto.EXTERNAL
-            and init.data_type != onnx.TensorProto.STRING)
+    """Could the initializer be held beside its model? A weight left in its file
+    (`runtime.stored`) always is; text never is: ONNX keeps no text in external data."""
+    return stored_at(init) is not None or (
+        tensor_bytes(init) >= HELD_MIN and init.data_location != onnx.TensorProto.EXTERNAL
+        and init.data_type != onnx.TensorProto.STRING)
 
 
 def _raw(init: onnx.TensorProto) -> bytes:
     """The tensor's bytes as external data keeps them: its raw data, or its typed field's
-    values encoded so (4-bit values two to a byte, as `tobytes` would not)."""
+    values encoded so (4-bit values two to a byte, as `tobytes` would not); a weight left
+    in its file, read from it."""
+    init = filled(init)
     return init.raw_data or numpy_helper.from_array(numpy_helper.to_array(init)).raw_data
 
 
 class Held:
     """Weights held beside a model as it is made: each holdable one becomes its name, type
-    and dims, its data an in-memory file of its own (`files`, name -> bytes). The bytes are
-    a view of the file the model read them from, mapped, where `stored` says where they
-    lie (`Graph.stored`), else of the bytes protobuf hands out (a copy): none beside that.
-    Mapped, a 3.4 GB model's partitions are made without copying 3.4 GB first (7 s), and
-    each page is read once, by onnxruntime, as a bundle's weights are."""
+    and dims, its data an in-memory file of its own (`files`, name -> bytes). A weight
+    left in its file (`runtime.stored`) is a view of that file, mapped, else of the bytes
+    protobuf hands out (a copy): none beside that. Mapped, a 3.4 GB model's partitions are
+    made without copying 3.4 GB first (7 s), and each page is read once, by onnxruntime,
+    as a bundle's weights are."""
 
-    def __init__(self, stored: Mapping[str, Stored] | None = None) -> None:
+    def __init__(self) -> None:
         self.files: dict[str, np.ndarray] = {}
-        self.stored = stored or {}
         self._maps: dict[str, np.ndarray] = {}
 
     @classmethod
-    def over(cls, weights: Iterable[onnx.TensorProto],
-             stored: Mapping[str, Stored] | None = None) -> Held | None:
+    def over(cls, weights: Iterable[onnx.TensorProto]) -> Held | None:
         """Holding for a model of these weights, None for one with none to hold."""
-        return cls(stored) if any(map(holdable, weights)) else None
+        return cls() if any(map(holdable, weights)) else None
 
     def take(self, init: onnx.TensorProto) -> onnx.TensorProto:
         if not holdable(init):
@@ -89,19 +90,18 @@ class Held:
         return pointed(typed_only(init), location, 0, data.size)
 
     def _bytes(self, init: onnx.TensorProto) -> np.ndarray:
-        at = self.stored.get(init.name)
-        mapped = self._mapped(at) if at is not None and at.length == tensor_bytes(init) else None
-        if at is None or mapped is None:
+        at = stored_at(init)
+        if at is None:
             return np.frombuffer(_raw(init), np.uint8)
-        return mapped[at.offset:at.offset + at.length]
+        return self._mapped(at, init.name)[at.offset:at.offset + at.length]
 
-    def _mapped(self, at: Stored) -> np.ndarray | None:
-        """The file `at` lies in, mapped once; None if it was written since it was read."""
+    def _mapped(self, at: Stored, tensor: str) -> np.ndarray:
+        """The file `at` lies in, mapped once (ModelLoadError if written since it was
+        read)."""
         if at.path not in self._maps:
-            with contextlib.suppress(OSError, ValueError):
-                if file_version(at.path) == at.version:
-                    self._maps[at.path] = np.memmap(at.path, np.uint8, mode="r")
-        return self._maps.get(at.path)
+            current(at, tensor)
+            self._maps[at.path] = np.memmap(at.path, np.uint8, mode="r")
+        return self._maps[at.path]
 
 
 def serialized(model: onnx.ModelProto,

@@ -92,5 +92,5 @@ def held_extract(graph: Graph, partition: Partition) -> tuple[onnx.ModelProto, H
     """`extract` with its weights held beside it (None when it has none to hold): what
     onnxruntime is handed, each weight's bytes never copied into the model."""
     weights = weights_of(graph, partition)  # made once, where a partition makes some
-    held = Held.over(weights, graph.stored)
+    held = Held.over(weights)
     return extract(graph, partition, held, weights), held

@@ -32,6 +32,7 @@ from runtime.devices.ort.options import profiled_run
 from runtime.graph import Graph, load_graph
 from runtime.inputs import input_specs, random_feeds
 from runtime.precision import node_precisions
+from runtime.stored import with_weights
 
 
 def _chw(graph: Graph, tensor: str) -> tuple[int, int, int] | None:
@@ -63,8 +64,7 @@ def hand_off(graph: Graph, quantize: str) -> onnx.ModelProto:
     base = next(b for i in itertools.count() if not taken & {
         (b := f"{out}_nhwc{i or ''}"), *(f"{b}_{part}" for part in parts)})
     x, rows, cols, shape_rows, shape_nhwc, back = (f"{base}_{part}" for part in parts)
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
+    model = with_weights(graph.model)
     g = model.graph
     at = next(i for i, p in enumerate(g.node) if p.name == quantize)
     g.node[at].output[0] = x

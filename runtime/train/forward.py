@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from runtime.errors import TrainingError
 from runtime.graph import DEFAULT_DOMAINS, FLOATS, Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
+from runtime.stored import with_weights
 from runtime.train.emit import Emitter
 from runtime.train.expand import expand_nodes
 from runtime.train.facts import Facts, probe
@@ -157,8 +158,7 @@ def training_opset(graph: Graph) -> tuple[onnx.ModelProto, dict[str, str]]:
     and each node the raise added -> the model's node it stands for. From 13 on, ai.onnx
     changed no op's meaning up to 17 (only added types and attributes), so the import is
     raised; an older model goes through onnx's version converter."""
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
+    model = with_weights(graph.model)
     _drop_unread_outputs(model.graph)
     own_statistics(model.graph)
     opset = model_opset(model)

@@ -37,6 +37,7 @@ from onnx import numpy_helper
 
 from runtime.graph import DEFAULT_DOMAINS, FLOATS, Graph, copy_initializer, load_graph, reads_of
 from runtime.names import fresh_name
+from runtime.stored import with_weights
 
 # dynamo's metadata on each node: the modules it ran in, and the FX node it came from
 SCOPES, FX_NODE = "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.fx_node"
@@ -45,8 +46,7 @@ SCOPES, FX_NODE = "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.fx_node"
 def owned(graph: Graph) -> Graph:
     """`graph` with each parameter and running statistic its own and each tie one weight;
     itself when they are already (every change adds or drops an initializer or a node)."""
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
+    model = with_weights(graph.model)
     size = (len(model.graph.initializer), len(model.graph.node))
     constants = weights_of_constants(model.graph)
     own_statistics(model.graph)

@@ -34,6 +34,7 @@ from runtime.errors import TrainingError
 from runtime.graph import Graph, load_graph
 from runtime.inputs import array_text
 from runtime.partition.planning import PartitionSpec, plan_network
+from runtime.stored import with_weights
 from runtime.train.loss import LABELS, Loss
 from runtime.train.optimizers import Optimizer
 from runtime.train.owners import owned
@@ -228,8 +229,7 @@ class Trainer:
         """The model as given, its weights (and running statistics) as trained: a plain
         inference model, each parameter an exporter merged its own again, each it folded
         out of another read through that one (`owners`)."""
-        model = onnx.ModelProto()
-        model.CopyFrom(self.graph.model)
+        model = with_weights(self.graph.model)
         trained = self.pipeline.weights()
         for t in model.graph.initializer:
             if t.name in trained:

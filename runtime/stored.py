@@ -1,0 +1,191 @@
+"""Weights left in the file they were read from. A network loaded from a file keeps each
+weight of `STORED_MIN` bytes or more as a shell: its name, type and dims, its data named
+as external data at its place in that file (`Stored`), nothing of it in memory. onnxruntime's
+sessions hold the only copy, read through a mapping of the file (`devices/external.Held`),
+where the network would otherwise hold a second. What reads the values (a bundle, the
+quantizer, training) fills a copy (`with_weights`) or reads one (`values`).
+
+A weight inside the .onnx file itself is found by reading protobuf's wire format
+(`in_file`): onnx's parser hands out copies, never where bytes lie.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from runtime.errors import ModelLoadError
+from runtime.large import shell, tensor_bytes, typed_only
+
+STORED_MIN = 1 << 10  # a weight of this many bytes or more read from a file stays there
+VERSION_KEY = "prism.version"  # a shell's external data entry: its file's size:mtime
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where a weight lies in a file: the file's path, and the bytes
+    [offset, offset + length); `version`, the file's size and modification time when it
+    was read (a file written since is not the one read)."""
+
+    path: str
+    offset: int
+    length: int
+    version: tuple[int, int]
+
+
+def file_version(path: str | os.PathLike) -> tuple[int, int]:
+    """A file's size and modification time: what changes when it is written."""
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+def shelled(model: onnx.ModelProto, stored: Mapping[str, Stored]) -> onnx.ModelProto:
+    """A copy of `model` in which each initializer `stored` places, of `STORED_MIN` bytes
+    or more and still its file's bytes there, is a shell naming that place; the rest is
+    copied. `model` itself when there is none."""
+    def kept(init: onnx.TensorProto) -> bool:
+        at = stored.get(init.name)
+        return at is not None and len(init.raw_data) == at.length == tensor_bytes(init)
+
+    if not any(map(kept, model.graph.initializer)):
+        return model
+    return shell(model, lambda init: _pointing(init, stored[init.name]) if kept(init)
+                 else init, STORED_MIN)
+
+
+def _pointing(init: onnx.TensorProto, at: Stored) -> onnx.TensorProto:
+    out = typed_only(init)
+    out.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", at.path), ("offset", at.offset), ("length", at.length),
+                       (VERSION_KEY, "{}:{}".format(*at.version))):
+        out.external_data.add(key=key, value=str(value))
+    return out
+
+
+def stored_at(tensor: onnx.TensorProto) -> Stored | None:
+    """Where a shell's data lies; None for a tensor that holds its own."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    where = {e.key: e.value for e in tensor.external_data}
+    if VERSION_KEY not in where:
+        return None
+    size, mtime = where[VERSION_KEY].split(":")
+    return Stored(where["location"], int(where["offset"]), int(where["length"]),
+                  (int(size), int(mtime)))
+
+
+def current(at: Stored, tensor: str) -> None:
+    """Raise a one-line ModelLoadError if `at`'s file was written since it was read."""
+    try:
+        same = file_version(at.path) == at.version
+    except OSError:
+        same = False
+    if not same:
+        raise ModelLoadError(f"{at.path} was written or removed since weight {tensor!r} was "
+                             f"read from it; load the model again")
+
+
+def filled(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """The tensor with its data: a shell's read from its file, a copy; any other as it is."""
+    at = stored_at(tensor)
+    if at is None:
+        return tensor
+    current(at, tensor.name)
+    with open(at.path, "rb") as file:
+        file.seek(at.offset)
+        data = file.read(at.length)
+    out = typed_only(tensor)
+    out.raw_data = data
+    return out
+
+
+def values(tensor: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values, a shell's read from its file."""
+    return numpy_helper.to_array(filled(tensor))
+
+
+def with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` holding every weight's data: what onnx's tools and onnxruntime
+    given a model's bytes read."""
+    if not any(stored_at(t) for t in model.graph.initializer):
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        return out
+    return shell(model, filled, 0)
+
+
+def held_in(model: onnx.ModelProto) -> dict[str, Stored]:
+    """name -> where each shell among the model's initializers lies."""
+    return {t.name: at for t in model.graph.initializer if (at := stored_at(t)) is not None}
+
+
+def in_file(path: str | os.PathLike) -> dict[str, Stored]:
+    """name -> where each initializer of the ONNX file at `path` keeps its raw bytes in it
+    (none given twice by name); {} for a file whose graph is not given once."""
+    version = file_version(path)
+    with open(path, "rb") as file:
+        try:
+            data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file
+            return {}
+    with data:
+        try:
+            graphs = [(s, e) for f, s, e in _fields(data, 0, len(data)) if f == GRAPH]
+            if len(graphs) != 1:
+                return {}
+            seen: list[tuple[str, tuple[int, int] | None]] = []
+            for field, start, end in _fields(data, *graphs[0]):
+                if field == INITIALIZER:
+                    parts = {f: (s, e) for f, s, e in _fields(data, start, end)}
+                    name = data[slice(*parts[NAME])].decode() if NAME in parts else ""
+                    seen.append((name, parts.get(RAW)))
+            once = Counter(name for name, _ in seen)
+            return {name: Stored(os.path.abspath(path), raw[0], raw[1] - raw[0], version)
+                    for name, raw in seen if raw is not None and once[name] == 1}
+        except (IndexError, ValueError, UnicodeDecodeError):
+            return {}
+
+
+GRAPH, INITIALIZER, NAME, RAW = 7, 5, 8, 9  # ModelProto.graph, .initializer, TensorProto's
+_FIXED = {1: 8, 5: 4}  # wire type -> bytes of a fixed-size field
+
+
+def _fields(data: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field of the message at
+    [start, end); other fields skipped; ValueError on what is not protobuf."""
+    at = start
+    while at < end:
+        tag, at = _varint(data, at)
+        wire = tag & 7
+        if wire == 0:
+            _, at = _varint(data, at)
+        elif wire == 2:
+            size, at = _varint(data, at)
+            if at + size > end:
+                raise ValueError("field past its message")
+            yield tag >> 3, at, at + size
+            at += size
+        elif wire in _FIXED:
+            at += _FIXED[wire]
+        else:
+            raise ValueError(f"wire type {wire}")
+    if at != end:
+        raise ValueError("message overruns")
+
+
+def _varint(data: mmap.mmap, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7

@@ -1,0 +1,79 @@
+"""Weights left in the file a network was read from (`runtime.stored`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from benchmarks.common import relu_mlp
+from runtime.devices import parse_devices
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.large import tensor_bytes
+from runtime.stored import STORED_MIN, in_file, stored_at, values
+
+WIDTH, LAYERS = 64, 4  # 16 KB a weight
+
+
+def _model(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """relu_mlp, its first weight kept in a typed field (float_data) rather than raw bytes,
+    and a bias too small to leave in the file; and every initializer's values."""
+    model = relu_mlp(WIDTH, LAYERS, rng)
+    first = model.graph.initializer[0]
+    typed = numpy_helper.to_array(first)
+    first.CopyFrom(helper.make_tensor(first.name, first.data_type, typed.shape,
+                                      typed.ravel().tolist(), raw=False))
+    bias = rng.standard_normal(WIDTH // 4, np.float32)  # 64 bytes
+    model.graph.initializer.append(numpy_helper.from_array(np.tile(bias, 4), "b"))
+    out = model.graph.output[0].name
+    model.graph.node.append(helper.make_node("Add", [out, "b"], ["y"]))
+    model.graph.output[0].name = "y"
+    return model, {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def test_a_network_loaded_from_one_file_keeps_its_weights_in_it(tmp_path):
+    """Each raw weight of STORED_MIN bytes or more is a shell naming where its bytes lie in
+    the .onnx file (read off protobuf's wire format); the graph holds under a tenth of
+    their bytes; and the network answers as onnxruntime does on the file."""
+    rng = np.random.default_rng()
+    model, weights = _model(rng)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    graph = load_graph(path)
+    shells = {t.name for t in graph.model.graph.initializer if stored_at(t) is not None}
+    assert shells == {n for n, t in graph.initializers.items()
+                      if t.raw_data == b"" and tensor_bytes(t) >= STORED_MIN} - {"w0"} \
+        == {f"w{i}" for i in range(1, LAYERS)}  # the typed and the small one stay in memory
+    for name, init in graph.initializers.items():
+        np.testing.assert_array_equal(values(init), weights[name])
+    held = weights["w0"].nbytes + weights["b"].nbytes
+    assert graph.model.ByteSize() - held < sum(weights[n].nbytes for n in shells) / 10
+    feeds = {"x": rng.standard_normal((3, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with HostManager(parse_devices("cpu:2")) as host:
+        plan = host.add_network("mlp", str(path), partition="balanced", costs="model")
+        assert len(plan.partitions) == 2
+        np.testing.assert_allclose(host.run("mlp", feeds).result(30)["y"], want[0],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_whose_graph_is_given_twice_keeps_its_weights_in_memory(tmp_path):
+    """Protobuf merges a message given twice: no one place holds a weight's bytes, so none
+    is left in the file, and the network loads and answers all the same."""
+    rng = np.random.default_rng()
+    model, _ = _model(rng)
+    nodes = onnx.ModelProto(graph=onnx.GraphProto(node=model.graph.node[:]))
+    del model.graph.node[:]
+    path = tmp_path / "twice.onnx"
+    path.write_bytes(model.SerializeToString() + nodes.SerializeToString())
+    assert in_file(path) == {}
+    graph = load_graph(path)
+    assert not any(stored_at(t) for t in graph.model.graph.initializer)
+    feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("mlp", graph)
+        np.testing.assert_allclose(host.run("mlp", feeds).result(30)["y"], want[0],
+                                   rtol=1e-5, atol=1e-6)
