@@ -33,6 +33,7 @@ from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, f
 from runtime.graph import Graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs
+from runtime.stored import file_version, held_in
 from runtime.types import check_batchable
 
 UNLOAD_WAIT = 30.0  # seconds an unload waits for the model's requests to end
@@ -70,6 +71,8 @@ class Served:
     mode: str = "balanced"  # the plan's partition mode
     devices: tuple[tuple[str, str], ...] = ()  # (name, backend) of the devices it runs on
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # output -> classes
+    # each file it was read from (the model's, those its weights stay in): its version then
+    files: tuple[tuple[str, tuple[int, int] | None], ...] = ()
 
     def counted_rows(self, feeds: Mapping[str, np.ndarray]) -> int:
         """The inferences a request counts as in the host's events: its batch where the
@@ -319,11 +322,14 @@ class Catalog:
     def _made(self, name: str, path: Path, options: LoadOptions, version: str,
               old: Served | None, labels: Mapping[str, tuple[str, ...]] | None = None
               ) -> Served:
-        """`old` if it already serves this file with these options and labels, else a
-        network loaded and checked for it, not yet served. Called holding the lock."""
+        """`old` if it already serves this file with these options and labels, none of its
+        files written since (Triton reloads a model whose files changed), else a network
+        loaded and checked for it, not yet served. Called holding the lock."""
         labels = labels or {}
-        if old is not None and (old.source, old.options, old.labels) == (path, options, labels):
+        if old is not None and (old.source, old.options, old.labels) == (path, options, labels) \
+                and all(_version(file) == read for file, read in old.files):
             return old
+        read = _version(path)  # before it is read: a write meanwhile is a change
         network = self._new_network_name(name)
         self._loading.add(name)
         try:
@@ -345,7 +351,9 @@ class Catalog:
                         self.host.replicas(network), plan.mode,
                         tuple(dict.fromkeys((d, self.host.devices[d].config.backend)
                                             for placed in self.host.placements(network)
-                                            for d in placed.values())), labels)
+                                            for d in placed.values())), labels,
+                        tuple({str(path): read, **{at.path: at.version for at in
+                                                   held_in(graph.model).values()}}.items()))
         self._by_network[network] = served
         return served
 
@@ -435,3 +443,11 @@ class Catalog:
                 rows.append({"name": name, "state": state,
                              "reason": self._failed.get(name, "unloaded")})
         return rows
+
+
+def _version(path: str | Path) -> tuple[int, int] | None:
+    """A file's version (`file_version`), None when it cannot be read."""
+    try:
+        return file_version(path)
+    except OSError:
+        return None

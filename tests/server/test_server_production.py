@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as triton
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import app.serve_cmd
 import app.server.routes.infer
@@ -380,6 +380,38 @@ def test_reloads_under_load_fail_no_request_and_errors_name_the_model(tmp_path):
                            "data": [0.0] * 256}]}
         status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", bad))
         assert status == 400 and "mlp" in message and "#" not in message, message
+
+
+def test_a_model_file_written_over_serves_on_as_loaded_until_it_is_loaded_again(tmp_path):
+    """A model read from a file leaves its weights there (`runtime.stored`): written over,
+    the model answers as it was loaded (its sessions hold the weights), and `load` with
+    the same parameters serves the new file, as Triton reloads a model whose files
+    changed (before, the network serving kept serving: nothing had changed but the file)."""
+    repository = make_repository(tmp_path)
+    path = tmp_path / "mlp" / "1" / "model.onnx"
+    loaded = tmp_path / "loaded.onnx"
+    loaded.write_bytes(path.read_bytes())
+    rng = np.random.default_rng()
+    model = onnx.load(path)
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(
+            numpy_helper.to_array(init) * rng.uniform(0.5, 2.0), init.name))
+    with serving("cpu:2", repository, models=("mlp",)) as (url, _):
+        def answers(want: Path) -> None:
+            feeds = mlp_feeds(rng, 3)
+            body, headers = binary_request(feeds)
+            status, got_headers, payload = call(f"{url}/v2/models/mlp/infer", "POST", body,
+                                                headers)
+            assert status == 200, payload
+            assert_same(decode(payload, got_headers), expected(want, feeds))
+
+        stamp = path.stat().st_mtime_ns + 10**9  # a second later, on any file system
+        onnx.save(model, path)
+        os.utime(path, ns=(stamp, stamp))
+        answers(loaded)
+        status, _, body = call(f"{url}/v2/repository/models/mlp/load", "POST", {})
+        assert status == 200, body
+        answers(path)
 
 
 def test_reloads_keep_nothing_of_the_networks_they_replace_and_count_every_request(tmp_path):
