@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import networkx as nx
 import numpy as np
@@ -30,7 +30,15 @@ from runtime.free_dims import Dims, free_sizes, made_up_shape
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
-from runtime.stored import Stored, file_version, held_in, in_file, shelled, with_weights
+from runtime.stored import (
+    Stored,
+    file_version,
+    held_in,
+    in_file,
+    kept_open,
+    shelled,
+    with_weights,
+)
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -103,6 +111,8 @@ class Graph:
     # analyses that hold as long as the graph does (e.g. which backend runs which node)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     folded: FoldReport = field(default_factory=FoldReport)  # what folding did at load
+    # the files its weights stay in, open: readable as read though removed or replaced
+    opened: tuple[BinaryIO, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.by_name = {n.name: n for n in self.nodes}
@@ -689,5 +699,5 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
                  bindings=bindings, name=name or g.name or "network", types=types,
-                 folded=report)
+                 folded=report, opened=kept_open(model))
 

@@ -11,11 +11,14 @@ A weight inside the .onnx file itself is found by reading protobuf's wire format
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -81,15 +84,50 @@ def stored_at(tensor: onnx.TensorProto) -> Stored | None:
                   (int(size), int(mtime)))
 
 
-def current(at: Stored, tensor: str) -> None:
-    """Raise a one-line ModelLoadError if `at`'s file was written since it was read."""
-    try:
-        same = file_version(at.path) == at.version
-    except OSError:
-        same = False
-    if not same:
-        raise ModelLoadError(f"{at.path} was written or removed since weight {tensor!r} was "
-                             f"read from it; load the model again")
+def kept_open(model: onnx.ModelProto) -> tuple[BinaryIO, ...]:
+    """Each file the model's shells name, open: held by the graph, a file stays readable
+    as it was read when it is removed or another is renamed over it (a model exported to
+    a temporary folder, a repository updated). One written in place is refused (`opened`).
+    A file already written since is left out."""
+    files = []
+    for key in {(at.path, at.version) for at in held_in(model).values()}:
+        file = _OPEN.get(key)
+        if file is None:
+            try:
+                file = open(key[0], "rb")  # noqa: SIM115 - the graph holds it open
+            except OSError:
+                continue
+            if _version_of(file) != key[1]:
+                file.close()
+                continue
+            _OPEN[key] = file
+        files.append(file)
+    return tuple(files)
+
+
+# (path, version) -> the file as read, open while a graph holds it (`kept_open`)
+_OPEN: weakref.WeakValueDictionary[tuple[str, tuple[int, int]], BinaryIO] = \
+    weakref.WeakValueDictionary()
+
+
+@contextlib.contextmanager
+def opened(at: Stored, tensor: str) -> Iterator[BinaryIO]:
+    """The file `at` lies in as it was read: the one a graph keeps open, else opened by its
+    path; a one-line ModelLoadError if it was written since (or is gone)."""
+    file = _OPEN.get((at.path, at.version))
+    with contextlib.ExitStack() as stack:
+        if file is None:
+            with contextlib.suppress(OSError):
+                file = stack.enter_context(open(at.path, "rb"))
+        if file is None or _version_of(file) != at.version:
+            raise ModelLoadError(f"{at.path} was written or removed since weight {tensor!r} "
+                                 f"was read from it; load the model again")
+        yield file
+
+
+def _version_of(file: BinaryIO) -> tuple[int, int]:
+    stat = os.fstat(file.fileno())
+    return stat.st_size, stat.st_mtime_ns
 
 
 def filled(tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -97,10 +135,8 @@ def filled(tensor: onnx.TensorProto) -> onnx.TensorProto:
     at = stored_at(tensor)
     if at is None:
         return tensor
-    current(at, tensor.name)
-    with open(at.path, "rb") as file:
-        file.seek(at.offset)
-        data = file.read(at.length)
+    with opened(at, tensor.name) as file:
+        data = os.pread(file.fileno(), at.length, at.offset)
     out = typed_only(tensor)
     out.raw_data = data
     return out

@@ -14,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from runtime.large import shell, tensor_bytes, too_large, typed_only
-from runtime.stored import STORED_MIN, Stored, current, filled, stored_at
+from runtime.stored import STORED_MIN, Stored, filled, opened, stored_at
 
 
 def inline_external(model: onnx.ModelProto, files: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -96,11 +96,10 @@ class Held:
         return self._mapped(at, init.name)[at.offset:at.offset + at.length]
 
     def _mapped(self, at: Stored, tensor: str) -> np.ndarray:
-        """The file `at` lies in, mapped once (ModelLoadError if written since it was
-        read)."""
+        """The file `at` lies in as it was read, mapped once (`stored.opened`)."""
         if at.path not in self._maps:
-            current(at, tensor)
-            self._maps[at.path] = np.memmap(at.path, np.uint8, mode="r")
+            with opened(at, tensor) as file:
+                self._maps[at.path] = np.memmap(file, np.uint8, mode="r")
         return self._maps[at.path]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -77,3 +79,23 @@ def test_a_file_whose_graph_is_given_twice_keeps_its_weights_in_memory(tmp_path)
         host.add_network("mlp", graph)
         np.testing.assert_allclose(host.run("mlp", feeds).result(30)["y"], want[0],
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_removed_or_renamed_over_after_the_load_is_read_as_it_was(tmp_path):
+    """The graph keeps the files its weights stay in open: another model renamed over the
+    file, then the file removed, partitions made again read the weights as loaded (as a
+    model exported to a temporary folder, or a repository updated, leaves them)."""
+    rng = np.random.default_rng()
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_model(rng)[0], path)
+    feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    graph = load_graph(path)
+    onnx.save(_model(rng)[0], tmp_path / "other.onnx")
+    os.replace(tmp_path / "other.onnx", path)
+    with HostManager(parse_devices("cpu:2")) as host:
+        for name in ("replaced", "removed"):
+            host.add_network(name, graph, partition="balanced", costs="model")
+            np.testing.assert_allclose(host.run(name, feeds).result(30)["y"], want[0],
+                                       rtol=1e-5, atol=1e-6)
+            path.unlink(missing_ok=True)
