@@ -3,7 +3,9 @@ weight of `STORED_MIN` bytes or more as a shell: its name, type and dims, its da
 as external data at its place in that file (`Stored`), nothing of it in memory. onnxruntime's
 sessions hold the only copy, read through a mapping of the file (`devices/external.Held`),
 where the network would otherwise hold a second. What reads the values (a bundle, the
-quantizer, training) fills a copy (`with_weights`) or reads one (`values`).
+quantizer, training) fills a copy (`with_weights`) or reads one (`values`). The graph
+keeps each such file open (`kept_open`): removed, or another renamed over it, it reads
+as it was; written in place, it is refused (`opened`).
 
 A weight inside the .onnx file itself is found by reading protobuf's wire format
 (`in_file`): onnx's parser hands out copies, never where bytes lie.
@@ -29,6 +31,9 @@ from runtime.large import shell, tensor_bytes, typed_only
 
 STORED_MIN = 1 << 10  # a weight of this many bytes or more read from a file stays there
 VERSION_KEY = "prism.version"  # a shell's external data entry: its file's size:mtime
+# (path, version) -> the file as read, open while a graph holds it (`kept_open`)
+_OPEN: weakref.WeakValueDictionary[tuple[str, tuple[int, int]], BinaryIO] = \
+    weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -103,11 +108,6 @@ def kept_open(model: onnx.ModelProto) -> tuple[BinaryIO, ...]:
             _OPEN[key] = file
         files.append(file)
     return tuple(files)
-
-
-# (path, version) -> the file as read, open while a graph holds it (`kept_open`)
-_OPEN: weakref.WeakValueDictionary[tuple[str, tuple[int, int]], BinaryIO] = \
-    weakref.WeakValueDictionary()
 
 
 @contextlib.contextmanager
