@@ -166,12 +166,14 @@ class PlanLearner:
     def _move(self, net: ServedNetwork, old: LoadedNetwork, plan: Plan, steps: list[Step],
               medians: dict[str, float], reason: str) -> bool:
         """Lay `plan` beside `old` and serve it from now on, unloading `old` once its last
-        request has ended; False if it does not fit beside it (the old keeps serving)."""
+        request has ended; False if it cannot be laid beside it (it does not fit, or the
+        model's file was written since: the old keeps serving)."""
         assert old.replanning is not None
         try:
             new = old.replanning.lay(plan, f"~{next(self._tags)}")
         except PrismError as exc:
-            log.info("a new plan of %s did not fit beside the one serving: %s", net.name, exc)
+            log.info("a new plan of %s could not be laid beside the one serving: %s",
+                     net.name, exc)
             return False
         if not self._swap(net, new):  # being removed, or the host closes
             unload_network(new, self._bus)
