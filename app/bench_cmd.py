@@ -26,11 +26,27 @@ def _figures(rate: float, latencies: list[float]) -> dict:
     return {"requests_per_second": rate, "p50_seconds": float(p50), "p99_seconds": float(p99)}
 
 
+# flags for a model run here, which a server's model (`--url`) was loaded without
+LOCAL = {"model": "MODEL", "devices": "--devices", "partition": "--partition", "bind": "--bind",
+         "annotate": "--annotate", "fallback": "--fallback", "costs": "--costs",
+         "ray_address": "--ray-address", "max_batch": "--max-batch", "replicas": "--replicas",
+         "remap": "--remap"}
+HINTS = {"MODEL": " (name a served model with --model M)",
+         "--bind": " (send variable dimensions' sizes with --shape INPUT=D,D,...)"}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.url:
         from app.http_bench import run as run_url
 
+        local = next((flag for key, flag in LOCAL.items() if getattr(args, key)), None)
+        if local:
+            raise PrismError(f"prism bench --url loads a model as the server serves it: "
+                             f"{local} is for a model run here{HINTS.get(local, '')}")
         return run_url(args)
+    if args.shape:
+        raise PrismError("--shape is for --url; a model run here takes its symbolic "
+                         "dimensions' sizes with --bind DIM=N")
     if not args.model or len(args.concurrency) != 1:
         raise PrismError("prism bench MODEL --devices SPEC takes one --concurrency; "
                          "or give --url URL to load a server")

@@ -83,6 +83,16 @@ def _binding(text: str) -> str:
     return text
 
 
+def _shape(text: str) -> str:
+    name, _, dims = text.rpartition("=")
+    sizes = dims.split(",")
+    if not name or not all(d.isascii() and d.isdigit() and 1 <= int(d) <= MAX_DIM
+                           for d in sizes):
+        raise argparse.ArgumentTypeError(f"takes INPUT=D,D,... with each D a whole number "
+                                         f"from 1 to {MAX_DIM}, got {text!r}")
+    return text
+
+
 def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
                     bundles: bool = False) -> None:
     """`bundles`: MODEL may be a .prism bundle, which needs no --devices."""
@@ -226,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --url: the model to load (default: the one served)")
     bench.add_argument("--token", help="with --url: the server's bearer token "
                                        "(default: $PRISM_TOKEN)")
+    bench.add_argument("--shape", action="append", default=[], type=_shape,
+                       metavar="INPUT=D,D,...",
+                       help="with --url: the shape to send an input in, for its variable (-1) "
+                            "dimensions (default 1; an image's sides 224), as perf_analyzer's "
+                            "--shape")
     bench.set_defaults(handler="app.bench_cmd:run")
 
     serve = sub.add_parser("serve", help="serve models over HTTP: the Open Inference Protocol "

@@ -17,7 +17,8 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 import aiohttp
@@ -55,12 +56,16 @@ class Level:
     p99_seconds: float
     server: dict[str, float] | None  # per request: queue_us, compute_us, request_us
     first_error: str | None = None
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # the inputs' shapes sent
 
 
 def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PRISM_TOKEN")
+    shapes = {name: tuple(map(int, dims.split(",")))
+              for name, _, dims in (text.rpartition("=") for text in args.shape)}
     levels = asyncio.run(bench(args.url.rstrip("/"), args.served_model, args.concurrency,
-                               args.requests, token, quiet=args.json, inputs=args.inputs))
+                               args.requests, token, quiet=args.json, inputs=args.inputs,
+                               shapes=shapes))
     if args.json:
         print(json.dumps([asdict(level) for level in levels], indent=2))
     else:
@@ -69,10 +74,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def bench(url: str, model: str | None, levels: list[int], requests: int,
-                token: str | None = None, quiet: bool = True, inputs: str | None = None
-                ) -> list[Level]:
+                token: str | None = None, quiet: bool = True, inputs: str | None = None,
+                shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Level]:
     """`inputs`: an .npz of the feeds to send, checked against the model's metadata, in
-    place of random ones."""
+    place of random ones; `shapes`: the shapes to draw inputs in, for their variable
+    dimensions (perf_analyzer's --shape)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     connector = aiohttp.TCPConnector(limit=max(levels))
     async with aiohttp.ClientSession(headers=headers, connector=connector,
@@ -80,17 +86,19 @@ async def bench(url: str, model: str | None, levels: list[int], requests: int,
                                      ) as session:
         model = model or await _only_model(session, url)
         metadata = await _get_json(session, "GET", f"{url}/v2/models/{model}")
-        specs = _specs(metadata)
+        specs = _specs(metadata, shapes or {})
         given = read_inputs(inputs, model, specs) if inputs else None
         out = []
         with progress_on(plain_console(stderr=True), quiet=quiet) as progress:
             for clients in levels:
                 task = progress.add_task(f"{model}, {clients} clients", total=requests)
-                bodies = [_request(metadata, given)] if given is not None else [
-                    _request(metadata, random_feeds(specs, np.random.default_rng()))
-                    for _ in range(POOL)]
-                out.append(await _level(session, f"{url}/v2/models/{model}", bodies, clients,
-                                        requests, partial(progress.advance, task)))
+                feed_sets = [given] if given is not None else [
+                    random_feeds(specs, np.random.default_rng()) for _ in range(POOL)]
+                level = await _level(session, f"{url}/v2/models/{model}",
+                                     [_request(metadata, feeds) for feeds in feed_sets],
+                                     clients, requests, partial(progress.advance, task))
+                out.append(replace(level, shapes={k: list(np.shape(v))
+                                                  for k, v in feed_sets[0].items()}))
         return out
 
 
@@ -152,16 +160,27 @@ async def _level(session: aiohttp.ClientSession, model_url: str,
                  errors[0] if errors else None)
 
 
-def _specs(metadata: dict) -> list[InputSpec]:
-    """The model's inputs as its metadata describes them (-1: a variable dimension)."""
+def _specs(metadata: dict, shapes: Mapping[str, tuple[int, ...]]) -> list[InputSpec]:
+    """The model's inputs as its metadata describes them (-1: a variable dimension), in
+    `shapes` where given: each fits its input's rank and fixed dimensions."""
+    model, inputs = metadata.get("name", "the model"), {s["name"]: s for s in metadata["inputs"]}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise PrismError(f"--shape {unknown[0]}: {model} has no input named "
+                         f"{unknown[0]!r}; its inputs are {', '.join(inputs)}")
     specs = []
-    for spec in metadata["inputs"]:
+    for name, spec in inputs.items():
         dtype = DTYPES.get(spec["datatype"])
         if dtype is None:
-            raise PrismError(f"input {spec['name']!r} is {spec['datatype']}: the load "
-                             f"generator sends none")
-        specs.append(InputSpec(spec["name"], dtype, tuple(d if d >= 0 else None
-                                                          for d in spec["shape"])))
+            raise PrismError(f"input {name!r} is {spec['datatype']}: the load generator "
+                             f"sends none")
+        served, shape = spec["shape"], shapes.get(name)
+        if shape is not None and (len(shape) != len(served) or
+                                  any(0 <= d != s for d, s in zip(served, shape, strict=True))):
+            raise PrismError(f"--shape {name}={','.join(map(str, shape))}: input {name!r} "
+                             f"of {model} is served as {served} (-1: any size)")
+        specs.append(InputSpec(name, dtype, shape or tuple(d if d >= 0 else None
+                                                          for d in served)))
     return specs
 
 
@@ -231,7 +250,9 @@ def _error_text(status: int, payload: bytes) -> str:
 
 
 def _table(url: str, levels: list[Level]) -> Table:
-    table = Table(title=f"{url}: closed loop, binary tensors", box=box.SIMPLE_HEAD)
+    sent = ", ".join(f"{k} {v}" for k, v in levels[0].shapes.items()) if levels else ""
+    table = Table(title=f"{url}: closed loop, binary tensors", box=box.SIMPLE_HEAD,
+                  caption=f"inputs sent: {sent}" if sent else None)
     for col in ("clients", "req/s", "p50", "p90", "p95", "p99", "server queue",
                 "server compute", "errors"):
         table.add_column(col, justify="right")

@@ -116,6 +116,8 @@ def test_names_from_the_model_print_as_written(capsys, tmp_path):
     (["bench", MLP, "--devices", "cpu:1", "--requests", "-1"], "--requests", "at least 1"),
     (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=0"], "--bind", "from 1 to"),
     (["partition", MLP, "--devices", "cpu:1", "--bind", "batch=²"], "--bind", "whole number"),
+    (["bench", "--url", "http://127.0.0.1:1", "--shape", "x=2,0"], "--shape", "from 1 to"),
+    (["bench", "--url", "http://127.0.0.1:1", "--shape", "x"], "--shape", "INPUT=D,D"),
     (["tui", "--concurrency", "0"], "--concurrency", "from 1"),
     (["tui", "--seed", "-1"], "--seed", "at least 0"),
     (["web", "--port", "70000"], "--port", "65535"),
@@ -126,6 +128,24 @@ def test_bad_numbers_are_refused_naming_the_limit(capsys, argv, flag, limit):
     """Before: --concurrency 0, -1 and --rate -3 hung, --requests -5 did nothing, exit 0."""
     line = one_line_error(capsys, argv, status=2)
     assert f"argument {flag}" in line and limit in line, line
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--bind", "seq=128"], r"--bind is for a model run here \(send .* --shape INPUT=D"),
+    ([MLP], r"MODEL is for a model run here \(name a served model with --model M\)"),
+    (["--devices", "cpu:2"], "--devices is for a model run here$"),
+])
+def test_bench_url_refuses_flags_for_a_model_run_here(capsys, argv, named):
+    """`prism bench --url` ignored them: `--bind seq=128` sent a sequence of 1, the model
+    file named was not the model measured."""
+    line = one_line_error(capsys, ["bench", "--url", "http://127.0.0.1:1", *argv])
+    assert re.search(named, line), line
+
+
+def test_bench_shape_is_for_url(capsys):
+    line = one_line_error(capsys, ["bench", MLP, "--devices", "cpu:1", "--shape", "x=1,4"])
+    assert line.endswith("--shape is for --url; a model run here takes its symbolic "
+                         "dimensions' sizes with --bind DIM=N"), line
 
 
 @pytest.mark.parametrize("spec", ["cpu:99999", f"cpu:{MAX_DEVICES},sim:1", "cpu:0",

@@ -906,6 +906,32 @@ def test_bench_url_sends_the_feeds_of_an_npz(client, server, tmp_path):
         shutil.rmtree(folder.parent)
 
 
+def test_bench_url_sends_inputs_in_the_shapes_given(client, server):
+    """perf_analyzer's --shape: a variable dimension was always sent as 1, so a model
+    taking only some sizes failed every request, and a transformer was measured on one
+    token. A shape that does not fit the input is refused by name."""
+    import asyncio
+
+    url, state = server
+    folder = state.catalog.repository.root / "rows" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(even_rows_model(), folder / "model.onnx")
+    rows = 2 * int(np.random.default_rng().integers(1, 50))
+    try:
+        client.load_model("rows")
+        [shaped] = asyncio.run(bench(url, "rows", [2], 20, shapes={"x": (rows, 4)}))
+        assert shaped.requests == 20 and shaped.errors == 0, shaped.first_error
+        assert shaped.shapes == {"x": [rows, 4]}
+        for shapes, named in (({"x": (rows, 5)}, r"x=.*served as \[-1, 4\]"),
+                              ({"x": (rows,)}, r"x=.*served as \[-1, 4\]"),
+                              ({"y": (rows, 4)}, "no input named 'y'; its inputs are x")):
+            with pytest.raises(PrismError, match=named):
+                asyncio.run(bench(url, "rows", [2], 10, shapes=shapes))
+    finally:
+        client.unload_model("rows")
+        shutil.rmtree(folder.parent)
+
+
 def test_bench_url_draws_text_inputs(client, server):
     """A model reading text (a LabelEncoder): `prism bench --url` refused it ("draws
     numeric inputs only"); it draws inputs as the host's own load does now."""
