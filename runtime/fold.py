@@ -36,7 +36,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from runtime.large import inferable
+from runtime.large import inferable, tensor_bytes
+from runtime.stored import values as stored_values
 
 FOLD_GROWTH = 2.0  # folded constants are at most this many times the constants before...
 FOLD_SLACK = 64 << 10  # ... plus this many bytes (shapes and scales of a weightless model)
@@ -61,14 +62,6 @@ class FoldReport:
     def growth(self) -> float:
         """Constant bytes after over before (1.0 when nothing changed)."""
         return self.bytes_after / self.bytes_before if self.bytes_before else 1.0
-
-
-def _tensor_bytes(t: onnx.TensorProto) -> int:
-    try:
-        size = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
-        size = 1
-    return math.prod(t.dims) * size
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> Iterator[str]:
@@ -141,8 +134,8 @@ def fold_constants(model: onnx.ModelProto) -> FoldReport:
     if not candidates:
         return FoldReport()
     sizes = _bounded_sizes(model)
-    constant_bytes = sum(_tensor_bytes(t) for t in inits.values())
-    constant_bytes += sum(_tensor_bytes(a.t) for n in g.node if n.op_type == "Constant"
+    constant_bytes = sum(tensor_bytes(t) for t in inits.values())
+    constant_bytes += sum(tensor_bytes(a.t) for n in g.node if n.op_type == "Constant"
                           for a in n.attribute if a.name == "value")
     budget = FOLD_GROWTH * constant_bytes + FOLD_SLACK
     values: dict[str, np.ndarray] = {}
@@ -159,7 +152,7 @@ def fold_constants(model: onnx.ModelProto) -> FoldReport:
             continue
         for t in node.input:
             if t and t not in values:
-                values[t] = numpy_helper.to_array(inits[t])
+                values[t] = stored_values(inits[t])
         result = _evaluate(node, values, opsets)
         if result is None or len(result) < len([t for t in node.output if t]):
             kept[node.name] = "onnx's reference evaluator cannot compute it"
@@ -199,7 +192,7 @@ def _constant_bytes_after(g: onnx.GraphProto, folded: dict[int, None], keep: set
                           producer: dict[str, int], values: dict[str, np.ndarray],
                           inits: dict[str, onnx.TensorProto]) -> int:
     reads = _live_reads(g, folded, keep)  # `keep` holds no Constant node: none is kept
-    return (sum(_tensor_bytes(t) for name, t in inits.items() if name in reads)
+    return (sum(tensor_bytes(t) for name, t in inits.items() if name in reads)
             + sum(values[t].nbytes for t in _needed(g, folded, keep, producer)))
 
 
@@ -220,7 +213,7 @@ def _within_budget(g: onnx.GraphProto, folded: dict[int, None], producer: dict[s
     def constant_bytes(t: str) -> int:
         if t in producer:
             return 0 if producer[t] in keep else int(values[t].nbytes)
-        return _tensor_bytes(inits[t]) if t in inits else 0
+        return tensor_bytes(inits[t]) if t in inits else 0
 
     def read(t: str) -> None:
         nonlocal total

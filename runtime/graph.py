@@ -33,15 +33,7 @@ from runtime.free_dims import Dims, free_sizes, made_up_shape
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
-from runtime.stored import (
-    Stored,
-    file_version,
-    held_in,
-    in_file,
-    kept_open,
-    shelled,
-    with_weights,
-)
+from runtime.stored import Stored, external_shells, in_file, kept_open, shelled
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -190,20 +182,17 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def read_model(source: str | Path | bytes | onnx.ModelProto,
-               max_bytes: int | None = None) -> onnx.ModelProto:
-    """A ModelProto from a path, serialized bytes or a ModelProto (copied). `max_bytes`: a
-    file, with its external data, larger than this (and than READ_ANYWAY) is refused
-    before any of it is read."""
-    return _read(source, max_bytes)[0]
-
-
 def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
           ) -> tuple[onnx.ModelProto, dict[str, Stored]]:
-    """`read_model`, and where each initializer read from a file lies in it (a loaded
-    graph's model given again: where its shells say)."""
-    if isinstance(source, onnx.ModelProto):  # a loaded graph's model: its weights filled
-        return with_weights(source), held_in(source)
+    """A ModelProto from a path, serialized bytes or a ModelProto (copied: a loaded graph's
+    model, its shells as they are), and where each initializer whose raw bytes the .onnx
+    file holds lies in it. An external data file's weights are shells already, none read
+    (`external_shells`). `max_bytes`: a file, with its external data, larger than this
+    (and than READ_ANYWAY) is refused before any of it is read."""
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        return model, {}
     if isinstance(source, bytes | bytearray):
         try:
             return onnx.load_from_string(bytes(source)), {}
@@ -224,20 +213,12 @@ def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
     except Exception as exc:
         raise ModelLoadError(f"{path} is not an ONNX model: {_one_line(exc)}") from None
     _check_size(path, size + _external_bytes(model, path.parent), max_bytes)
-    stored = in_file(path)
-    for init in model.graph.initializer:
-        where = {e.key: e.value for e in init.external_data}
-        if external_data_helper.uses_external_data(init) and "length" in where:
-            file = (path.parent / where["location"]).absolute()
-            with contextlib.suppress(OSError):
-                stored[init.name] = Stored(str(file), int(where.get("offset", 0)),
-                                           int(where["length"]), file_version(file))
     try:
-        external_data_helper.load_external_data_for_model(model, str(path.parent))
+        external_shells(model, str(path.parent))
     except Exception as exc:
         raise ModelLoadError(f"{path}: cannot read its external data: {_one_line(exc)}"
                              ) from None
-    return model, stored
+    return model, in_file(path)
 
 
 def _parsed(path: Path) -> onnx.ModelProto:
@@ -649,7 +630,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
                name: str | None = None, max_bytes: int | None = None, fold: bool = True,
                owned: bool = False) -> Graph:
     """Read, check, name, fold and shape a model. `bindings` maps symbolic dims to values.
-    `max_bytes`: a model file larger is refused unread (`read_model`). `fold`: compute
+    `max_bytes`: a model file larger is refused unread (`_read`). `fold`: compute
     every tensor that depends on constants alone now (`runtime.fold`), so no such node is
     work and no such tensor crosses devices per request. `owned`: a ModelProto given is
     the caller's no longer, and becomes the graph's model as it is, not a copy (its
@@ -671,7 +652,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     name_nodes(model.graph)
     _drop_empty_trailing_inputs(model.graph)
     _free_negative_dims(model.graph)
-    unlist_initializers(model, in_place=True)  # read_model's copy
+    unlist_initializers(model, in_place=True)  # _read's copy
     report = fold_constants(model) if fold else FoldReport()
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from runtime.stored import with_weights
 from runtime.user_cache import cache_dir, read_entry, write_entry
 
 Sizes = dict[str, tuple[np.dtype, tuple[int, ...] | None]]  # no shape: the type alone
@@ -74,8 +75,7 @@ def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Si
     rng = np.random.default_rng(seed)
     initializers = {t.name for t in model.graph.initializer}
     feeds = {v.name: _feed(v, rng) for v in model.graph.input if v.name not in initializers}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    probe = with_weights(model)
     known = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
     import onnxruntime as ort  # here: loading a graph whose sizes are all known needs none

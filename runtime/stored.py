@@ -1,6 +1,8 @@
 """Weights left in the file they were read from. A network loaded from a file keeps each
 weight of `STORED_MIN` bytes or more as a shell: its name, type and dims, its data named
-as external data at its place in that file (`Stored`), nothing of it in memory. onnxruntime's
+as external data at its place in that file (`Stored`), nothing of it in memory. A weight
+in an external data file is never read as the model loads (`external_shells`); one inside
+the .onnx file is parsed with the rest of it, then dropped (`shelled`). onnxruntime's
 sessions hold the only copy, read through a mapping of the file (`devices/external.Held`),
 where the network would otherwise hold a second. What reads the values (a bundle, the
 quantizer, training) fills a copy (`with_weights`) or reads one (`values`). The graph
@@ -24,12 +26,13 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from runtime.errors import ModelLoadError
-from runtime.large import shell, tensor_bytes, typed_only
+from runtime.large import LARGE_INIT, shell, tensor_bytes, typed_only
 
-STORED_MIN = 1 << 10  # a weight of this many bytes or more read from a file stays there
+STORED_MIN = LARGE_INIT  # a weight this large read from a file stays there: the checker and
+# shape inference are handed such a weight as its type alone (`runtime.large`)
 VERSION_KEY = "prism.version"  # a shell's external data entry: its file's size:mtime
 # (path, version) -> the file as read, open while a graph holds it (`kept_open`)
 _OPEN: weakref.WeakValueDictionary[tuple[str, tuple[int, int]], BinaryIO] = \
@@ -66,6 +69,34 @@ def shelled(model: onnx.ModelProto, stored: Mapping[str, Stored]) -> onnx.ModelP
         return model
     return shell(model, lambda init: _pointing(init, stored[init.name]) if kept(init)
                  else init, STORED_MIN)
+
+
+def external_shells(model: onnx.ModelProto, folder: str) -> None:
+    """In place: each initializer of `STORED_MIN` bytes or more that an external data file
+    holds (`folder`: the model's) made a shell naming its place, none of it read, once onnx
+    has checked where the file is and that the bytes lie within it; every other tensor's
+    external data read in. onnx's errors (ValueError, OSError) as onnx raises them."""
+    for init in model.graph.initializer:
+        if external_data_helper.uses_external_data(init):
+            at = _external_place(init, folder)
+            if at is not None:
+                init.CopyFrom(_pointing(init, at))
+    for tensor in external_data_helper._get_all_tensors(model):
+        if external_data_helper.uses_external_data(tensor) and stored_at(tensor) is None:
+            external_data_helper.load_external_data_for_tensor(tensor, folder)
+
+
+def _external_place(init: onnx.TensorProto, folder: str) -> Stored | None:
+    """Where an external initializer's bytes lie, found as onnx finds them (its checks of
+    the file's location); None where its entry is not exactly its bytes, or it is small."""
+    info = external_data_helper.ExternalDataInfo(init)
+    fd = external_data_helper._open_external_data_fd(folder, info.location, init.name, True)
+    with os.fdopen(fd, "rb") as file:
+        version, offset, length = _version_of(file), info.offset or 0, info.length
+    if length is None or length != tensor_bytes(init) or length < STORED_MIN \
+            or offset + length > version[0]:
+        return None
+    return Stored(os.path.abspath(os.path.join(folder, info.location)), offset, length, version)
 
 
 def _pointing(init: onnx.TensorProto, at: Stored) -> onnx.TensorProto:
