@@ -11,8 +11,6 @@ import contextlib
 import copy
 import heapq
 import math
-import mmap
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,7 @@ from runtime.free_dims import Dims, free_sizes, made_up_shape
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
-from runtime.stored import Stored, external_shells, in_file, kept_open, shelled
+from runtime.stored import disowned, external_shells, kept_open, parsed, stored_at
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -183,19 +181,19 @@ def _one_line(text: object) -> str:
 
 
 def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
-          ) -> tuple[onnx.ModelProto, dict[str, Stored]]:
+          ) -> onnx.ModelProto:
     """A ModelProto from a path, serialized bytes or a ModelProto (copied: a loaded graph's
-    model, its shells as they are), and where each initializer whose raw bytes the .onnx
-    file holds lies in it. An external data file's weights are shells already, none read
+    model, its shells as they are). A file's weights of 1 KB or more are shells from the
+    start, none read: those in the .onnx file (`_parsed`) and in external data files
     (`external_shells`). `max_bytes`: a file, with its external data, larger than this
     (and than READ_ANYWAY) is refused before any of it is read."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
-        return model, {}
+        return model
     if isinstance(source, bytes | bytearray):
         try:
-            return onnx.load_from_string(bytes(source)), {}
+            return disowned(onnx.load_from_string(bytes(source)))
         except Exception as exc:
             raise ModelLoadError(f"bytes given are not an ONNX model: {_one_line(exc)}") from None
     path = Path(source)
@@ -218,21 +216,17 @@ def _read(source: str | Path | bytes | onnx.ModelProto, max_bytes: int | None
     except Exception as exc:
         raise ModelLoadError(f"{path}: cannot read its external data: {_one_line(exc)}"
                              ) from None
-    return model, in_file(path)
+    return model
 
 
 def _parsed(path: Path) -> onnx.ModelProto:
-    """The model in the file (its external data not read), a protobuf file parsed from a
-    mapping of it: onnx.load reads the bytes into memory first, a peak of twice the file
-    (a 384 MB model loaded at 769 MB of the process's own memory, now 404)."""
+    """The model in the file, its weights left in it and in its external data files: a
+    protobuf file parsed from a mapping of it, its raw weights skipped (`stored.parsed`).
+    onnx.load reads the bytes into memory first, then parses a copy of them: a peak of
+    twice the file (a 384 MB model loaded at 769 MB of the process's own memory)."""
     if registry.get_format_from_file_extension(path.suffix) not in (None, "protobuf"):
-        return onnx.load(str(path), load_external_data=False)  # a text format
-    model = onnx.ModelProto()
-    with open(path, "rb") as file:
-        if os.fstat(file.fileno()).st_size:  # an empty file is an empty model, as in onnx
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                model.ParseFromString(memoryview(data))
-    return model
+        return disowned(onnx.load(str(path), load_external_data=False))  # a text format
+    return parsed(path)
 
 
 def _check_size(path: Path, size: int, max_bytes: int | None) -> None:
@@ -246,9 +240,9 @@ def _check_size(path: Path, size: int, max_bytes: int | None) -> None:
 
 def external_data(model: onnx.ModelProto) -> Iterator[external_data_helper.ExternalDataInfo]:
     """Where each of a model's tensors kept in an external file is: its file (`location`,
-    relative to the model's folder), `offset` and `length`."""
+    relative to the model's folder), `offset` and `length`; a Prism shell is not one."""
     for tensor in external_data_helper._get_all_tensors(model):
-        if external_data_helper.uses_external_data(tensor):
+        if external_data_helper.uses_external_data(tensor) and stored_at(tensor) is None:
             yield external_data_helper.ExternalDataInfo(tensor)
 
 
@@ -331,7 +325,7 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
         if too_large(model) and isinstance(source, str | Path) and not foreign:
             onnx.checker.check_model(str(source))  # its files: their data is not read
         else:
-            checked(model)
+            checked(model, frozenset(t.name for t in model.graph.initializer if stored_at(t)))
     except onnx.checker.ValidationError as exc:
         raise ModelLoadError(f"{label} fails the ONNX checker: {_one_line(exc)}") from None
     finally:
@@ -642,7 +636,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
             graph.name = name or source.name
             return graph
         source = source.model
-    model, stored = (source, {}) if owned and isinstance(source, onnx.ModelProto) \
+    model = source if owned and isinstance(source, onnx.ModelProto) \
         else _read(source, max_bytes)
     label = str(source) if isinstance(source, str | Path) else "model"
     sort_nodes(model.graph)
@@ -675,7 +669,6 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
         bound_shape = _bind(bdims if bdims is not None else dims, sizes, default_dim)
         tensors[tname] = Tensor(tname, _np_dtype(elem), bound_shape, dims, elem)
     _size_unknowns(tensors, model, sizes, default_dim)
-    model = shelled(model, stored)  # weights read from a file stay there, not in memory
     g = model.graph
     initializers = {t.name: t for t in g.initializer}
     nodes = []

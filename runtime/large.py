@@ -76,14 +76,14 @@ def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
     return shell(model, typed_only) if large else model
 
 
-def checked(model: onnx.ModelProto) -> None:
+def checked(model: onnx.ModelProto, checked_apart: frozenset[str] = frozenset()) -> None:
     """onnx's checker on `model` (ValidationError), its large initializers one at a time:
     whole, it would copy every weight twice at once (encoded, then decoded in C++), for a
-    check that reads each on its own. Past 2 GB the only way to check it in memory. A
-    weight kept in a file (`runtime.stored`) was checked where it lies as it was read."""
+    check that reads each on its own. Past 2 GB the only way to check it in memory.
+    `checked_apart`: weights checked where they lie as they were read (`runtime.stored`)."""
     onnx.checker.check_model(shell(model, _dataless))
     for init in model.graph.initializer:
-        if tensor_bytes(init) >= LARGE_INIT and init.data_location != onnx.TensorProto.EXTERNAL:
+        if tensor_bytes(init) >= LARGE_INIT and init.name not in checked_apart:
             onnx.checker.check_tensor(init)
 
 

@@ -1,18 +1,19 @@
 """Weights left in the file they were read from. A network loaded from a file keeps each
 weight of `STORED_MIN` bytes or more as a shell: its name, type and dims, its data named
-as external data at its place in that file (`Stored`), nothing of it in memory. A weight
-in an external data file is never read as the model loads (`external_shells`); one inside
-the .onnx file is parsed with the rest of it, then dropped (`shelled`). onnxruntime's
+as external data at its place in that file (`Stored`), nothing of it in memory, nor ever
+read as the model loads: one inside the .onnx file is skipped as the file is parsed
+(`parsed`), one in an external data file is not read (`external_shells`). onnxruntime's
 sessions hold the only copy, read through a mapping of the file (`devices/external.Held`),
-where the network would otherwise hold a second. What reads the values (a bundle, the
-quantizer, training) fills a copy (`with_weights`) or reads one (`values`). The graph
-keeps each such file open (`kept_open`): removed, or another renamed over it, it reads
-as it was; written in place, it is refused (`opened`).
+where the network would otherwise hold a second. What reads the values (folding, a
+bundle, the quantizer, training) fills a copy (`with_weights`) or reads one (`values`).
+The graph keeps each such file open (`kept_open`): removed, or another renamed over it,
+it reads as it was; written in place, it is refused (`opened`).
 
-A weight inside the .onnx file itself is found by reading protobuf's wire format
-(`in_file`): onnx's parser hands out copies, never where bytes lie.
+A weight inside the .onnx file itself is found by reading protobuf's wire format, and the
+file is parsed with those bytes left out (`_without`): onnx's parser hands out copies,
+never where bytes lie. A shell is Prism's own: one a file or bytes bring is not trusted
+(`disowned`).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -57,27 +58,13 @@ def file_version(path: str | os.PathLike) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def shelled(model: onnx.ModelProto, stored: Mapping[str, Stored]) -> onnx.ModelProto:
-    """A copy of `model` in which each initializer `stored` places, of `STORED_MIN` bytes
-    or more and still its file's bytes there, is a shell naming that place; the rest is
-    copied. `model` itself when there is none."""
-    def kept(init: onnx.TensorProto) -> bool:
-        at = stored.get(init.name)
-        return at is not None and len(init.raw_data) == at.length == tensor_bytes(init)
-
-    if not any(map(kept, model.graph.initializer)):
-        return model
-    return shell(model, lambda init: _pointing(init, stored[init.name]) if kept(init)
-                 else init, STORED_MIN)
-
-
 def external_shells(model: onnx.ModelProto, folder: str) -> None:
     """In place: each initializer of `STORED_MIN` bytes or more that an external data file
     holds (`folder`: the model's) made a shell naming its place, none of it read, once onnx
     has checked where the file is and that the bytes lie within it; every other tensor's
     external data read in. onnx's errors (ValueError, OSError) as onnx raises them."""
     for init in model.graph.initializer:
-        if external_data_helper.uses_external_data(init):
+        if external_data_helper.uses_external_data(init) and stored_at(init) is None:
             at = _external_place(init, folder)
             if at is not None:
                 init.CopyFrom(_pointing(init, at))
@@ -193,42 +180,114 @@ def held_in(model: onnx.ModelProto) -> dict[str, Stored]:
     return {t.name: at for t in model.graph.initializer if (at := stored_at(t)) is not None}
 
 
-def in_file(path: str | os.PathLike) -> dict[str, Stored]:
-    """name -> where each initializer of the ONNX file at `path` keeps its raw bytes in it
-    (none given twice by name); {} for a file whose graph is not given once."""
-    version = file_version(path)
+def parsed(path: str | os.PathLike) -> onnx.ModelProto:
+    """The ONNX (protobuf) file at `path`, its external data not read, parsed from a
+    mapping of it with each initializer's raw bytes of `STORED_MIN` or more left out: a
+    shell naming their place (its length its dims' and type's, and no other data), or,
+    where it is not one, the bytes put back for the checker to judge. A file whose graph
+    or any such initializer's name it gives twice is parsed whole (protobuf merges them)."""
+    model = onnx.ModelProto()
     with open(path, "rb") as file:
-        try:
-            data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file
-            return {}
-    with data:
-        try:
-            graphs = [(s, e) for f, s, e in _fields(data, 0, len(data)) if f == GRAPH]
-            if len(graphs) != 1:
-                return {}
-            seen: list[tuple[str, tuple[int, int] | None]] = []
-            for field, start, end in _fields(data, *graphs[0]):
-                if field == INITIALIZER:
-                    parts = {f: (s, e) for f, s, e in _fields(data, start, end)}
-                    name = data[slice(*parts[NAME])].decode() if NAME in parts else ""
-                    seen.append((name, parts.get(RAW)))
-            once = Counter(name for name, _ in seen)
-            return {name: Stored(os.path.abspath(path), raw[0], raw[1] - raw[0], version)
-                    for name, raw in seen if raw is not None and once[name] == 1}
-        except (IndexError, ValueError, UnicodeDecodeError):
-            return {}
+        version = _version_of(file)
+        if not version[0]:  # an empty file is an empty model, as in onnx
+            return model
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            try:
+                graph, raws = _raw_weights(data)
+            except (IndexError, ValueError, UnicodeDecodeError):
+                graph, raws = None, {}
+            if graph is None or not raws:
+                model.ParseFromString(memoryview(data))
+                return disowned(model)
+            model.ParseFromString(_without(data, graph, raws))
+            disowned(model)
+            for init in model.graph.initializer:
+                if init.name in raws:
+                    _, start, end = raws[init.name][1]
+                    at = Stored(os.path.abspath(path), start, end - start, version)
+                    if _bare(init) and at.length == tensor_bytes(init):
+                        init.CopyFrom(_pointing(init, at))
+                    else:
+                        init.raw_data = data[start:end]
+    return model
+
+
+def disowned(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (read from a file or bytes) with any external data entry naming a shell's
+    version dropped, in place: its external data is then the file's to give, found and
+    checked as onnx finds it. A shell is Prism's own; one a file brought could name any
+    file on the machine as a weight."""
+    for tensor in external_data_helper._get_all_tensors(model):
+        entries = tensor.external_data
+        for i in reversed(range(len(entries))):
+            if entries[i].key == VERSION_KEY:
+                del entries[i]
+    return model
+
+
+def _bare(init: onnx.TensorProto) -> bool:
+    """Does the tensor hold nothing but its name, type and dims (its raw bytes left out)?"""
+    return {f.name for f, _ in init.ListFields()} <= {"name", "data_type", "dims",
+                                                     "doc_string"}
+
+
+Span = tuple[int, int, int]  # a field's tag, and its payload's start and end
+
+
+def _raw_weights(data: mmap.mmap) -> tuple[Span | None, dict[str, tuple[Span, Span]]]:
+    """The file's graph field, and name -> (its initializer's field, its raw bytes' field)
+    for each initializer of `STORED_MIN` raw bytes or more, named once; (None, {}) where
+    the graph is not given once."""
+    graphs = [(a, s, e) for f, a, s, e in _fields(data, 0, len(data)) if f == GRAPH]
+    if len(graphs) != 1:
+        return None, {}
+    seen: list[tuple[str, Span, Span | None]] = []
+    for field, at, start, end in _fields(data, *graphs[0][1:]):
+        if field == INITIALIZER:
+            parts = {f: (a, s, e) for f, a, s, e in _fields(data, start, end)}
+            name = data[slice(*parts[NAME][1:])].decode() if NAME in parts else ""
+            seen.append((name, (at, start, end), parts.get(RAW)))
+    once = Counter(name for name, _, _ in seen)
+    return graphs[0], {name: (tensor, raw) for name, tensor, raw in seen
+                       if raw is not None and once[name] == 1 and raw[2] - raw[1] >= STORED_MIN}
+
+
+def _without(data: mmap.mmap, graph: Span, raws: Mapping[str, tuple[Span, Span]]) -> bytes:
+    """The file's bytes with each of `raws`' raw bytes field left out, the initializer and
+    graph around it encoded again to fit (everything else copied as it is)."""
+    parts, at = [], graph[1]
+    for tensor, raw in sorted(raws.values()):
+        parts += [data[at:tensor[0]],
+                  _delimited(INITIALIZER, data[tensor[1]:raw[0]] + data[raw[2]:tensor[2]])]
+        at = tensor[2]
+    body = b"".join([*parts, data[at:graph[2]]])
+    return b"".join([data[:graph[0]], _delimited(GRAPH, body), data[graph[2]:]])
+
+
+def _delimited(field: int, payload: bytes) -> bytes:
+    return _varint_bytes(field << 3 | 2) + _varint_bytes(len(payload)) + payload
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 GRAPH, INITIALIZER, NAME, RAW = 7, 5, 8, 9  # ModelProto.graph, .initializer, TensorProto's
 _FIXED = {1: 8, 5: 4}  # wire type -> bytes of a fixed-size field
 
 
-def _fields(data: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(field number, start, end) of each length-delimited field of the message at
-    [start, end); other fields skipped; ValueError on what is not protobuf."""
+def _fields(data: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, its tag's start, its payload's start and end) of each length-delimited
+    field of the message at [start, end); other fields skipped; ValueError on what is not
+    protobuf."""
     at = start
     while at < end:
+        tag_at = at
         tag, at = _varint(data, at)
         wire = tag & 7
         if wire == 0:
@@ -237,7 +296,7 @@ def _fields(data: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, i
             size, at = _varint(data, at)
             if at + size > end:
                 raise ValueError("field past its message")
-            yield tag >> 3, at, at + size
+            yield tag >> 3, tag_at, at, at + size
             at += size
         elif wire in _FIXED:
             at += _FIXED[wire]

@@ -7,14 +7,16 @@ import os
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import helper, numpy_helper
 
 from benchmarks.common import relu_mlp
 from runtime.devices import parse_devices
+from runtime.errors import ModelLoadError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.large import tensor_bytes
-from runtime.stored import STORED_MIN, in_file, stored_at, values
+from runtime.stored import STORED_MIN, _delimited, stored_at, values
 
 WIDTH, LAYERS = 64, 4  # 16 KB a weight
 
@@ -70,7 +72,6 @@ def test_a_file_whose_graph_is_given_twice_keeps_its_weights_in_memory(tmp_path)
     del model.graph.node[:]
     path = tmp_path / "twice.onnx"
     path.write_bytes(model.SerializeToString() + nodes.SerializeToString())
-    assert in_file(path) == {}
     graph = load_graph(path)
     assert not any(stored_at(t) for t in graph.model.graph.initializer)
     feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
@@ -99,3 +100,55 @@ def test_a_file_removed_or_renamed_over_after_the_load_is_read_as_it_was(tmp_pat
             np.testing.assert_allclose(host.run(name, feeds).result(30)["y"], want[0],
                                        rtol=1e-5, atol=1e-6)
             path.unlink(missing_ok=True)
+
+
+def test_a_file_naming_a_shell_of_its_own_is_read_as_onnx_reads_it(tmp_path):
+    """A shell is Prism's own: a weight whose external data entry in a file (or bytes)
+    names one, pointing at another file of the machine by its absolute path, is refused
+    as onnx refuses that path, never read from the file it names."""
+    rng = np.random.default_rng()
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(rng.bytes(4 * WIDTH * WIDTH))
+    model = relu_mlp(WIDTH, 2, rng)
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    size, mtime = os.stat(elsewhere).st_size, os.stat(elsewhere).st_mtime_ns
+    for key, value in (("location", elsewhere), ("offset", 0), ("length", size),
+                       ("prism.version", f"{size}:{mtime}")):
+        weight.external_data.add(key=key, value=str(value))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    refused = r"tensor name: w0\) should be a relative path, but it is an absolute path"
+    with pytest.raises(ModelLoadError, match=refused) as raised:
+        load_graph(path)
+    assert str(raised.value).startswith(str(path))
+    with pytest.raises(ModelLoadError, match=refused):
+        load_graph(model.SerializeToString())
+
+
+def test_a_weight_whose_fields_come_in_any_order_is_left_in_the_file(tmp_path):
+    """The file is parsed with each large weight's raw bytes left out and the messages
+    around them encoded again (`stored._without`): a tensor written by another tool, its
+    raw bytes first and its name and dims after them, is a shell all the same, and the
+    network answers as onnxruntime does on the file."""
+    rng = np.random.default_rng()
+    model = relu_mlp(WIDTH, 3, rng)
+    first = model.graph.initializer[0]
+    reordered = b"".join(onnx.TensorProto(**{key: getattr(first, key)}).SerializeToString()
+                         for key in ("raw_data", "name", "dims", "data_type"))
+    graph = onnx.GraphProto()
+    graph.CopyFrom(model.graph)
+    del graph.initializer[0]
+    model.ClearField("graph")
+    path = tmp_path / "reordered.onnx"
+    path.write_bytes(model.SerializeToString() + _delimited(7, graph.SerializeToString()
+                                                            + _delimited(5, reordered)))
+    loaded = load_graph(path)
+    assert all(stored_at(t) for t in loaded.model.graph.initializer)
+    feeds = {"x": rng.standard_normal((2, WIDTH)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("mlp", loaded, partition="balanced", costs="model")
+        got = host.run("mlp", feeds).result(30)
+    np.testing.assert_allclose(got[loaded.outputs[0]], want[0], rtol=1e-5, atol=1e-6)
