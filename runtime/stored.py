@@ -14,6 +14,7 @@ file is parsed with those bytes left out (`_without`): onnx's parser hands out c
 never where bytes lie. A shell is Prism's own: one a file or bytes bring is not trusted
 (`disowned`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -184,8 +185,9 @@ def parsed(path: str | os.PathLike) -> onnx.ModelProto:
     """The ONNX (protobuf) file at `path`, its external data not read, parsed from a
     mapping of it with each initializer's raw bytes of `STORED_MIN` or more left out: a
     shell naming their place (its length its dims' and type's, and no other data), or,
-    where it is not one, the bytes put back for the checker to judge. A file whose graph
-    or any such initializer's name it gives twice is parsed whole (protobuf merges them)."""
+    where it is not one, the bytes put back for the checker to judge. Protobuf merges a
+    message given twice: a file whose graph it gives twice is parsed whole, an initializer
+    it names twice keeps its bytes."""
     model = onnx.ModelProto()
     with open(path, "rb") as file:
         version = _version_of(file)
