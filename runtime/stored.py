@@ -228,9 +228,12 @@ def disowned(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _bare(init: onnx.TensorProto) -> bool:
-    """Does the tensor hold nothing but its name, type and dims (its raw bytes left out)?"""
-    return {f.name for f, _ in init.ListFields()} <= {"name", "data_type", "dims",
-                                                     "doc_string"}
+    """Does the tensor hold nothing but its name, type and dims (its raw bytes left out)?
+    Its data may be said to lie in the file itself, as onnx says of external data it read
+    in (a model saved again in one file)."""
+    return {f.name for f, _ in init.ListFields()} <= {
+        "name", "data_type", "dims", "doc_string", "data_location"} \
+        and init.data_location == onnx.TensorProto.DEFAULT
 
 
 Span = tuple[int, int, int]  # a field's tag, and its payload's start and end

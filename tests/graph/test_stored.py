@@ -152,3 +152,19 @@ def test_a_weight_whose_fields_come_in_any_order_is_left_in_the_file(tmp_path):
         host.add_network("mlp", loaded, partition="balanced", costs="model")
         got = host.run("mlp", feeds).result(30)
     np.testing.assert_allclose(got[loaded.outputs[0]], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_saved_again_in_one_file_keeps_its_weights_in_it(tmp_path):
+    """onnx reading external data in says each weight's data lies in the file itself
+    (`data_location` set, to DEFAULT): saved again in one file, the weights are shells
+    all the same, not kept in memory."""
+    rng = np.random.default_rng()
+    onnx.save(relu_mlp(WIDTH, 3, rng), tmp_path / "split.onnx", save_as_external_data=True,
+              location="split.data", size_threshold=0)
+    model = onnx.load(tmp_path / "split.onnx")
+    assert all(t.HasField("data_location") for t in model.graph.initializer)
+    onnx.save(model, tmp_path / "whole.onnx")
+    graph = load_graph(tmp_path / "whole.onnx")
+    for init, kept in zip(graph.model.graph.initializer, model.graph.initializer, strict=True):
+        assert stored_at(init) is not None
+        np.testing.assert_array_equal(values(init), numpy_helper.to_array(kept))
