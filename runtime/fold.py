@@ -37,7 +37,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from runtime.large import inferable, tensor_bytes
-from runtime.stored import values as stored_values
+from runtime.stored import Mapped
 
 FOLD_GROWTH = 2.0  # folded constants are at most this many times the constants before...
 FOLD_SLACK = 64 << 10  # ... plus this many bytes (shapes and scales of a weightless model)
@@ -139,6 +139,7 @@ def fold_constants(model: onnx.ModelProto) -> FoldReport:
                           for a in n.attribute if a.name == "value")
     budget = FOLD_GROWTH * constant_bytes + FOLD_SLACK
     values: dict[str, np.ndarray] = {}
+    mapped = Mapped()  # weights left in their files: read as views of them
     folded: dict[int, None] = {}
     kept: dict[str, str] = {}
     producer: dict[str, int] = {}
@@ -152,7 +153,7 @@ def fold_constants(model: onnx.ModelProto) -> FoldReport:
             continue
         for t in node.input:
             if t and t not in values:
-                values[t] = stored_values(inits[t])
+                values[t] = mapped.values(inits[t])
         result = _evaluate(node, values, opsets)
         if result is None or len(result) < len([t for t in node.output if t]):
             kept[node.name] = "onnx's reference evaluator cannot compute it"
@@ -167,7 +168,7 @@ def fold_constants(model: onnx.ModelProto) -> FoldReport:
     report = FoldReport(tuple(g.node[i].name for i in folded if i not in keep), kept,
                         constant_bytes,
                         _constant_bytes_after(g, folded, keep, producer, values, inits))
-    _rewrite(model, folded, keep, producer, values)
+    _rewrite(model, folded, keep, producer, values, mapped)
     return report
 
 
@@ -244,12 +245,14 @@ def _within_budget(g: onnx.GraphProto, folded: dict[int, None], producer: dict[s
 
 
 def _rewrite(model: onnx.ModelProto, folded: dict[int, None], keep: set[int],
-             producer: dict[str, int], values: dict[str, np.ndarray]) -> None:
+             producer: dict[str, int], values: dict[str, np.ndarray], mapped: Mapped) -> None:
     """The folded nodes out of the model and what stays reads of them in, in place: the
-    weights it keeps are never copied (protobuf copies each one put into a graph)."""
+    weights it keeps are never copied (protobuf copies each one put into a graph), nor is
+    a folded tensor that is bytes of a weight's file (`Mapped.shell`)."""
     g = model.graph
     reads = _live_reads(g, folded, keep) | {o.name for o in g.output}
-    made = [numpy_helper.from_array(values[t], t) for t in _needed(g, folded, keep, producer)]
+    made = [mapped.shell(values[t], t) or numpy_helper.from_array(values[t], t)
+            for t in _needed(g, folded, keep, producer)]
     for i in sorted(set(folded) - keep, reverse=True):
         del g.node[i]
     for i in reversed(range(len(g.initializer))):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -28,7 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
-from onnx import external_data_helper, numpy_helper
+from onnx import external_data_helper, helper, numpy_helper
 
 from runtime.errors import ModelLoadError
 from runtime.large import LARGE_INIT, shell, tensor_bytes, typed_only
@@ -164,6 +165,46 @@ def filled(tensor: onnx.TensorProto) -> onnx.TensorProto:
 def values(tensor: onnx.TensorProto) -> np.ndarray:
     """An initializer's values, a shell's read from its file."""
     return numpy_helper.to_array(filled(tensor))
+
+
+class Mapped:
+    """Files shells name, each mapped once as it was read (`opened`): a shell's bytes as a
+    view of its file (`bytes_of`), its values so (`values`), and whether an array made
+    from those values is still bytes of a file (`shell`). A Split, Squeeze or Reshape of a
+    weight is (a mixture of experts' stacked weights split one per expert): a shell then
+    names those bytes, where a copy would hold them."""
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[str, tuple[int, int]], np.memmap] = {}
+
+    def bytes_of(self, at: Stored, tensor: str) -> np.ndarray:
+        key = (at.path, at.version)
+        if key not in self._maps:
+            with opened(at, tensor) as file:
+                self._maps[key] = np.memmap(file, np.uint8, mode="r")
+        return self._maps[key][at.offset:at.offset + at.length]
+
+    def values(self, tensor: onnx.TensorProto) -> np.ndarray:
+        """A shell's values, a read-only view of its file; any other tensor's, read."""
+        at = stored_at(tensor)
+        if at is None or sys.byteorder != "little":  # ONNX's raw bytes are little-endian
+            return values(tensor)
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        return self.bytes_of(at, tensor.name).view(dtype).reshape(tuple(tensor.dims))
+
+    def shell(self, array: np.ndarray, name: str) -> onnx.TensorProto | None:
+        """A shell named `name` for `array` if it is `STORED_MIN` bytes or more of a mapped
+        file, in order (its raw bytes, then); else None."""
+        if array.nbytes < STORED_MIN or not array.flags.c_contiguous:
+            return None
+        start = array.__array_interface__["data"][0]
+        for (path, version), whole in self._maps.items():
+            offset = start - whole.__array_interface__["data"][0]
+            if offset >= 0 and offset + array.nbytes <= whole.size:
+                typed = onnx.TensorProto(name=name, dims=array.shape,
+                                         data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+                return _pointing(typed, Stored(path, offset, array.nbytes, version))
+        return None
 
 
 def with_weights(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -14,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from runtime.large import shell, tensor_bytes, too_large, typed_only
-from runtime.stored import STORED_MIN, Stored, filled, opened, stored_at
+from runtime.stored import STORED_MIN, Mapped, filled, stored_at
 
 
 def inline_external(model: onnx.ModelProto, files: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -75,7 +75,7 @@ class Held:
 
     def __init__(self) -> None:
         self.files: dict[str, np.ndarray] = {}
-        self._maps: dict[str, np.ndarray] = {}
+        self._mapped = Mapped()
 
     @classmethod
     def over(cls, weights: Iterable[onnx.TensorProto]) -> Held | None:
@@ -93,14 +93,7 @@ class Held:
         at = stored_at(init)
         if at is None:
             return np.frombuffer(_raw(init), np.uint8)
-        return self._mapped(at, init.name)[at.offset:at.offset + at.length]
-
-    def _mapped(self, at: Stored, tensor: str) -> np.ndarray:
-        """The file `at` lies in as it was read, mapped once (`stored.opened`)."""
-        if at.path not in self._maps:
-            with opened(at, tensor) as file:
-                self._maps[at.path] = np.memmap(file, np.uint8, mode="r")
-        return self._maps[at.path]
+        return self._mapped.bytes_of(at, init.name)
 
 
 def serialized(model: onnx.ModelProto,
