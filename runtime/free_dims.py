@@ -26,14 +26,23 @@ def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
     [batch, heads, past, head size] take those shapes."""
     if not floating or dims is None or len(dims) != 4:
         return ()
+    sizes = [_fixed(d) for d in dims]
     for channels, (height, width) in ((1, (2, 3)), (3, (1, 2))):
-        tall = dims[height]
-        if dims[channels] in _CHANNELS and not isinstance(dims[width], int):
-            if not isinstance(tall, int):
+        tall = sizes[height]
+        if sizes[channels] in _CHANNELS and sizes[width] is None:
+            if tall is None:
                 return height, width
             if tall >= _LINE:
                 return (width,)
     return ()
+
+
+def _fixed(dim: int | str | None) -> int | None:
+    """A dimension's size when it is fixed: a number, or named by one (torch's dynamo
+    exporter names an image's channels `"3"`: `[s99, "3", s100, s4]`)."""
+    if isinstance(dim, int):
+        return dim
+    return int(dim) if dim is not None and dim.strip().isdigit() else None
 
 
 def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str, int]

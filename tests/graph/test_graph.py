@@ -218,6 +218,24 @@ def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networ
     assert bound["tokens"].shape == (1, 7)
 
 
+def test_an_image_whose_channels_are_named_by_a_number_is_made_up_at_a_side_networks_take(
+        capsys, tmp_path):
+    """torch's dynamo exporter names an image's every dimension, its channels by their
+    number (`[s99, "3", s100, s4]`): read as no image, the sides were made up 1 wide and
+    an EfficientNet export failed every request, as this detector did."""
+    model = upsampling_detector(["s99", "3", "s100", "s4"])
+    assert load_graph(model).tensors["image"].shape == (1, 3, IMAGE_SIDE, IMAGE_SIDE)
+    specs = [InputSpec("nhwc", np.dtype(np.float32), ("n", "h", "w", "4")),
+             InputSpec("keys", np.dtype(np.float32), ("n", "4", "past", "64"))]
+    shapes = {k: v.shape for k, v in random_feeds(specs, np.random.default_rng()).items()}
+    assert shapes == {"nhwc": (1, IMAGE_SIDE, IMAGE_SIDE, 4), "keys": (1, 4, 1, 64)}
+    path = str(tmp_path / "dynamo_style.onnx")
+    onnx.save(model, path)
+    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
+        capsys.readouterr().err
+    assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
 def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, tmp_path):
     """PaddlePaddle's exporter declares a dynamic dimension -1 (PP-OCR's direction
     classifier): the load sized a made-up input by it and failed, "negative dimensions
