@@ -1,6 +1,7 @@
 """The user's cache directory, where Prism keeps between loads what it measured or ran,
 and its entries: JSON files written atomically (a reader sees the old file or the new),
-read as None when missing or damaged, and skipped when the directory cannot be written.
+read as None when missing or damaged, or JSON lines appended one at a time, damaged
+lines skipped; neither is kept when the directory cannot be written.
 
 The directory is `$PRISM_CACHE_DIR` if set (tests point it at a temporary folder), else
 the platform's cache folder: `$XDG_CACHE_HOME/prism` or `~/.cache/prism` on Linux,
@@ -54,3 +55,33 @@ def write_entry(path: Path, entry: Any) -> Path | None:
             os.unlink(tmp.name)
         return None
     return path
+
+
+def read_lines(path: Path) -> list[Any]:
+    """The JSON values kept one per line at `path`, damaged lines skipped; [] if none."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    values = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            values.append(json.loads(line))
+    return values
+
+
+def append_line(path: Path, entry: Any) -> bool:
+    """Add `entry` as one line at the end of `path`, in one write to a file opened for
+    appending, so lines that processes add at once do not interleave; False when the
+    cache cannot be written."""
+    line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True

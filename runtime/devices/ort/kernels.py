@@ -6,9 +6,9 @@ op at the version the model's opset selects and for the types its tensors have (
 node reading float16, the float kernel will do: onnxruntime casts around it; or the op
 is a function onnxruntime inlines), every tensor it exchanges with the rest of the plan
 has a dtype onnxruntime's Python API can take, and a session of the node alone loads
-(probed once per node kind and types; that finds attributes onnxruntime's schemas lack
-and kernels that fail at initialisation). Model-local functions are checked node by
-node, as are the bodies of If, Loop and Scan.
+(probed once per node kind and types, and kept between processes: `kept_probes`; that
+finds attributes onnxruntime's schemas lack and kernels that fail at initialisation).
+Model-local functions are checked node by node, as are the bodies of If, Loop and Scan.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import onnx
 from onnx import helper
 
 from runtime.devices.backends import defines_function
+from runtime.devices.ort import kept_probes
 from runtime.devices.ort import sessions as accepted  # by module: tests can narrow what it accepts
 from runtime.errors import without_source
 from runtime.graph import DEFAULT_DOMAINS, Graph, Node, subgraphs
@@ -242,6 +243,18 @@ class _Check:
 @functools.lru_cache(maxsize=8192)
 def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
                 opsets: tuple[tuple[str, int], ...], ir: int) -> str | None:
+    """Why a session of `node` alone fails to load, or None: as a process probed it before
+    (`kept_probes`), else probed now and kept."""
+    probe = kept_probes.key(node, *ins, *outs, repr((len(ins), opsets, ir)).encode())
+    if probe in (found := kept_probes.kept()):
+        return found[probe]
+    error = _probed(node, ins, outs, opsets, ir)
+    kept_probes.keep(probe, error)
+    return error
+
+
+def _probed(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
+            opsets: tuple[tuple[str, int], ...], ir: int) -> str | None:
     import onnxruntime as ort
 
     proto = onnx.NodeProto.FromString(node)
