@@ -1,17 +1,21 @@
 """The sizes made-up inputs give a model's free (symbolic) dimensions where nobody said one
-(`--bind`): 1, one sample or one token, except an image's height and width. At 1x1 most
-vision networks fail: a detector's upsampled features no longer line up with the ones it
-joins them to, a convolution's kernel outgrows its input. Those take the side such networks
-are trained at, 224: ImageNet's, and a multiple of the strides and patches they divide it
-by (32, 16, 14)."""
+(`--bind`): 1, one sample or one token, except an image's height and width and a
+waveform's length. At 1x1 most vision networks fail: a detector's upsampled features no
+longer line up with the ones it joins them to, a convolution's kernel outgrows its input.
+Those take the side such networks are trained at, 224: ImageNet's, and a multiple of the
+strides and patches they divide it by (32, 16, 14). A speech network's convolutions
+(wav2vec2, HuBERT, WavLM: 400 samples to their first frame) fail on one sample: a
+waveform takes one second at 16 kHz, the rate their processors resample to."""
 
 from __future__ import annotations
 
 import ast
+import collections
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 
 IMAGE_SIDE = 224
+AUDIO_SAMPLES = 16_000
 _CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
 _LINE = 8  # the least fixed height under which a free width is a text line's
 
@@ -45,14 +49,28 @@ def _fixed(dim: int | str | None) -> int | None:
     return int(dim) if dim is not None and dim.strip().isdigit() else None
 
 
+def _waveform_length(dims: Dims, floating: bool) -> str | None:
+    """A waveform input's length, [batch, samples]: the name of a float tensor's second
+    and last dimension, or None."""
+    if not floating or len(dims) != 2 or not isinstance(dims[1], str):
+        return None
+    name = dims[1]
+    return None if _computed(name, {}, 1) is not None or not name.strip() else name
+
+
 def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str, int]
                ) -> dict[str, int]:
-    """Named free dimensions' sizes for inputs given as (dims, floating): `bindings`, and
-    the image side for a name an image input has as its height or width, so every input
-    naming it agrees."""
+    """Named free dimensions' sizes for inputs given as (dims, floating): `bindings`; the
+    image side for a name an image input has as its height or width, so every input
+    naming it agrees; and a waveform's length for a name no other input has (a text
+    model's float mask shares its tokens' length, or its embeddings')."""
+    inputs = [(dims or (), floating) for dims, floating in inputs]
+    named = collections.Counter(d for dims, _ in inputs for d in set(dims) if d)
+    lengths = {name: AUDIO_SAMPLES for dims, floating in inputs
+               if (name := _waveform_length(dims, floating)) and named[name] == 1}
     sides = {str(dims[a]): IMAGE_SIDE for dims, floating in inputs
-             for a in image_axes(dims, floating) if dims is not None and dims[a]}
-    return {**sides, **bindings}
+             for a in image_axes(dims, floating) if dims[a]}
+    return {**lengths, **sides, **bindings}
 
 
 def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default: int = 1

@@ -16,7 +16,7 @@ from app.cli import main
 from runtime.cost import node_cost
 from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError, PartitionError
-from runtime.free_dims import IMAGE_SIDE
+from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE
 from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs, random_feeds
@@ -27,6 +27,7 @@ from tests.support.dags import (
     dag_models,
     random_dag_model,
     reads_of,
+    speech_frontend,
     upsampling_detector,
 )
 
@@ -230,6 +231,29 @@ def test_an_image_whose_channels_are_named_by_a_number_is_made_up_at_a_side_netw
     shapes = {k: v.shape for k, v in random_feeds(specs, np.random.default_rng()).items()}
     assert shapes == {"nhwc": (1, IMAGE_SIDE, IMAGE_SIDE, 4), "keys": (1, 4, 1, 64)}
     path = str(tmp_path / "dynamo_style.onnx")
+    onnx.save(model, path)
+    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
+        capsys.readouterr().err
+    assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
+def test_a_waveforms_free_length_is_made_up_at_a_second_of_speech(capsys, tmp_path):
+    """wav2vec2, HuBERT and WavLM read [batch, samples]: made up one sample long, their
+    convolutions' kernels outgrew it and every request failed. A float mask sharing its
+    tokens' length, or a length named by a sum, is no waveform."""
+    model = speech_frontend(["batch", "samples"])
+    assert load_graph(model).tensors["waveform"].shape == (1, AUDIO_SAMPLES)
+    assert load_graph(model, bindings={"samples": 400}).tensors["waveform"].shape == (1, 400)
+    specs = [InputSpec("tokens", np.dtype(np.int64), ("n", "t")),
+             InputSpec("mask", np.dtype(np.float32), ("n", "t")),
+             InputSpec("sums", np.dtype(np.float32), ("n", "t + 1")),
+             InputSpec("features", np.dtype(np.float32), ("n", 5)),
+             InputSpec("unnamed", np.dtype(np.float32), (None, None)),
+             InputSpec("clip", np.dtype(np.float16), ("n", "length"))]
+    shapes = {k: v.shape for k, v in random_feeds(specs, np.random.default_rng()).items()}
+    assert shapes == {"tokens": (1, 1), "mask": (1, 1), "sums": (1, 2), "features": (1, 5),
+                      "unnamed": (1, 1), "clip": (1, AUDIO_SAMPLES)}
+    path = str(tmp_path / "speech.onnx")
     onnx.save(model, path)
     assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
         capsys.readouterr().err

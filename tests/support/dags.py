@@ -621,6 +621,28 @@ def upsampling_detector(dims: Sequence[int | str | None], seed: int = 0) -> onnx
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def speech_frontend(dims: Sequence[int | str | None], seed: int = 0) -> onnx.ModelProto:
+    """wav2vec2's feature encoder in small, on a waveform of `dims` ([batch, samples]): two
+    strided 1-D convolutions (kernels 10 and 3), averaged over time. Under 10 samples the
+    first convolution's kernel outgrows its input."""
+    rng = np.random.default_rng(seed)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("conv0.w", (4, 1, 10)), ("conv1.w", (4, 4, 3)))]
+    axes = [numpy_helper.from_array(np.array(a, np.int64), n) for n, a in (("one", [1]),
+                                                                          ("last", [2]))]
+    nodes = [helper.make_node("Unsqueeze", ["waveform", "one"], ["channel"], name="channel"),
+             helper.make_node("Conv", ["channel", "conv0.w"], ["c0"], name="conv0", strides=[5]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "conv1.w"], ["c1"], name="conv1", strides=[2]),
+             helper.make_node("ReduceMean", ["c1", "last"], ["features"], name="mean",
+                              keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "speech",
+        [helper.make_tensor_value_info("waveform", TensorProto.FLOAT, list(dims))],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, None)], [*weights, *axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
 def even_rows_model() -> onnx.ModelProto:
     """x [rows, 4] -> y [rows / 2, 8]: a model taking only some sizes (an even number of
     rows), on which made-up inputs (one row) fail."""
