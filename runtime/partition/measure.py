@@ -18,12 +18,14 @@ its nodes scaled so they sum to what it measured.
 Feeds are drawn for the shapes bound at load: floats from a normal distribution,
 integers and booleans zero (a valid index into any table), strings empty. A network
 with a non-tensor input, or a chunk that fails to run, is not measured (None): the
-roofline stays its cost model.
+roofline stays its cost model, and a failed run is logged (a warning naming the network,
+the error and the made-up shapes: a model may take only some sizes).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +38,7 @@ from runtime.devices.config import DeviceConfig
 from runtime.devices.cpu import OrtFunction
 from runtime.devices.external import Held
 from runtime.devices.ort.sessions import cpu_session
+from runtime.errors import first_line
 from runtime.graph import Graph
 from runtime.heap import give_back
 from runtime.partition.build import build_plan
@@ -48,6 +51,7 @@ BUDGET = 0.05  # seconds of runs per sub-model (at least MIN_RUNS, unless SLOW)
 MIN_RUNS, MAX_RUNS = 5, 200
 SLOW = 1.0  # seconds of runs after which a sub-model is run no more
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+log = logging.getLogger(__name__)
 
 
 def calibration_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray] | None:
@@ -144,7 +148,10 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
             on_progress(f"{what} {part.name}", i, len(parts))
         try:
             taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
-        except Exception:  # onnxruntime's errors, an extraction refused: nothing measured
+        except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
+            shown = ", ".join(f"{t} {list(v.shape)}" for t, v in feeds.items())
+            log.warning("%s failed, so the roofline stands in for its times: %s (on made-up "
+                        "inputs %s; give sizes with --bind DIM=N)", what, first_line(exc), shown)
             return None
         finally:
             give_back()  # the session and its copies of the weights, before the next

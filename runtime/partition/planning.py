@@ -64,11 +64,12 @@ def measured_model(graph: Graph, devices: Sequence[DeviceConfig],
     `measure=False`: the cache's times only)."""
     cache = cache or TimingsCache()
     timings: dict[str, Timings] = {}
-    fresh = []
+    fresh, tried = [], set()
     for device in devices:
         kind = kind_of(device)
-        if kind is None or kind in timings:
+        if kind is None or kind in tried:
             continue
+        tried.add(kind)
         known = cache.get(graph, kind)
         if known is None and measure:
             known = measure_nodes(graph, device, on_progress)

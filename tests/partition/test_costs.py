@@ -6,6 +6,7 @@ what is checked is where times come from and where they go."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from runtime.partition import planning as planning_module
 from runtime.partition.measure import calibration_feeds, measure_nodes, refined
 from runtime.partition.planning import COSTS_ENV, live_costs, plan_network
 from runtime.user_cache import CACHE_ENV, cache_dir
-from tests.support.dags import SAMPLES_DIR
+from tests.support.dags import SAMPLES_DIR, even_rows_model
 from tests.support.hosts import toy_chain
 from tests.support.weights import made_weights
 
@@ -164,6 +165,24 @@ def test_a_network_that_cannot_be_measured_keeps_the_roofline(cache):
     _, plan = plan_network(graph, parse_devices("cpu:1"), costs="measured", hops=NO_HOPS,
                            cache=cache)
     assert plan.costs == "model"
+
+
+def test_a_network_failing_on_made_up_inputs_is_timed_once_and_says_why(cache, caplog,
+                                                                         monkeypatch):
+    """A model taking only some sizes fails on made-up inputs, so its costs stay the
+    roofline's. That was silent, and timed again for each device of the kind."""
+    graph = load_graph(even_rows_model())
+    timings, timed = [], planning_module.measure_nodes
+    monkeypatch.setattr(planning_module, "measure_nodes",
+                        lambda *args: timings.append(args) or timed(*args))
+    with caplog.at_level(logging.WARNING, logger=measure.__name__):
+        _, plan = plan_network(graph, parse_devices("cpu:2"), costs="measured",
+                               hops=NO_HOPS, cache=cache)
+    assert plan.costs == "model" and len(timings) == 1
+    [said] = [r.getMessage() for r in caplog.records if r.name == measure.__name__]
+    assert said.startswith(f"timing {graph.name} on ort-cpu/1 failed"), said
+    assert "'pair'" in said and said.endswith("(on made-up inputs x [1, 4]; give sizes with "
+                                              "--bind DIM=N)"), said
 
 
 def _chain(n: int) -> onnx.ModelProto:
