@@ -30,7 +30,7 @@ def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
     [batch, heads, past, head size] take those shapes."""
     if not floating or dims is None or len(dims) != 4:
         return ()
-    sizes = [_fixed(d) for d in dims]
+    sizes = [fixed_size(d) for d in dims]
     for channels, (height, width) in ((1, (2, 3)), (3, (1, 2))):
         tall = sizes[height]
         if sizes[channels] in _CHANNELS and sizes[width] is None:
@@ -41,7 +41,7 @@ def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
     return ()
 
 
-def _fixed(dim: int | str | None) -> int | None:
+def fixed_size(dim: int | str | None) -> int | None:
     """A dimension's size when it is fixed: a number, or named by one (torch's dynamo
     exporter names an image's channels `"3"`: `[s99, "3", s100, s4]`)."""
     if isinstance(dim, int):

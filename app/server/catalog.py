@@ -30,6 +30,7 @@ from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
 from app.server.tensors import TensorError, datatype
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
+from runtime.free_dims import fixed_size
 from runtime.graph import Graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs
@@ -223,7 +224,9 @@ def _check_loaded(name: str, graph: Graph, options: LoadOptions) -> None:
 
 
 def _info(name: str, dtype: np.dtype | str | None, dims: tuple | None) -> TensorInfo:
-    shape = [d if isinstance(d, int) else -1 for d in dims or ()]
+    """A tensor as metadata shows it: a dimension named by a number (torch's exporter names
+    an image's channels `"3"`) is that number, as a client drawing inputs needs it."""
+    shape = [-1 if (size := fixed_size(d)) is None else size for d in dims or ()]
     return TensorInfo(name, datatype(np.dtype(dtype) if dtype else None), shape)
 
 

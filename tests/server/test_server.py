@@ -26,7 +26,7 @@ from app.server.state import ServerSettings
 from runtime.errors import InvalidInputError, PrismError
 from runtime.inputs import random_feeds
 from tests.support.classifiers import zipmap_classifier
-from tests.support.dags import even_rows_model
+from tests.support.dags import even_rows_model, upsampling_detector
 from tests.support.servers import (
     WAIT,
     binary_request,
@@ -903,6 +903,27 @@ def test_bench_url_sends_the_feeds_of_an_npz(client, server, tmp_path):
             asyncio.run(bench(url, "pairs", [2], 10, inputs=str(wrong)))
     finally:
         client.unload_model("pairs")
+        shutil.rmtree(folder.parent)
+
+
+def test_a_dimension_named_by_a_number_is_served_as_that_number(client, server):
+    """torch's dynamo exporter names an image's channels by their number ([s0, "3", s1,
+    s2]): served as -1, `prism bench --url` drew no image, but 1x1x1x1 tensors, and every
+    request of a detector failed."""
+    import asyncio
+
+    url, state = server
+    folder = state.catalog.repository.root / "neck" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(upsampling_detector(["s0", "3", "s1", "s2"]), folder / "model.onnx")
+    try:
+        client.load_model("neck")
+        [image] = client.get_model_metadata("neck")["inputs"]
+        assert image["shape"] == [-1, 3, -1, -1]
+        [drawn] = asyncio.run(bench(url, "neck", [2], 10))
+        assert drawn.requests == 10 and drawn.errors == 0, drawn.first_error
+    finally:
+        client.unload_model("neck")
         shutil.rmtree(folder.parent)
 
 
