@@ -15,7 +15,7 @@ from app.arguments import load_options, run_devices
 from app.console import plain_console
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.measuring import add_network_measuring
-from app.run_cmd import model_inputs, read_inputs
+from app.run_cmd import given_inputs
 from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds
@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
     devices = run_devices(args)
     options = load_options(args)
     name = Path(args.model).stem
-    feeds = read_inputs(args.inputs, *model_inputs(args.model, options["bindings"])) \
-        if args.inputs else None
+    feeds = given_inputs(args, options)
     with HostManager(devices, max_queue=max(100, 4 * args.concurrency),
                      max_active=max(2, args.concurrency)) as host:
         add_network_measuring(host, plain_console(stderr=True), name, args.model, **options)

@@ -27,7 +27,7 @@ from runtime.errors import InvalidInputError, PrismError, ProvisionError, first_
 from runtime.fold import RANDOM_OPS
 from runtime.graph import Graph
 from runtime.host import HostManager
-from runtime.inputs import InputSpec, check_feeds, input_specs, npz_problem
+from runtime.inputs import InputSpec, check_feeds, input_specs, npz_problem, sizes_given
 from runtime.observe.events import JsonlRecorder
 from runtime.observe.metrics import Metrics, MetricsSnapshot
 from runtime.observe.trace import ChromeTrace
@@ -255,6 +255,20 @@ def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np
         raise InvalidInputError(f"{path}: {exc}") from None
 
 
+def given_inputs(args: argparse.Namespace, options: dict) -> dict[str, np.ndarray] | None:
+    """`--inputs`' feeds, checked against the model, or None. A model (a bundle is placed
+    already) is then costed at their shapes: `options["bindings"]` takes each symbolic
+    dimension they give a size, where `--bind` says none."""
+    if not args.inputs:
+        return None
+    network, specs = model_inputs(args.model, options["bindings"])
+    feeds = read_inputs(args.inputs, network, specs)
+    if not is_bundle(args.model):
+        options["bindings"] = {**sizes_given(specs, feeds), **(options["bindings"] or {})} \
+            or None
+    return feeds
+
+
 def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]]:
     """A model's or a bundle's name and inputs, read without a host."""
     if is_bundle(path):
@@ -291,9 +305,9 @@ def run(args: argparse.Namespace) -> int:
     devices = run_devices(args)
     record = output_file(args.record, "--record") if args.record else None
     trace_path = output_file(args.trace, "--trace") if args.trace else None
+    feeds = given_inputs(args, options)
     binds = options["bindings"]
     name = Path(args.model).stem
-    feeds = read_inputs(args.inputs, *model_inputs(args.model, binds)) if args.inputs else None
     with HostManager(devices, max_queue=max(100, args.concurrency * 2)) as host:
         metrics = Metrics()
         subscription = host.bus.subscribe(maxlen=200_000)

@@ -17,7 +17,7 @@ from zipfile import BadZipFile
 import numpy as np
 
 from runtime.errors import InvalidInputError, PrismError
-from runtime.free_dims import free_sizes, made_up_shape
+from runtime.free_dims import fixed_size, free_sizes, made_up_shape
 
 if TYPE_CHECKING:
     import onnx
@@ -372,6 +372,19 @@ def shared_dims(specs: list[InputSpec]) -> tuple[SharedDim, ...]:
                 if isinstance(dim, str):
                     places.setdefault(dim, []).append((i, axis))
     return tuple((name, tuple(where)) for name, where in places.items() if len(where) > 1)
+
+
+def sizes_given(specs: list[InputSpec], feeds: Mapping[str, Any]) -> dict[str, int]:
+    """The sizes checked feeds (`check_feeds`) give their inputs' symbolic dimensions: a
+    network costed at them is planned for what it will be sent."""
+    sizes: dict[str, int] = {}
+    for spec in specs:
+        value = feeds.get(spec.name)
+        if spec.type is None and spec.dims and isinstance(value, np.ndarray):
+            for dim, size in zip(spec.dims, value.shape, strict=False):
+                if isinstance(dim, str) and fixed_size(dim) is None:
+                    sizes.setdefault(dim, int(size))
+    return sizes
 
 
 def _check_shared(network: str, specs: list[InputSpec], shared: tuple[SharedDim, ...],

@@ -307,6 +307,23 @@ def test_bench_sends_the_feeds_of_an_npz_to_prism_and_onnxruntime_alike(capsys, 
     assert figures["prism"]["requests_per_second"] > 0 and figures["ratio"] > 0
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_a_model_given_inputs_is_costed_at_their_shapes(capsys, caplog, tmp_path, command):
+    """`--inputs` fed the requests, but the plan was costed, and its costs measured, at
+    made-up shapes: one row here, which this model refuses, so the roofline stood in; a
+    transformer sent 128 tokens was planned for one."""
+    path, data = str(tmp_path / "pairs.onnx"), tmp_path / "rows.npz"
+    onnx.save(even_rows_model(), path)
+    rows = 2 * int(np.random.default_rng().integers(1, 20))
+    np.savez(data, x=np.random.default_rng().standard_normal((rows, 4)).astype(np.float32))
+    specs = input_specs(load_graph(path))
+    assert app.run_cmd.sizes_given(specs, dict(np.load(data))) == {"rows": rows}
+    with caplog.at_level("WARNING"):
+        assert main([command, path, "--devices", "cpu:2", "--requests", "10", "--costs",
+                     "measured", "--inputs", str(data)]) == 0, capsys.readouterr().err
+    assert not [r for r in caplog.records if "roofline" in r.getMessage()], caplog.text
+
+
 # -- first contact -----------------------------------------------------------------------------
 
 
