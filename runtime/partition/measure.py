@@ -151,7 +151,8 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
             shown = ", ".join(f"{t} {list(v.shape)}" for t, v in feeds.items())
             log.warning("%s failed, so the roofline stands in for its times: %s (on made-up "
-                        "inputs %s; give sizes with --bind DIM=N)", what, first_line(exc), shown)
+                        "inputs %s: the model may take only some sizes, given with --bind "
+                        "DIM=N, or values)", what, first_line(exc), shown)
             return None
         finally:
             give_back()  # the session and its copies of the weights, before the next

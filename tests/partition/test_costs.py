@@ -181,8 +181,9 @@ def test_a_network_failing_on_made_up_inputs_is_timed_once_and_says_why(cache, c
     assert plan.costs == "model" and len(timings) == 1
     [said] = [r.getMessage() for r in caplog.records if r.name == measure.__name__]
     assert said.startswith(f"timing {graph.name} on ort-cpu/1 failed"), said
-    assert "'pair'" in said and said.endswith("(on made-up inputs x [1, 4]; give sizes with "
-                                              "--bind DIM=N)"), said
+    assert "'pair'" in said and said.endswith("(on made-up inputs x [1, 4]: the model may take "
+                                              "only some sizes, given with --bind DIM=N, or "
+                                              "values)"), said
 
 
 def _chain(n: int) -> onnx.ModelProto:
