@@ -64,11 +64,11 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str
     image side for a name an image input has as its height or width, so every input
     naming it agrees; and a waveform's length for a name no other input has (a text
     model's float mask shares its tokens' length, or its embeddings')."""
-    inputs = [(dims or (), floating) for dims, floating in inputs]
-    named = collections.Counter(d for dims, _ in inputs for d in set(dims) if d)
-    lengths = {name: AUDIO_SAMPLES for dims, floating in inputs
+    given: list[tuple[Dims, bool]] = [(dims or (), floating) for dims, floating in inputs]
+    named = collections.Counter(d for dims, _ in given for d in set(dims) if d)
+    lengths = {name: AUDIO_SAMPLES for dims, floating in given
                if (name := _waveform_length(dims, floating)) and named[name] == 1}
-    sides = {str(dims[a]): IMAGE_SIDE for dims, floating in inputs
+    sides = {str(dims[a]): IMAGE_SIDE for dims, floating in given
              for a in image_axes(dims, floating) if dims[a]}
     return {**lengths, **sides, **bindings}
 
