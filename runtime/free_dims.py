@@ -1,11 +1,13 @@
 """The sizes made-up inputs give a model's free (symbolic) dimensions where nobody said one
-(`--bind`): 1, one sample or one token, except an image's height and width and a
-waveform's length. At 1x1 most vision networks fail: a detector's upsampled features no
-longer line up with the ones it joins them to, a convolution's kernel outgrows its input.
-Those take the side such networks are trained at, 224: ImageNet's, and a multiple of the
-strides and patches they divide it by (32, 16, 14). A speech network's convolutions
-(wav2vec2, HuBERT, WavLM: 400 samples to their first frame) fail on one sample: a
-waveform takes one second at 16 kHz, the rate their processors resample to."""
+(`--bind`): 1, one sample or one token, except an image's or a video's height and width,
+a video's length and a waveform's. At 1x1 most vision networks fail: a detector's
+upsampled features no longer line up with the ones it joins them to, a convolution's
+kernel outgrows its input. Those take the side such networks are trained at, 224:
+ImageNet's, and a multiple of the strides and patches they divide it by (32, 16, 14). A
+video network's first convolution spans 2 or 3 frames: a clip takes 16. A speech
+network's convolutions (wav2vec2, HuBERT, WavLM: 400 samples to their first frame) fail
+on one sample: a waveform takes one second at 16 kHz, the rate their processors resample
+to."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 
 IMAGE_SIDE = 224
+VIDEO_FRAMES = 16  # VideoMAE's and torchvision's video networks' clips
 AUDIO_SAMPLES = 16_000
 _CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
 _LINE = 8  # the least fixed height under which a free width is a text line's
@@ -22,23 +25,36 @@ _LINE = 8  # the least fixed height under which a free width is a text line's
 Dims = Sequence[int | str | None]
 
 
-def image_axes(dims: Dims | None, floating: bool) -> tuple[int, ...]:
-    """An image input's free sides: a float tensor of rank 4, its channels (1, 3 or 4)
-    first (NCHW) or last (NHWC), its height and width free, or its width alone under a
-    text line's height (PP-OCR's recognizers read [N, 3, 48, W]; 1 wide, nothing). Not a
-    free height under a fixed width, nor a width under a height of a few: key caches
-    [batch, heads, past, head size] take those shapes."""
-    if not floating or dims is None or len(dims) != 4:
-        return ()
+def image_axes(dims: Dims | None, floating: bool) -> dict[int, int]:
+    """An image or a video input's free axes and the sizes they are made up at.
+
+    An image: a float tensor of rank 4, its channels (1, 3 or 4) first (NCHW) or last
+    (NHWC), its height and width free, or its width alone under a text line's height
+    (PP-OCR's recognizers read [N, 3, 48, W]; 1 wide, nothing). Not a free height under a
+    fixed width, nor a width under a height of a few: key caches [batch, heads, past, head
+    size] take those shapes. Sides are made up IMAGE_SIDE.
+
+    A video: a float tensor of rank 5, its channels second ([N, C, T, H, W], torchvision's
+    and PyTorchVideo's) or third ([N, T, C, H, W], transformers'), its height and width
+    free, or fixed and equal: sides are made up IMAGE_SIDE, a free length VIDEO_FRAMES."""
+    if not floating or dims is None or len(dims) not in (4, 5):
+        return {}
     sizes = [fixed_size(d) for d in dims]
+    if len(dims) == 5:
+        height, width = sizes[3:]
+        for channels, frames in ((1, 2), (2, 1)):
+            if sizes[channels] in _CHANNELS and height == width:
+                free = {a: IMAGE_SIDE for a in (3, 4) if sizes[a] is None}
+                return free | ({frames: VIDEO_FRAMES} if sizes[frames] is None else {})
+        return {}
     for channels, (height, width) in ((1, (2, 3)), (3, (1, 2))):
         tall = sizes[height]
         if sizes[channels] in _CHANNELS and sizes[width] is None:
             if tall is None:
-                return height, width
+                return {height: IMAGE_SIDE, width: IMAGE_SIDE}
             if tall >= _LINE:
-                return (width,)
-    return ()
+                return {width: IMAGE_SIDE}
+    return {}
 
 
 def fixed_size(dim: int | str | None) -> int | None:
@@ -68,8 +84,8 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str
     named = collections.Counter(d for dims, _ in given for d in set(dims) if d)
     lengths = {name: AUDIO_SAMPLES for dims, floating in given
                if (name := _waveform_length(dims, floating)) and named[name] == 1}
-    sides = {str(dims[a]): IMAGE_SIDE for dims, floating in given
-             for a in image_axes(dims, floating) if dims[a]}
+    sides = {str(dims[a]): size for dims, floating in given
+             for a, size in image_axes(dims, floating).items() if dims[a]}
     return {**lengths, **sides, **bindings}
 
 
@@ -77,10 +93,10 @@ def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default:
                   ) -> tuple[int, ...]:
     """One input's shape: fixed sizes as they are, named ones from `sizes` (`free_sizes`),
     a name that is arithmetic over others or a number (`_computed`), an unnamed image side
-    as IMAGE_SIDE, any other `default`."""
+    or video length as `image_axes` makes it, any other `default`."""
     sides = image_axes(dims, floating)
     return tuple(d if isinstance(d, int) else int(sizes[d]) if d is not None and d in sizes
-                 else _computed(d, sizes, default) or (IMAGE_SIDE if a in sides else default)
+                 else _computed(d, sizes, default) or sides.get(a, default)
                  for a, d in enumerate(dims))
 
 

@@ -16,7 +16,7 @@ from app.cli import main
 from runtime.cost import node_cost
 from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError, PartitionError
-from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE
+from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE, VIDEO_FRAMES
 from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs, random_feeds
@@ -29,6 +29,7 @@ from tests.support.dags import (
     reads_of,
     speech_frontend,
     upsampling_detector,
+    video_stem,
 )
 
 
@@ -258,6 +259,32 @@ def test_a_waveforms_free_length_is_made_up_at_a_second_of_speech(capsys, tmp_pa
     assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
         capsys.readouterr().err
     assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("dims", "frames_first", "shape"), [
+    (["n", 3, "t", "h", "w"], False, (1, 3, VIDEO_FRAMES, IMAGE_SIDE, IMAGE_SIDE)),
+    ([1, "s59", "3", "224", "224"], True, (1, VIDEO_FRAMES, 3, 224, 224)),  # VideoMAE's
+    ([1, "8", "3", "s4", "s17"], True, (1, 8, 3, IMAGE_SIDE, IMAGE_SIDE)),  # TimeSformer's
+], ids=["torchvision", "videomae", "timesformer"])
+def test_a_videos_free_length_and_sides_are_made_up_at_a_clip_networks_take(
+        capsys, tmp_path, dims, frames_first, shape):
+    """Rank 5 was no image: a clip was made up one frame of 1x1 (VideoMAE's export leaves
+    its length free, TimeSformer's its sides), and every request failed."""
+    model = video_stem(dims, frames_first)
+    assert load_graph(model).tensors["clip"].shape == shape
+    path = str(tmp_path / "video.onnx")
+    onnx.save(model, path)
+    assert main(["run", path, "--devices", "cpu:2", "--requests", "2", "--check"]) == 0, \
+        capsys.readouterr().err
+    assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
+def test_a_rank_five_cache_is_no_video():
+    """Stacked keys and values ([2, batch, heads, past, head size]) with 3 or 4 heads."""
+    specs = [InputSpec("kv", np.dtype(np.float32), (2, "batch", 4, "past", 64)),
+             InputSpec("kv_t", np.dtype(np.float32), ("batch", 3, "past", "h", 64))]
+    shapes = {k: v.shape for k, v in random_feeds(specs, np.random.default_rng()).items()}
+    assert shapes == {"kv": (2, 1, 4, 1, 64), "kv_t": (1, 3, 1, 1, 64)}
 
 
 def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, tmp_path):

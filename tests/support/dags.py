@@ -643,6 +643,31 @@ def speech_frontend(dims: Sequence[int | str | None], seed: int = 0) -> onnx.Mod
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
+def video_stem(dims: Sequence[int | str | None], frames_first: bool = False, seed: int = 0
+               ) -> onnx.ModelProto:
+    """A video network's stem in small, on a clip of `dims`: [N, C, T, H, W] (torchvision's
+    layout) or, `frames_first`, [N, T, C, H, W] (transformers'), moved to the former; a
+    3-D convolution over 2 frames and 16x16 patches (VideoMAE's tubelets), averaged. Under
+    2 frames or 16 pixels its kernel outgrows the clip."""
+    rng = np.random.default_rng(seed)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 3, 2, 16, 16)).astype(np.float32),
+                                     "tubelet.w")
+    axes = numpy_helper.from_array(np.array([2, 3, 4], np.int64), "axes")
+    nodes = [helper.make_node("Conv", ["channels_first", "tubelet.w"], ["patches"],
+                              name="tubelet", strides=[2, 16, 16]),
+             helper.make_node("ReduceMean", ["patches", "axes"], ["features"], name="mean",
+                              keepdims=0)]
+    if frames_first:
+        nodes.insert(0, helper.make_node("Transpose", ["clip"], ["channels_first"],
+                                         name="to_nctwh", perm=[0, 2, 1, 3, 4]))
+    else:
+        nodes[0].input[0] = "clip"
+    graph = helper.make_graph(
+        nodes, "video", [helper.make_tensor_value_info("clip", TensorProto.FLOAT, list(dims))],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, None)], [weight, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
 def even_rows_model() -> onnx.ModelProto:
     """x [rows, 4] -> y [rows / 2, 8]: a model taking only some sizes (an even number of
     rows), on which made-up inputs (one row) fail."""
