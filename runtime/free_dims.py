@@ -76,10 +76,10 @@ def _waveform_length(dims: Dims, floating: bool) -> str | None:
 
 def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str, int]
                ) -> dict[str, int]:
-    """Named free dimensions' sizes for inputs given as (dims, floating): `bindings`; the
-    image side for a name an image input has as its height or width, so every input
-    naming it agrees; and a waveform's length for a name no other input has (a text
-    model's float mask shares its tokens' length, or its embeddings')."""
+    """Named free dimensions' sizes for inputs given as (dims, floating): `bindings`; an
+    image's or a video's made-up size (`image_axes`) for a name it has as a side or a
+    length, so every input naming it agrees; and a waveform's length for a name no other
+    input has (a text model's float mask shares its tokens' length, or its embeddings')."""
     given: list[tuple[Dims, bool]] = [(dims or (), floating) for dims, floating in inputs]
     named = collections.Counter(d for dims, _ in given for d in set(dims) if d)
     lengths = {name: AUDIO_SAMPLES for dims, floating in given
