@@ -29,25 +29,31 @@ def image_axes(dims: Dims | None, floating: bool) -> dict[int, int]:
     """An image or a video input's free axes and the sizes they are made up at.
 
     An image: a float tensor of rank 4, its channels (1, 3 or 4) first (NCHW) or last
-    (NHWC), its height and width free, or its width alone under a text line's height
-    (PP-OCR's recognizers read [N, 3, 48, W]; 1 wide, nothing). Not a free height under a
-    fixed width, nor a width under a height of a few: key caches [batch, heads, past, head
-    size] take those shapes. Sides are made up IMAGE_SIDE.
+    (NHWC), or of rank 3 without the batch, channels first (CHW: torchvision's detectors
+    and the model zoo's Faster and Mask R-CNN take one image so), its height and width
+    free, or its width alone under a text line's height (PP-OCR's recognizers read [N, 3,
+    48, W]; 1 wide, nothing). Not a free height under a fixed width, nor a width under a
+    height of a few: key caches [batch, heads, past, head size] take those shapes. Sides
+    are made up IMAGE_SIDE.
 
     A video: a float tensor of rank 5, its channels second ([N, C, T, H, W], torchvision's
     and PyTorchVideo's) or third ([N, T, C, H, W], transformers'), its height and width
     free, or fixed and equal: sides are made up IMAGE_SIDE, a free length VIDEO_FRAMES."""
-    if not floating or dims is None or len(dims) not in (4, 5):
+    if not floating or dims is None or len(dims) not in (3, 4, 5):
         return {}
     sizes = [fixed_size(d) for d in dims]
-    if len(dims) == 5:
+    if len(dims) == 3:  # one image, no batch: [C, H, W]
+        layouts: tuple[tuple[int, tuple[int, int]], ...] = ((0, (1, 2)),)
+    elif len(dims) == 4:
+        layouts = ((1, (2, 3)), (3, (1, 2)))
+    else:
         height, width = sizes[3:]
         for channels, frames in ((1, 2), (2, 1)):
             if sizes[channels] in _CHANNELS and height == width:
                 free = {a: IMAGE_SIDE for a in (3, 4) if sizes[a] is None}
                 return free | ({frames: VIDEO_FRAMES} if sizes[frames] is None else {})
         return {}
-    for channels, (height, width) in ((1, (2, 3)), (3, (1, 2))):
+    for channels, (height, width) in layouts:
         tall = sizes[height]
         if sizes[channels] in _CHANNELS and sizes[width] is None:
             if tall is None:

@@ -220,13 +220,18 @@ def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networ
     assert bound["tokens"].shape == (1, 7)
 
 
+@pytest.mark.parametrize(("dims", "shape"), [
+    (["s99", "3", "s100", "s4"], (1, 3, IMAGE_SIDE, IMAGE_SIDE)),
+    ([3, "height", "width"], (3, IMAGE_SIDE, IMAGE_SIDE)),
+], ids=["dynamo", "one_image"])
 def test_an_image_whose_channels_are_named_by_a_number_is_made_up_at_a_side_networks_take(
-        capsys, tmp_path):
+        capsys, tmp_path, dims, shape):
     """torch's dynamo exporter names an image's every dimension, its channels by their
     number (`[s99, "3", s100, s4]`): read as no image, the sides were made up 1 wide and
-    an EfficientNet export failed every request, as this detector did."""
-    model = upsampling_detector(["s99", "3", "s100", "s4"])
-    assert load_graph(model).tensors["image"].shape == (1, 3, IMAGE_SIDE, IMAGE_SIDE)
+    an EfficientNet export failed every request, as this detector did. Nor was one image
+    without a batch ([3, height, width], as the model zoo's Faster R-CNN takes it)."""
+    model = upsampling_detector(dims)
+    assert load_graph(model).tensors["image"].shape == shape
     specs = [InputSpec("nhwc", np.dtype(np.float32), ("n", "h", "w", "4")),
              InputSpec("keys", np.dtype(np.float32), ("n", "4", "past", "64"))]
     shapes = {k: v.shape for k, v in random_feeds(specs, np.random.default_rng()).items()}

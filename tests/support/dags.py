@@ -602,22 +602,28 @@ def order_of(graph, devices, mode: str) -> list[str]:
 
 
 def upsampling_detector(dims: Sequence[int | str | None], seed: int = 0) -> onnx.ModelProto:
-    """A detector's neck in small, on an NCHW image of `dims` (3 channels): features at half
-    the side, upsampled and joined to full-side features along the channels, as YOLO's
-    necks join theirs. At a side of 1 the two no longer line up and the Concat fails."""
+    """A detector's neck in small, on an NCHW image of `dims` (3 channels; or CHW, one image,
+    as torchvision's detectors take it): features at half the side, upsampled and joined to
+    full-side features along the channels, as YOLO's necks join theirs. At a side of 1 the
+    two no longer line up and the Concat fails."""
     rng = np.random.default_rng(seed)
     weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
                for name, shape in (("down.w", (8, 3, 3, 3)), ("side.w", (8, 3, 1, 1)))]
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
-    nodes = [helper.make_node("Conv", ["image", "down.w"], ["down"], name="down", strides=[2, 2],
+    batch = numpy_helper.from_array(np.array([0], np.int64), "batch")
+    seen = "image" if len(dims) == 4 else "batched"
+    nodes = [helper.make_node("Conv", [seen, "down.w"], ["down"], name="down", strides=[2, 2],
                               pads=[1, 1, 1, 1]),
              helper.make_node("Resize", ["down", "", "scales"], ["up"], name="up",
                               mode="nearest"),
-             helper.make_node("Conv", ["image", "side.w"], ["side"], name="side"),
+             helper.make_node("Conv", [seen, "side.w"], ["side"], name="side"),
              helper.make_node("Concat", ["up", "side"], ["joined"], name="join", axis=1)]
+    if len(dims) == 3:
+        nodes.insert(0, helper.make_node("Unsqueeze", ["image", "batch"], [seen], name="one"))
     graph = helper.make_graph(
         nodes, "neck", [helper.make_tensor_value_info("image", TensorProto.FLOAT, list(dims))],
-        [helper.make_tensor_value_info("joined", TensorProto.FLOAT, None)], [*weights, scales])
+        [helper.make_tensor_value_info("joined", TensorProto.FLOAT, None)],
+        [*weights, scales, batch])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
