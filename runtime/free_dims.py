@@ -80,19 +80,25 @@ def _waveform_length(dims: Dims, floating: bool) -> str | None:
     return None if _computed(name, {}, 1) is not None or not name.strip() else name
 
 
-def free_sizes(inputs: Iterable[tuple[Dims | None, bool]], bindings: Mapping[str, int]
-               ) -> dict[str, int]:
-    """Named free dimensions' sizes for inputs given as (dims, floating): `bindings`; an
-    image's or a video's made-up size (`image_axes`) for a name it has as a side or a
-    length, so every input naming it agrees; and a waveform's length for a name no other
-    input has (a text model's float mask shares its tokens' length, or its embeddings')."""
-    given: list[tuple[Dims, bool]] = [(dims or (), floating) for dims, floating in inputs]
-    named = collections.Counter(d for dims, _ in given for d in set(dims) if d)
-    lengths = {name: AUDIO_SAMPLES for dims, floating in given
-               if (name := _waveform_length(dims, floating)) and named[name] == 1}
-    sides = {str(dims[a]): size for dims, floating in given
-             for a, size in image_axes(dims, floating).items() if dims[a]}
-    return {**lengths, **sides, **bindings}
+def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
+               bindings: Mapping[str, int], default: int = 1) -> dict[str, int]:
+    """Named free dimensions' sizes for inputs given as (dims, floating, least: axis ->
+    the least size the graph reads it at): `bindings`; an image's or a video's made-up
+    size (`image_axes`) for a name it has as a side or a length, so every input naming it
+    agrees; a waveform's length for a name no other input has (a text model's float mask
+    shares its tokens' length, or its embeddings'); and no name under its least."""
+    given = [(dims or (), floating, least) for dims, floating, least in inputs]
+    named = collections.Counter(d for dims, _, _ in given for d in set(dims) if d)
+    sizes = {name: AUDIO_SAMPLES for dims, floating, _ in given
+             if (name := _waveform_length(dims, floating)) and named[name] == 1}
+    sizes |= {str(dims[a]): size for dims, floating, _ in given
+              for a, size in image_axes(dims, floating).items() if dims[a]}
+    for dims, _, least in given:
+        for a, size in least.items():
+            dim = dims[a] if a < len(dims) else None
+            if isinstance(dim, str) and _computed(dim, {}, default) is None:
+                sizes[dim] = max(sizes.get(dim, default), size)
+    return {**sizes, **bindings}
 
 
 def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default: int = 1

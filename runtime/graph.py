@@ -549,6 +549,28 @@ def _shaped_inputs(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto
                                for d in tensor.shape.dim), tensor.elem_type in FLOATS
 
 
+def indexed_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
+    """Input -> axis -> the least size a Gather reading the input at constant indices along
+    that axis takes. LayoutLM's dynamo export leaves its boxes' last dimension free
+    ([batch, sequence, s57]) and reads it at 0 to 3: made up 1 wide, every request failed."""
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input
+             if v.type.tensor_type.HasField("shape")}
+    constants = {t.name: t for t in graph.initializer if stored_at(t) is None}
+    least: dict[str, dict[int, int]] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or node.domain not in DEFAULT_DOMAINS or \
+                node.input[0] not in ranks or node.input[1] not in constants:
+            continue
+        indices = numpy_helper.to_array(constants[node.input[1]])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % max(
+            ranks[node.input[0]], 1)
+        if indices.size and indices.dtype.kind in "iu":
+            size = max(int(indices.max()) + 1, -int(indices.min()))
+            axes = least.setdefault(node.input[0], {})
+            axes[axis] = max(axes.get(axis, 1), size)
+    return least
+
+
 def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int
                  ) -> onnx.ModelProto:
     """A copy of `model` whose inputs have the shapes the graph is costed at, the ones
@@ -650,8 +672,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     report = fold_constants(model) if fold else FoldReport()
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})
-    sizes = free_sizes(((dims, floating) for _, dims, floating in _shaped_inputs(model)),
-                       bindings)
+    least = indexed_sizes(model.graph)
+    sizes = free_sizes(((dims, floating, least.get(value.name, {}))
+                        for value, dims, floating in _shaped_inputs(model)), bindings, default_dim)
     shapes = inferable(model)
     declared = _infer(shapes)
     bound = _infer(_bound_model(shapes, sizes, default_dim))

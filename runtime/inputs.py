@@ -99,6 +99,9 @@ class InputSpec:
     # the only values the one-hot encoders reading it take (scikit-learn's default refuses
     # any other), one list for every element or one per column: made-up values come from them
     categories: tuple[tuple[int | str, ...], ...] | None = None
+    # (axis, the least size the model reads it at: `graph.indexed_sizes`): made-up sizes
+    # take it
+    least: tuple[tuple[int, int], ...] = ()
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
 
     def accepts(self, array: np.ndarray) -> bool:
@@ -136,6 +139,8 @@ class InputSpec:
             out["rows"] = self.rows
         if self.categories is not None:
             out["categories"] = [list(c) for c in self.categories]
+        if self.least:
+            out["least"] = [list(pair) for pair in self.least]
         return out
 
     @classmethod
@@ -147,7 +152,8 @@ class InputSpec:
             data.get("type") or {"kind": kind})
         return cls(data["name"], np.dtype(data["dtype"]) if data.get("dtype") else None,
                    None if dims is None else tuple(dims), structured, data.get("rows"),
-                   tuple(map(tuple, data["categories"])) if data.get("categories") else None)
+                   tuple(map(tuple, data["categories"])) if data.get("categories") else None,
+                   tuple((int(axis), int(size)) for axis, size in data.get("least") or ()))
 
 
 @dataclass(frozen=True)
@@ -182,10 +188,13 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
+    from runtime.graph import indexed_sizes
+
     specs = tensor_specs(graph, graph.inputs)
     rows, categories = value_limits(graph, specs)
-    return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name))
-            for s in specs]
+    least = indexed_sizes(graph.model.graph)
+    return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name),
+                      tuple(least.get(s.name, {}).items())) for s in specs]
 
 
 # ops whose first input's values pass on unchanged (some of them, for a Gather's data)
@@ -504,8 +513,8 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
                  ) -> dict[str, np.ndarray]:
     """Random feeds of the right dtype and shape; symbolic dims from `bindings`, else as
     `free_dims` makes them up (`default_dim`, an image's sides IMAGE_SIDE)."""
-    sizes = free_sizes(((s.dims, s.dtype is None or s.dtype.kind == "f") for s in specs
-                        if s.type is None), bindings or {})
+    sizes = free_sizes(((s.dims, s.dtype is None or s.dtype.kind == "f", dict(s.least))
+                        for s in specs if s.type is None), bindings or {}, default_dim)
     feeds: dict[str, Any] = {}
     for spec in specs:
         if spec.type is not None:

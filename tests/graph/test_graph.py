@@ -24,6 +24,7 @@ from runtime.run_sizes import run_sizes
 from tests.support.dags import (
     SAMPLE_NAMES,
     SAMPLES_DIR,
+    box_reader,
     dag_models,
     random_dag_model,
     reads_of,
@@ -290,6 +291,24 @@ def test_a_rank_five_cache_is_no_video():
              InputSpec("kv_t", np.dtype(np.float32), ("batch", 3, "past", "h", 64))]
     shapes = {k: v.shape for k, v in random_feeds(specs, np.random.default_rng()).items()}
     assert shapes == {"kv": (2, 1, 4, 1, 64), "kv_t": (1, 3, 1, 1, 64)}
+
+
+def test_a_free_dimension_read_at_constant_indices_is_made_up_wide_enough(capsys, tmp_path):
+    """LayoutLM's dynamo export leaves its boxes' 4 corners free ([s0, s45, s57]) and reads
+    them at 0 to 3: made up 1 wide, every request failed. So did its bundle's."""
+    model = box_reader(["batch", "boxes", "corners"])
+    assert load_graph(model).tensors["boxes"].shape == (1, 1, 4)
+    assert load_graph(model, bindings={"corners": 6}).tensors["boxes"].shape == (1, 1, 6)
+    [spec] = input_specs(load_graph(model))
+    assert random_feeds([spec], np.random.default_rng())["boxes"].shape == (1, 1, 4)
+    path, bundle = str(tmp_path / "boxes.onnx"), str(tmp_path / "boxes.prism")
+    onnx.save(model, path)
+    assert main(["compile", path, "--devices", "cpu:2", "-o", bundle]) == 0
+    for source in (path, bundle):
+        capsys.readouterr()
+        assert main(["run", source, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
+            capsys.readouterr().err
+        assert "every output matches onnxruntime" in capsys.readouterr().out
 
 
 def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, tmp_path):

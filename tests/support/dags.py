@@ -674,6 +674,21 @@ def video_stem(dims: Sequence[int | str | None], frames_first: bool = False, see
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
+def box_reader(dims: Sequence[int | str | None]) -> onnx.ModelProto:
+    """Boxes of `dims` ([batch, boxes, corners]: LayoutLM's, whose dynamo export leaves the
+    4 corners free) read at constant indices along the last axis, 3 and -4: a box's width.
+    Under 4 corners the Gathers fail."""
+    indices = [numpy_helper.from_array(np.array(i, np.int64), n) for n, i in (("right", 3),
+                                                                            ("left", -4))]
+    nodes = [helper.make_node("Gather", ["boxes", "right"], ["x1"], name="x1", axis=2),
+             helper.make_node("Gather", ["boxes", "left"], ["x0"], name="x0", axis=-1),
+             helper.make_node("Sub", ["x1", "x0"], ["width"], name="width")]
+    graph = helper.make_graph(
+        nodes, "boxes", [helper.make_tensor_value_info("boxes", TensorProto.INT64, list(dims))],
+        [helper.make_tensor_value_info("width", TensorProto.INT64, None)], indices)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
 def even_rows_model() -> onnx.ModelProto:
     """x [rows, 4] -> y [rows / 2, 8]: a model taking only some sizes (an even number of
     rows), on which made-up inputs (one row) fail."""
