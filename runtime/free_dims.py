@@ -91,8 +91,11 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
     named = collections.Counter(d for dims, _, _ in given for d in set(dims) if d)
     sizes = {name: AUDIO_SAMPLES for dims, floating, _ in given
              if (name := _waveform_length(dims, floating)) and named[name] == 1}
-    sizes |= {str(dims[a]): size for dims, floating, _ in given
-              for a, size in image_axes(dims, floating).items() if dims[a]}
+    # an image's channels may be free, sized by the convolution reading them
+    sizes |= {str(dims[a]): size for dims, floating, least in given
+              for a, size in image_axes([least.get(a, d) if isinstance(d, str) else d
+                                         for a, d in enumerate(dims)], floating).items()
+              if dims[a]}
     for dims, _, least in given:
         for a, size in least.items():
             dim = dims[a] if a < len(dims) else None

@@ -549,25 +549,54 @@ def _shaped_inputs(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto
                                for d in tensor.shape.dim), tensor.elem_type in FLOATS
 
 
-def indexed_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
-    """Input -> axis -> the least size a Gather reading the input at constant indices along
-    that axis takes. LayoutLM's dynamo export leaves its boxes' last dimension free
-    ([batch, sequence, s57]) and reads it at 0 to 3: made up 1 wide, every request failed."""
+# ops a convolution's input may pass through from a graph input, its channels on the axis
+# they were (a normalisation: (x - mean) / std; a cast)
+_SAME_AXES = frozenset({"Cast", "Identity", "Sub", "Div", "Mul", "Add", "Neg", "Clip", "Relu"})
+_LEAST_MOST = 1 << 16
+
+
+def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
+    """Input -> axis -> the least size the graph reads it at:
+    - a Gather at constant indices along it (LayoutLM's dynamo export leaves its boxes'
+      last dimension free, [batch, sequence, s57], and reads it at 0 to 3);
+    - a convolution's input channels, the input read directly, normalised or transposed
+      (optimum names an image's channels too: [batch_size, num_channels, height, width]).
+    Made up 1 wide, every request of such a network failed."""
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input
              if v.type.tensor_type.HasField("shape")}
-    constants = {t.name: t for t in graph.initializer if stored_at(t) is None}
+    weights = {t.name: t for t in graph.initializer}
+    made_by = {out: node for node in graph.node for out in node.output}
     least: dict[str, dict[int, int]] = {}
-    for node in graph.node:
-        if node.op_type != "Gather" or node.domain not in DEFAULT_DOMAINS or \
-                node.input[0] not in ranks or node.input[1] not in constants:
-            continue
-        indices = numpy_helper.to_array(constants[node.input[1]])
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % max(
-            ranks[node.input[0]], 1)
-        if indices.size and indices.dtype.kind in "iu":
-            size = max(int(indices.max()) + 1, -int(indices.min()))
-            axes = least.setdefault(node.input[0], {})
+
+    def need(name: str, axis: int, size: int) -> None:
+        if size <= _LEAST_MOST:  # past it, a made-up input would not fit in memory
+            axes = least.setdefault(name, {})
             axes[axis] = max(axes.get(axis, 1), size)
+
+    for node in graph.node:
+        if node.op_type not in ("Gather", "Conv") or node.domain not in DEFAULT_DOMAINS or \
+                len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        ints = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        if node.op_type == "Gather" and node.input[0] in ranks and \
+                stored_at(weights[node.input[1]]) is None:
+            indices = numpy_helper.to_array(weights[node.input[1]])
+            if indices.size and indices.dtype.kind in "iu":
+                need(node.input[0], ints.get("axis", 0) % max(ranks[node.input[0]], 1),
+                     max(int(indices.max()) + 1, -int(indices.min())))
+        elif node.op_type == "Conv" and len(weights[node.input[1]].dims) > 1:
+            name, axis = node.input[0], 1
+            while name not in ranks and name in made_by:
+                step = made_by[name]
+                perm = next((list(a.ints) for a in step.attribute if a.name == "perm"), [])
+                if step.op_type == "Transpose" and axis < len(perm):
+                    axis = perm[axis]
+                elif step.op_type not in _SAME_AXES or \
+                        sum(t not in weights for t in step.input if t) != 1:
+                    break
+                name = next(t for t in step.input if t and t not in weights)
+            if name in ranks and 0 <= axis < ranks[name]:
+                need(name, axis, weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
     return least
 
 
@@ -672,7 +701,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     report = fold_constants(model) if fold else FoldReport()
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})
-    least = indexed_sizes(model.graph)
+    least = least_sizes(model.graph)
     sizes = free_sizes(((dims, floating, least.get(value.name, {}))
                         for value, dims, floating in _shaped_inputs(model)), bindings, default_dim)
     shapes = inferable(model)

@@ -99,7 +99,7 @@ class InputSpec:
     # the only values the one-hot encoders reading it take (scikit-learn's default refuses
     # any other), one list for every element or one per column: made-up values come from them
     categories: tuple[tuple[int | str, ...], ...] | None = None
-    # (axis, the least size the model reads it at: `graph.indexed_sizes`): made-up sizes
+    # (axis, the least size the model reads it at: `graph.least_sizes`): made-up sizes
     # take it
     least: tuple[tuple[int, int], ...] = ()
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
@@ -188,11 +188,11 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
-    from runtime.graph import indexed_sizes
+    from runtime.graph import least_sizes
 
     specs = tensor_specs(graph, graph.inputs)
     rows, categories = value_limits(graph, specs)
-    least = indexed_sizes(graph.model.graph)
+    least = least_sizes(graph.model.graph)
     return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name),
                       tuple(least.get(s.name, {}).items())) for s in specs]
 

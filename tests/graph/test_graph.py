@@ -17,7 +17,7 @@ from runtime.cost import node_cost
 from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError, PartitionError
 from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE, VIDEO_FRAMES
-from runtime.graph import Graph, load_graph
+from runtime.graph import Graph, least_sizes, load_graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs, random_feeds
 from runtime.run_sizes import run_sizes
@@ -224,13 +224,16 @@ def test_an_images_free_height_and_width_are_costed_and_made_up_at_a_side_networ
 @pytest.mark.parametrize(("dims", "shape"), [
     (["s99", "3", "s100", "s4"], (1, 3, IMAGE_SIDE, IMAGE_SIDE)),
     ([3, "height", "width"], (3, IMAGE_SIDE, IMAGE_SIDE)),
-], ids=["dynamo", "one_image"])
+    (["batch_size", "num_channels", "height", "width"], (1, 3, IMAGE_SIDE, IMAGE_SIDE)),
+], ids=["dynamo", "one_image", "optimum"])
 def test_an_image_whose_channels_are_named_by_a_number_is_made_up_at_a_side_networks_take(
         capsys, tmp_path, dims, shape):
     """torch's dynamo exporter names an image's every dimension, its channels by their
     number (`[s99, "3", s100, s4]`): read as no image, the sides were made up 1 wide and
     an EfficientNet export failed every request, as this detector did. Nor was one image
-    without a batch ([3, height, width], as the model zoo's Faster R-CNN takes it)."""
+    without a batch ([3, height, width], as the model zoo's Faster R-CNN takes it), nor
+    one whose channels are free, sized by the convolution reading them (optimum's exports:
+    [batch_size, num_channels, height, width], made up 1x1x1x1)."""
     model = upsampling_detector(dims)
     assert load_graph(model).tensors["image"].shape == shape
     specs = [InputSpec("nhwc", np.dtype(np.float32), ("n", "h", "w", "4")),
@@ -309,6 +312,24 @@ def test_a_free_dimension_read_at_constant_indices_is_made_up_wide_enough(capsys
         assert main(["run", source, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
             capsys.readouterr().err
         assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
+def test_a_convolutions_channels_are_the_least_its_input_is_read_at():
+    """Through a transpose (NHWC in) and a normalisation, and in groups (a depthwise
+    convolution reads 4 channels, 1 per group)."""
+    f = TensorProto.FLOAT
+    weights = [numpy_helper.from_array(np.zeros(shape, np.float32), name) for name, shape in
+               (("w", (8, 3, 3, 3)), ("dw", (4, 1, 3, 3)), ("mean", (1, 3, 1, 1)))]
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["nhwc"], ["nchw"], perm=[0, 3, 1, 2]),
+         helper.make_node("Sub", ["nchw", "mean"], ["centred"]),
+         helper.make_node("Conv", ["centred", "w"], ["y"]),
+         helper.make_node("Conv", ["planes", "dw"], ["z"], group=4)], "convs",
+        [helper.make_tensor_value_info("nhwc", f, ["n", "h", "w", "c"]),
+         helper.make_tensor_value_info("planes", f, ["n", "c2", "h", "w"])],
+        [helper.make_tensor_value_info("y", f, None), helper.make_tensor_value_info("z", f, None)],
+        weights)
+    assert least_sizes(graph) == {"nhwc": {3: 3}, "planes": {1: 4}}
 
 
 def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, tmp_path):
