@@ -586,15 +586,19 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                      max(int(indices.max()) + 1, -int(indices.min())))
         elif node.op_type == "Conv" and len(weights[node.input[1]].dims) > 1:
             name, axis = node.input[0], 1
-            while name not in ranks and name in made_by:
-                step = made_by[name]
-                perm = next((list(a.ints) for a in step.attribute if a.name == "perm"), [])
-                if step.op_type == "Transpose" and axis < len(perm):
-                    axis = perm[axis]
-                elif step.op_type not in _SAME_AXES or \
-                        sum(t not in weights for t in step.input if t) != 1:
+            for _ in graph.node:  # a walk back, bounded however the graph is made
+                step = made_by.get(name)
+                if name in ranks or step is None:
                     break
-                name = next(t for t in step.input if t and t not in weights)
+                read = [t for t in step.input if t and t not in weights]
+                perm = [list(a.ints) for a in step.attribute if a.name == "perm"]
+                if len(read) != 1:
+                    break
+                if step.op_type == "Transpose" and perm and axis < len(perm[0]):
+                    axis = perm[0][axis]
+                elif step.op_type not in _SAME_AXES:
+                    break
+                name = read[0]
             if name in ranks and 0 <= axis < ranks[name]:
                 need(name, axis, weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
     return least

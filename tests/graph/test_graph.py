@@ -316,7 +316,8 @@ def test_a_free_dimension_read_at_constant_indices_is_made_up_wide_enough(capsys
 
 def test_a_convolutions_channels_are_the_least_its_input_is_read_at():
     """Through a transpose (NHWC in) and a normalisation, and in groups (a depthwise
-    convolution reads 4 channels, 1 per group)."""
+    convolution reads 4 channels, 1 per group); a convolution of weights alone says
+    nothing of the inputs."""
     f = TensorProto.FLOAT
     weights = [numpy_helper.from_array(np.zeros(shape, np.float32), name) for name, shape in
                (("w", (8, 3, 3, 3)), ("dw", (4, 1, 3, 3)), ("mean", (1, 3, 1, 1)))]
@@ -324,11 +325,12 @@ def test_a_convolutions_channels_are_the_least_its_input_is_read_at():
         [helper.make_node("Transpose", ["nhwc"], ["nchw"], perm=[0, 3, 1, 2]),
          helper.make_node("Sub", ["nchw", "mean"], ["centred"]),
          helper.make_node("Conv", ["centred", "w"], ["y"]),
-         helper.make_node("Conv", ["planes", "dw"], ["z"], group=4)], "convs",
+         helper.make_node("Conv", ["planes", "dw"], ["z"], group=4),
+         helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0, 2, 3]),
+         helper.make_node("Conv", ["wt", "w"], ["of_weights"])], "convs",
         [helper.make_tensor_value_info("nhwc", f, ["n", "h", "w", "c"]),
          helper.make_tensor_value_info("planes", f, ["n", "c2", "h", "w"])],
-        [helper.make_tensor_value_info("y", f, None), helper.make_tensor_value_info("z", f, None)],
-        weights)
+        [helper.make_tensor_value_info(t, f, None) for t in ("y", "z", "of_weights")], weights)
     assert least_sizes(graph) == {"nhwc": {3: 3}, "planes": {1: 4}}
 
 
