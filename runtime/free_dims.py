@@ -15,6 +15,7 @@ import ast
 import collections
 import operator
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeGuard
 
 IMAGE_SIDE = 224
 VIDEO_FRAMES = 16  # VideoMAE's and torchvision's video networks' clips
@@ -74,10 +75,13 @@ def fixed_size(dim: int | str | None) -> int | None:
 def _waveform_length(dims: Dims, floating: bool) -> str | None:
     """A waveform input's length, [batch, samples]: the name of a float tensor's second
     and last dimension, or None."""
-    if not floating or len(dims) != 2 or not isinstance(dims[1], str):
-        return None
-    name = dims[1]
-    return None if _computed(name, {}, 1) is not None or not name.strip() else name
+    name = dims[1] if floating and len(dims) == 2 else None
+    return name if _plain(name) else None
+
+
+def _plain(dim: int | str | None) -> TypeGuard[str]:
+    """Is `dim` a free dimension's own name, not a size, a sum or a number?"""
+    return isinstance(dim, str) and bool(dim.strip()) and _computed(dim, {}, 1) is None
 
 
 def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
@@ -99,7 +103,7 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
     for dims, _, least in given:
         for a, size in least.items():
             dim = dims[a] if a < len(dims) else None
-            if isinstance(dim, str) and _computed(dim, {}, default) is None:
+            if _plain(dim):
                 sizes[dim] = max(sizes.get(dim, default), size)
     return {**sizes, **bindings}
 

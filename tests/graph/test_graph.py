@@ -34,6 +34,14 @@ from tests.support.dags import (
 )
 
 
+def _runs_as_onnxruntime(capsys, source: str, requests: int = 3) -> None:
+    """`prism run --check` of `source` on made-up inputs succeeds, every answer as
+    onnxruntime's."""
+    assert main(["run", source, "--devices", "cpu:2", "--requests", str(requests),
+                 "--check"]) == 0, capsys.readouterr().err
+    assert "every output matches onnxruntime" in capsys.readouterr().out
+
+
 def summary(g: Graph) -> list[tuple]:
     return [(n.name, n.op_type, n.inputs, n.outputs, n.outer_inputs, n.index) for n in g.nodes]
 
@@ -242,9 +250,7 @@ def test_an_image_whose_channels_are_named_by_a_number_is_made_up_at_a_side_netw
     assert shapes == {"nhwc": (1, IMAGE_SIDE, IMAGE_SIDE, 4), "keys": (1, 4, 1, 64)}
     path = str(tmp_path / "dynamo_style.onnx")
     onnx.save(model, path)
-    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
-        capsys.readouterr().err
-    assert "every output matches onnxruntime" in capsys.readouterr().out
+    _runs_as_onnxruntime(capsys, path)
 
 
 def test_a_waveforms_free_length_is_made_up_at_a_second_of_speech(capsys, tmp_path):
@@ -265,9 +271,7 @@ def test_a_waveforms_free_length_is_made_up_at_a_second_of_speech(capsys, tmp_pa
                       "unnamed": (1, 1), "clip": (1, AUDIO_SAMPLES)}
     path = str(tmp_path / "speech.onnx")
     onnx.save(model, path)
-    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
-        capsys.readouterr().err
-    assert "every output matches onnxruntime" in capsys.readouterr().out
+    _runs_as_onnxruntime(capsys, path)
 
 
 @pytest.mark.parametrize(("dims", "frames_first", "shape"), [
@@ -283,9 +287,7 @@ def test_a_videos_free_length_and_sides_are_made_up_at_a_clip_networks_take(
     assert load_graph(model).tensors["clip"].shape == shape
     path = str(tmp_path / "video.onnx")
     onnx.save(model, path)
-    assert main(["run", path, "--devices", "cpu:2", "--requests", "2", "--check"]) == 0, \
-        capsys.readouterr().err
-    assert "every output matches onnxruntime" in capsys.readouterr().out
+    _runs_as_onnxruntime(capsys, path, requests=2)
 
 
 def test_a_rank_five_cache_is_no_video():
@@ -309,9 +311,7 @@ def test_a_free_dimension_read_at_constant_indices_is_made_up_wide_enough(capsys
     assert main(["compile", path, "--devices", "cpu:2", "-o", bundle]) == 0
     for source in (path, bundle):
         capsys.readouterr()
-        assert main(["run", source, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
-            capsys.readouterr().err
-        assert "every output matches onnxruntime" in capsys.readouterr().out
+        _runs_as_onnxruntime(capsys, source)
 
 
 def test_a_convolutions_channels_are_the_least_its_input_is_read_at():
@@ -344,9 +344,7 @@ def test_a_dimension_declared_minus_one_is_free_as_onnxruntime_reads_it(capsys, 
     assert loaded.tensors["image"].shape == (1, 3, IMAGE_SIDE, IMAGE_SIDE)
     path = str(tmp_path / "paddle_style.onnx")
     onnx.save(model, path)
-    assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
-        capsys.readouterr().err
-    assert "every output matches onnxruntime" in capsys.readouterr().out
+    _runs_as_onnxruntime(capsys, path)
 
 
 def test_a_dimension_named_as_a_sum_of_others_is_made_up_as_their_sum(capsys, tmp_path):
