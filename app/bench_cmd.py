@@ -13,9 +13,9 @@ from rich.text import Text
 
 from app.arguments import load_options, run_devices
 from app.console import plain_console
+from app.given_inputs import given_inputs
 from app.loadgen import LoadGenerator, plain_onnxruntime
 from app.measuring import add_network_measuring
-from app.run_cmd import given_inputs
 from runtime.errors import PrismError
 from runtime.host import HostManager
 from runtime.units import human_seconds

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from app.arguments import network_options
 from app.console import plain_console
+from app.given_inputs import given_inputs
 from app.measuring import measuring
 from runtime.bundle.contents import export_onnx
 from runtime.bundle.writer import Compiled, compile_bundle
@@ -55,6 +56,7 @@ def summary_lines(compiled: Compiled) -> list[str]:
 def compile_command(args: argparse.Namespace) -> int:
     options = network_options(args)
     devices = parse_devices(args.devices)
+    given_inputs(args, options)
     with measuring(plain_console(stderr=True)) as report:
         compiled = compile_bundle(args.model, devices, args.output,
                                   name=Path(args.model).stem, on_progress=report, **options)

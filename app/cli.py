@@ -119,6 +119,13 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
     _add_ray_arg(parser)
 
 
+def _add_sample_inputs_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inputs", metavar="FILE.npz",
+                        help="one request's feeds: the plan is costed at their shapes and "
+                             "measured on their values (a model that takes only some sizes "
+                             "or values)")
+
+
 def _add_costs_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", choices=("measured", "model"), default=None,
                         help="what plans are made with: measured (default: cpu and ray "
@@ -191,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     part = sub.add_parser("partition", help="plan how a model splits over devices")
     _add_model_args(part)
+    _add_sample_inputs_arg(part)
     part.add_argument("--json", action="store_true", help="print the plan as JSON")
     part.add_argument("--dot", metavar="FILE", help="write the plan as Graphviz to FILE")
     part.add_argument("--steps", action="store_true", help="print every partitioner step")
@@ -210,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
     run.add_argument("--trace", metavar="FILE.json",
                      help="write a Chrome trace of the run (Perfetto, chrome://tracing)")
-    run.add_argument("--inputs", metavar="FILE.npz", help="feeds to use instead of random ones")
+    run.add_argument("--inputs", metavar="FILE.npz",
+                     help="feeds to send instead of random ones; a model is costed at their "
+                          "shapes and measured on their values")
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
     _add_serving_args(run)
@@ -383,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="partition and compile a model ahead of time into "
                                           "one bundle file (NAME.prism)")
     _add_model_args(comp)
+    _add_sample_inputs_arg(comp)
     _add_serving_args(comp)
     comp.add_argument("-o", "--output", required=True, metavar="NAME.prism",
                       help="the bundle to write")

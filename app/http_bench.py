@@ -29,7 +29,7 @@ from rich import box
 from rich.table import Table
 
 from app.console import plain_console, progress_on
-from app.run_cmd import read_inputs
+from app.given_inputs import read_inputs
 from app.server.tensors import DTYPES, to_bytes
 from runtime.errors import PrismError
 from runtime.inputs import InputSpec, random_feeds

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from app.arguments import load, mode_and_map, output_file, writing
 from app.console import plain_console
+from app.given_inputs import graph_given_inputs
 from app.measuring import measuring
 from runtime.errors import PrismError
 from runtime.graph import Graph
@@ -91,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
     mode, user_map = mode_and_map(args.partition)
     dot = output_file(args.dot, "--dot") if args.dot else None
     graph, devices = load(args)
+    graph, feeds = graph_given_inputs(args, graph, graph.bindings or None)
     with measuring(plain_console(stderr=True)) as progress:
         steps, plan = plan_network(graph, devices, user_map or mode, annotations=args.annotate,
                                    fallback=args.fallback, costs=args.costs,
-                                   on_progress=progress)
+                                   on_progress=progress, sample_feeds=feeds)
     if args.steps and not args.json:
         for step in steps:
             console.print(Text.assemble((f"{step.index:>5}", "dim"),

@@ -6,11 +6,9 @@ import argparse
 import math
 import threading
 import time
-import zlib
 from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
-from zipfile import BadZipFile
 
 import numpy as np
 from rich import box
@@ -19,15 +17,14 @@ from rich.table import Table
 
 from app.arguments import load_options, output_file, run_devices, writing
 from app.console import plain_console, progress_on
+from app.given_inputs import given_inputs
 from app.loadgen import LoadGenerator, LoadStats
 from app.measuring import add_network_measuring
-from runtime.bundle.reader import is_bundle, read_bundle
 from runtime.devices.ort.sessions import cpu_session
-from runtime.errors import InvalidInputError, PrismError, ProvisionError, first_line
+from runtime.errors import PrismError, ProvisionError, first_line
 from runtime.fold import RANDOM_OPS
 from runtime.graph import Graph
 from runtime.host import HostManager
-from runtime.inputs import InputSpec, check_feeds, input_specs, npz_problem, sizes_given
 from runtime.observe.events import JsonlRecorder
 from runtime.observe.metrics import Metrics, MetricsSnapshot
 from runtime.observe.trace import ChromeTrace
@@ -229,56 +226,6 @@ def device_table(snap: MetricsSnapshot) -> Table:
         table.add_row(name, str(d.runs), human_seconds(d.busy_seconds), f"{d.utilisation:.0%}",
                       f"{human_bytes(d.used_bytes)} / {human_bytes(d.total_bytes)}")
     return table
-
-
-# what numpy and zipfile raise on a damaged archive (RuntimeError: "encrypted")
-NPZ_ERRORS = (OSError, ValueError, EOFError, RuntimeError, BadZipFile, NotImplementedError,
-              zlib.error)
-
-
-def read_inputs(path: str, network: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
-    """The feeds in an .npz file, checked against the model's inputs before anything runs."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(6)
-            if not head.startswith(b"PK"):  # numpy would try it as a pickle or one array
-                one = "one array (.npy), " if head == b"\x93NUMPY" else ""
-                raise ValueError(f"{one}not an .npz archive of named arrays (numpy.savez)")
-            file.seek(0)
-            with np.load(file, allow_pickle=False) as stored:
-                feeds = dict(stored)
-    except NPZ_ERRORS as exc:
-        raise PrismError(f"cannot read inputs {path}: {npz_problem(exc)}") from None
-    try:
-        return check_feeds(network, specs, feeds)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"{path}: {exc}") from None
-
-
-def given_inputs(args: argparse.Namespace, options: dict) -> dict[str, np.ndarray] | None:
-    """`--inputs`' feeds, checked against the model, or None. A model (a bundle is placed
-    already) is then costed at their shapes: `options["bindings"]` takes each symbolic
-    dimension they give a size, where `--bind` says none."""
-    if not args.inputs:
-        return None
-    network, specs = model_inputs(args.model, options["bindings"])
-    feeds = read_inputs(args.inputs, network, specs)
-    if not is_bundle(args.model):
-        options["bindings"] = {**sizes_given(specs, feeds), **(options["bindings"] or {})} \
-            or None
-    return feeds
-
-
-def model_inputs(path: str, bindings: dict | None) -> tuple[str, list[InputSpec]]:
-    """A model's or a bundle's name and inputs, read without a host."""
-    if is_bundle(path):
-        with read_bundle(path) as bundle:
-            manifest = bundle.manifest
-        return manifest["network"], [InputSpec.from_dict(i) for i in manifest["inputs"]]
-    from runtime.graph import load_graph
-
-    graph = load_graph(path, bindings=bindings, name=Path(path).stem)
-    return graph.name, input_specs(graph)
 
 
 def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str]:

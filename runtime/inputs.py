@@ -396,6 +396,22 @@ def sizes_given(specs: list[InputSpec], feeds: Mapping[str, Any]) -> dict[str, i
     return sizes
 
 
+def bound_to_feeds(graph: Graph, feeds: Mapping[str, Any],
+                   bindings: Mapping[str, int] | None) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The graph bound at the sizes one request's `feeds` give its symbolic dimensions
+    (where `bindings` names none), so it is costed at them, and the feeds checked
+    (`sample_feeds`: one line naming what is wrong)."""
+    from runtime.graph import load_graph
+
+    specs = input_specs(graph)
+    try:
+        checked = check_feeds(graph.name, specs, feeds)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"sample_feeds: {exc}") from None
+    sizes = {**sizes_given(specs, checked), **(bindings or {})}
+    return load_graph(graph, bindings=sizes or None, name=graph.name), checked
+
+
 def _check_shared(network: str, specs: list[InputSpec], shared: tuple[SharedDim, ...],
                   arrays: list[Any]) -> None:
     """InvalidInputError naming the two inputs whose sizes of one named dimension differ."""

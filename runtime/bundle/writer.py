@@ -35,7 +35,8 @@ from runtime.devices.ort.options import session_options
 from runtime.devices.ort.sessions import stamped, supported_ir_version
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, holds_half, load_graph
-from runtime.inputs import input_specs
+from runtime.inputs import bound_to_feeds, input_specs
+from runtime.partition.measure import Feeds
 from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.plan import Plan
 from runtime.partition.planning import plan_network
@@ -254,13 +255,16 @@ def compile_bundle(model: str | Path | onnx.ModelProto | Graph,
                    fallback: str | None = None, replicas: int | str = 1,
                    batching: Mapping | None = None, bindings: Mapping[str, int] | None = None,
                    name: str | None = None, on_progress: Progress | None = None,
-                   costs: str | None = None) -> Compiled:
+                   costs: str | None = None, sample_feeds: Feeds | None = None) -> Compiled:
     """Load, partition and write `model` as a bundle at `out`; see `write_bundle`.
-    `costs`: as for `HostManager.add_network` (default measured)."""
+    `costs` and `sample_feeds`: as for `HostManager.add_network` (default measured, on
+    made-up values)."""
     report = on_progress or (lambda what, done, total: None)
     report("loading", 0, 0)
     label = name or (Path(model).stem if isinstance(model, str | Path) else None)
     graph = load_graph(model, bindings=bindings, name=label)
+    if sample_feeds is not None:
+        graph, sample_feeds = bound_to_feeds(graph, sample_feeds, bindings)
     config = BatchingConfig.of(batching)
     if config is not None:
         check_batchable(graph.name, graph.declared_dims(graph.inputs),
@@ -272,7 +276,7 @@ def compile_bundle(model: str | Path | onnx.ModelProto | Graph,
 
     steps, plan = plan_network(graph, devices, partition, annotations=annotations,
                                fallback=fallback, replicas=replicas, on_step=seen,
-                               costs=costs, on_progress=report)
+                               costs=costs, on_progress=report, sample_feeds=sample_feeds)
     options = {"replicas": replicas,
                "batching": None if config is None else {
                    "max_batch_size": config.max_batch_size,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,7 +81,8 @@ class HostManager:
                     bindings: Mapping[str, int] | None = None, timeout: float | None = None,
                     devices: Sequence[str] | None = None, *,
                     remap: Mapping[str, str] | None = None,
-                    costs: CostsSpec | None = None) -> Plan:
+                    costs: CostsSpec | None = None,
+                    sample_feeds: Mapping[str, Any] | None = None) -> Plan:
         """Load, partition, provision. Returns the plan; raises with nothing left loaded.
 
         `model`: an ONNX model (path, bytes, ModelProto or Graph), or the path of a bundle
@@ -101,6 +102,9 @@ class HostManager:
         `costs`: "measured" (the default, or $PRISM_COSTS: devices that run onnxruntime on
         the CPU get their nodes timed on this machine at the first load, cached after),
         "model" (the roofline), or a CostModel (`live_costs` of a running plan, say).
+        `sample_feeds`: one request's feeds (a model whose values matter: ids that must
+        hold an end token) that measured costs are timed on, in place of made-up values;
+        the symbolic dimensions `bindings` leaves free are bound at their sizes.
         The plan is made against the memory each device has free, and names the devices
         its partitions run on.
         """
@@ -111,7 +115,7 @@ class HostManager:
             loaded = load(name, model, pool, self.bus, partition=partition,
                           annotations=annotations, fallback=fallback, replicas=replicas,
                           batching=BatchingConfig.of(batching), bindings=bindings, remap=remap,
-                          costs=costs)
+                          costs=costs, sample_feeds=sample_feeds)
         except BaseException:
             self._slots.release(name)
             raise

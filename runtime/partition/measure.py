@@ -15,11 +15,13 @@ cost plus the sum of its nodes, and fusions onnxruntime makes inside a chunk are
 time. `refined` closes the loop on a plan: each partition's own sub-model is timed and
 its nodes scaled so they sum to what it measured.
 
-Feeds are drawn for the shapes bound at load: floats from a normal distribution,
-integers and booleans zero (a valid index into any table), strings empty. A network
-with a non-tensor input, or a chunk that fails to run, is not measured (None): the
-roofline stays its cost model, and a failed run is logged (a warning naming the network,
-the error and the made-up shapes: a model may take only some sizes).
+Feeds are the ones given (`sample_feeds`: a model whose values matter, such as ids that
+must hold an end token) where they have the shapes bound at load, else drawn for those
+shapes: floats from a normal distribution, integers and booleans zero (a valid index into
+any table), strings empty. A network with a non-tensor input, or a chunk that fails to
+run, is not measured (None): the roofline stays its cost model, and a failed run is logged
+(a warning naming the network, the error and the inputs' shapes: a model may take only
+some sizes).
 """
 
 from __future__ import annotations
@@ -51,19 +53,25 @@ BUDGET = 0.05  # seconds of runs per sub-model (at least MIN_RUNS, unless SLOW)
 MIN_RUNS, MAX_RUNS = 5, 200
 SLOW = 1.0  # seconds of runs after which a sub-model is run no more
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+Feeds = Mapping[str, np.ndarray]  # one request's, by input name
 log = logging.getLogger(__name__)
 
 
-def calibration_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray] | None:
-    """Feeds for the graph's inputs at their bound shapes, or None if one is not a plain
-    tensor of known type and shape."""
+def calibration_feeds(graph: Graph, given: Feeds | None = None,
+                      seed: int = 0) -> dict[str, np.ndarray] | None:
+    """Feeds for the graph's inputs at their bound shapes (a given one that has its input's
+    shape and type, else made up), or None if one is not a plain tensor of known type and
+    shape."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name in graph.inputs:
         info = graph.tensors.get(name)
         if info is None or info.dtype is None or info.shape is None:
             return None
-        feed = made_up(np.dtype(info.dtype), info.shape, rng, 0)
+        feed = (given or {}).get(name)
+        if not (isinstance(feed, np.ndarray) and feed.shape == tuple(info.shape)
+                and feed.dtype == info.dtype):
+            feed = made_up(np.dtype(info.dtype), info.shape, rng, 0)
         if feed is None:
             return None
         feeds[name] = feed
@@ -136,10 +144,10 @@ def _as_partitions(graph: Graph, device: DeviceConfig, groups: Sequence[Sequence
 
 
 def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
-                   feeds: dict[str, np.ndarray], on_progress: Progress | None, what: str
-                   ) -> dict[str, float] | None:
+                   feeds: dict[str, np.ndarray], on_progress: Progress | None, what: str,
+                   given: Feeds | None) -> dict[str, float] | None:
     """Each partition's median run time, run in plan order on the values before it made;
-    None if one fails to load or run."""
+    None if one fails to load or run (logged, saying which inputs were made up)."""
     values: dict[str, np.ndarray] = dict(feeds)
     last_read = {t: i for i, p in enumerate(parts) for t in p.inputs}
     seconds: dict[str, float] = {}
@@ -150,9 +158,14 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
             taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
             shown = ", ".join(f"{t} {list(v.shape)}" for t, v in feeds.items())
-            log.warning("%s failed, so the roofline stands in for its times: %s (on made-up "
-                        "inputs %s: the model may take only some sizes, given with --bind "
-                        "DIM=N, or values)", what, first_line(exc), shown)
+            if all(v is (given or {}).get(t) for t, v in feeds.items()):
+                hint = f"on the inputs given, {shown}"
+            else:
+                hint = (f"on made-up inputs {shown}: the model may take only some sizes or "
+                        f"values: give them with --bind DIM=N and --inputs, or bindings and "
+                        f"sample_feeds")
+            log.warning("%s failed, so the roofline stands in for its times: %s (%s)",
+                        what, first_line(exc), hint)
             return None
         finally:
             give_back()  # the session and its copies of the weights, before the next
@@ -165,10 +178,11 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
     return seconds
 
 
-def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | None = None
-                  ) -> Timings | None:
-    """Times of every node on the device's kind (onnxruntime at its threads), or None."""
-    feeds = calibration_feeds(graph)
+def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | None = None,
+                  given: Feeds | None = None) -> Timings | None:
+    """Times of every node on the device's kind (onnxruntime at its threads), or None.
+    `given`: feeds to time it on (`calibration_feeds`)."""
+    feeds = calibration_feeds(graph, given)
     if feeds is None or kind_of(device) is None or not graph.nodes:
         return None
     roofline = CostModel.roofline(graph)
@@ -176,7 +190,7 @@ def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | No
     parts = _as_partitions(graph, device, groups)
     overhead = run_overhead(device.threads)
     seconds = _time_in_order(graph, parts, device.threads, feeds, on_progress,
-                             f"timing {graph.name} on {kind_of(device)}")
+                             f"timing {graph.name} on {kind_of(device)}", given)
     if seconds is None:
         return None
     nodes: dict[str, float] = {}
@@ -189,18 +203,18 @@ def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | No
     return Timings(nodes, overhead, "measured")
 
 
-def time_partitions(graph: Graph, plan: Plan, on_progress: Progress | None = None
-                    ) -> dict[str, float] | None:
+def time_partitions(graph: Graph, plan: Plan, on_progress: Progress | None = None,
+                    given: Feeds | None = None) -> dict[str, float] | None:
     """Each partition's sub-model's median run time on a session like its device's (for
     partitions on devices of a measured kind; others are left out), or None."""
-    feeds = calibration_feeds(graph)
+    feeds = calibration_feeds(graph, given)
     if feeds is None:
         return None
     threads = {d.name: d.threads for d in plan.devices}
     measured: dict[str, float] = {}
     for count in sorted(set(threads.values())):  # one pass per thread count in the plan
         seconds = _time_in_order(graph, plan.partitions, count, feeds, on_progress,
-                                 f"timing {plan.network}'s partitions")
+                                 f"timing {plan.network}'s partitions", given)
         if seconds is None:
             return None
         measured.update({p.name: seconds[p.name] for p in plan.partitions

@@ -27,7 +27,13 @@ from runtime.devices.config import DeviceConfig
 from runtime.errors import PrismError
 from runtime.graph import Graph
 from runtime.partition import MODES, Plan, partition_steps
-from runtime.partition.measure import Progress, measure_nodes, refined, time_partitions
+from runtime.partition.measure import (
+    Feeds,
+    Progress,
+    measure_nodes,
+    refined,
+    time_partitions,
+)
 from runtime.partition.record import finish, tap
 from runtime.partition.replicas import planned_over
 from runtime.partition.steps import Step
@@ -58,10 +64,11 @@ def checked_costs(costs: CostsSpec | None) -> CostsSpec:
 def measured_model(graph: Graph, devices: Sequence[DeviceConfig],
                    hops: Mapping[str, float] | None = None,
                    on_progress: Progress | None = None, cache: TimingsCache | None = None,
-                   measure: bool = True) -> tuple[CostModel, list[str]]:
+                   measure: bool = True, sample_feeds: Feeds | None = None
+                   ) -> tuple[CostModel, list[str]]:
     """The measured cost model for these devices and the kinds measured just now (the
     others came from the cache, or stay on the roofline when they cannot be measured;
-    `measure=False`: the cache's times only)."""
+    `measure=False`: the cache's times only; `sample_feeds`: to time it on)."""
     cache = cache or TimingsCache()
     timings: dict[str, Timings] = {}
     fresh, tried = [], set()
@@ -72,7 +79,7 @@ def measured_model(graph: Graph, devices: Sequence[DeviceConfig],
         tried.add(kind)
         known = cache.get(graph, kind)
         if known is None and measure:
-            known = measure_nodes(graph, device, on_progress)
+            known = measure_nodes(graph, device, on_progress, sample_feeds)
             if known is not None:
                 fresh.append(kind)
         if known is not None:
@@ -134,14 +141,16 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
               replicas: int | str = 1, on_step: Callable[[Step], None] | None = None,
               costs: CostsSpec | None = None, hops: Mapping[str, float] | None = None,
               on_progress: Progress | None = None, cache: TimingsCache | None = None,
-              free: Mapping[str, int] | None = None) -> Planned:
+              free: Mapping[str, int] | None = None, sample_feeds: Feeds | None = None
+              ) -> Planned:
     """The plan, the partitioner's steps that made it and its cost model. A replica
     search may try several device sets: `on_step` sees every step of every try (for
     progress), the steps returned are the kept plan's. `hops`: measured dispatch seconds
     by backend (a host measures its own devices'); `on_progress(what, done, total)` hears
     about measuring. `free`: device -> bytes it has free (other networks loaded): a mode's
     plan fits those (a user's map puts partitions where it says; a provisioner finding
-    the device full uses a twin), and names the devices with their own configurations."""
+    the device full uses a twin), and names the devices with their own configurations.
+    `sample_feeds`: one request's feeds to measure on, where they have the bound shapes."""
     if isinstance(partition, str) and partition in MODES:
         mode, user_map = partition, None
     else:
@@ -155,7 +164,8 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
     elif costs == "model":
         model = CostModel.roofline(graph)
     else:
-        model, fresh = measured_model(graph, devices, hops, on_progress, cache)
+        model, fresh = measured_model(graph, devices, hops, on_progress, cache,
+                                      sample_feeds=sample_feeds)
 
     def attempt(some: list[DeviceConfig], model: CostModel) -> tuple[list[Step], Plan]:
         steps: list[Step] = []
@@ -178,7 +188,8 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
 
     steps, plan = planned(model)
     if fresh:
-        steps, plan, model = _refine(graph, model, steps, plan, planned, on_progress)
+        steps, plan, model = _refine(graph, model, steps, plan, planned, on_progress,
+                                     sample_feeds)
     return Planned(steps, plan, model, fresh, planned, cache)
 
 
@@ -216,11 +227,12 @@ def _assignment(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
 
 def _refine(graph: Graph, model: CostModel, steps: list[Step], plan: Plan,
             planned: Callable[[CostModel], tuple[list[Step], Plan]],
-            on_progress: Progress | None) -> tuple[list[Step], Plan, CostModel]:
+            on_progress: Progress | None, sample_feeds: Feeds | None
+            ) -> tuple[list[Step], Plan, CostModel]:
     """Time the plan's own partitions, correct the node times to what they measured, and
     plan again, until the plan no longer changes (or REFINE_ROUNDS)."""
     for _ in range(REFINE_ROUNDS):
-        measured = time_partitions(graph, plan, on_progress)
+        measured = time_partitions(graph, plan, on_progress, sample_feeds)
         if not measured:
             break
         model = refined(model, plan, measured)

@@ -18,8 +18,8 @@ import onnx
 from runtime.devices.device import Device, Program
 from runtime.executor.executor import Executor, LoadedPartition
 from runtime.graph import Graph, load_graph
-from runtime.inputs import Signature, signature
-from runtime.partition.measure import calibration_feeds, refined
+from runtime.inputs import Signature, bound_to_feeds, signature
+from runtime.partition.measure import Feeds, calibration_feeds, refined
 from runtime.partition.plan import Partition, Plan
 from runtime.partition.planning import (
     CostsSpec,
@@ -88,10 +88,13 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
                  annotations: str | Path | Mapping | None = None, fallback: str | None = None,
                  replicas: int | str = 1, batching: BatchingConfig | None = None,
                  bindings: Mapping[str, int] | None = None,
-                 costs: CostsSpec | None = None) -> LoadedNetwork:
+                 costs: CostsSpec | None = None, sample_feeds: Feeds | None = None
+                 ) -> LoadedNetwork:
     """Load, plan (publishing every step), provision each replica. Raises with nothing
     left loaded."""
     graph = load_graph(model, bindings=bindings, name=name)
+    if sample_feeds is not None:
+        graph, sample_feeds = bound_to_feeds(graph, sample_feeds, bindings)
     if batching is not None:
         check_batchable(graph.name, graph.declared_dims(graph.inputs),
                         graph.declared_dims(graph.outputs))
@@ -105,7 +108,7 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
 
     made = make_plan(graph, configs, partition, annotations=annotations, fallback=fallback,
                      replicas=replicas, costs=costs, hops=hops, on_progress=progress,
-                     free=free_bytes(devices))
+                     free=free_bytes(devices), sample_feeds=sample_feeds)
     publish_plan(bus, name, made.steps, made.plan)
     face = signature(graph)
 
@@ -126,19 +129,20 @@ def load_network(name: str, model: ModelSource, devices: Mapping[str, Device], b
         batching is None else None
     placed = place(made.plan)
     if made.fresh:
-        placed = _under_load(name, graph, made, face, *placed, place, bus, progress)
+        placed = _under_load(name, graph, made, face, *placed, place, bus, progress,
+                             sample_feeds)
         made.store(graph)
     return lay(made.plan, placed=placed)
 
 
 def _under_load(name: str, graph: Graph, made: Planned, face: Signature,
                 loaded: tuple[tuple[LoadedPartition, ...], ...],
-                executors: tuple[Executor, ...], place: Any, bus: Any, progress: Any
-                ) -> Placed:
+                executors: tuple[Executor, ...], place: Any, bus: Any, progress: Any,
+                sample_feeds: Feeds | None) -> Placed:
     """Check a first-measured plan under load (`calibrate`): correct its nodes to the run
     times its partitions showed, plan again, and load the new plan in place of the old
     when it differs. `made` takes the final plan, steps and model."""
-    feeds = calibration_feeds(graph)
+    feeds = calibration_feeds(graph, sample_feeds)
     for round_ in range(ROUNDS):
         if feeds is None:
             break

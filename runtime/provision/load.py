@@ -16,6 +16,7 @@ from runtime.provision.network import LoadedNetwork
 from runtime.types import BatchingConfig
 
 if TYPE_CHECKING:
+    from runtime.partition.measure import Feeds
     from runtime.partition.planning import CostsSpec, PartitionSpec
     from runtime.provision.from_model import ModelSource
 
@@ -24,12 +25,12 @@ def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any,
          partition: PartitionSpec | None, annotations: str | Path | Mapping | None,
          fallback: str | None, replicas: int | str | None, batching: BatchingConfig | None,
          bindings: Mapping[str, int] | None, remap: Mapping[str, str] | None,
-         costs: CostsSpec | None = None) -> LoadedNetwork:
+         costs: CostsSpec | None = None, sample_feeds: Feeds | None = None) -> LoadedNetwork:
     """The network, loaded onto `devices`; raises with nothing left loaded."""
     if is_bundle(model):
         assert isinstance(model, str | Path)
         fixed = {"annotations": annotations, "fallback": fallback, "bindings": bindings,
-                 "costs": costs}
+                 "costs": costs, "sample_feeds": sample_feeds}
         given = [k for k, v in fixed.items() if v is not None]
         if given:
             raise PrismError(f"{model} is a bundle, placed when it was compiled: "
@@ -48,4 +49,4 @@ def load(name: str, model: ModelSource, devices: Mapping[str, Device], bus: Any,
     return load_network(name, model, devices, bus, partition=partition or "balanced",
                         annotations=annotations, fallback=fallback,
                         replicas=1 if replicas is None else replicas, batching=batching,
-                        bindings=bindings, costs=costs)
+                        bindings=bindings, costs=costs, sample_feeds=sample_feeds)

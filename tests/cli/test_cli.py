@@ -22,11 +22,17 @@ from app.cli import main
 from runtime.devices import parse_devices
 from runtime.graph import load_graph
 from runtime.host import HostManager
-from runtime.inputs import input_specs
+from runtime.inputs import input_specs, sizes_given
 from runtime.observe.events import read_jsonl
 from runtime.partition import partition_steps
 from runtime.partition.steps import STEP_KINDS
-from tests.support.dags import SAMPLES_DIR, even_rows_model, upsampling_detector
+from tests.support.dags import (
+    SAMPLES_DIR,
+    end_token_ids,
+    end_token_model,
+    even_rows_model,
+    upsampling_detector,
+)
 
 TRANSFORMER = str(SAMPLES_DIR / "transformer.onnx")
 MLP = str(SAMPLES_DIR / "mlp.onnx")
@@ -307,19 +313,28 @@ def test_bench_sends_the_feeds_of_an_npz_to_prism_and_onnxruntime_alike(capsys, 
     assert figures["prism"]["requests_per_second"] > 0 and figures["ratio"] > 0
 
 
-@pytest.mark.parametrize("command", ["run", "bench"])
-def test_a_model_given_inputs_is_costed_at_their_shapes(capsys, caplog, tmp_path, command):
-    """`--inputs` fed the requests, but the plan was costed, and its costs measured, at
-    made-up shapes: one row here, which this model refuses, so the roofline stood in; a
-    transformer sent 128 tokens was planned for one."""
-    path, data = str(tmp_path / "pairs.onnx"), tmp_path / "rows.npz"
-    onnx.save(even_rows_model(), path)
-    rows = 2 * int(np.random.default_rng().integers(1, 20))
-    np.savez(data, x=np.random.default_rng().standard_normal((rows, 4)).astype(np.float32))
-    specs = input_specs(load_graph(path))
-    assert app.run_cmd.sizes_given(specs, dict(np.load(data))) == {"rows": rows}
+@pytest.mark.parametrize("command", ["run", "bench", "partition", "compile"])
+@pytest.mark.parametrize("takes", ["some sizes", "some values"])
+def test_a_model_given_inputs_is_costed_and_measured_on_them(capsys, caplog, tmp_path, command,
+                                                            takes):
+    """`--inputs` fed the requests, but the plan was costed, and its costs measured, on
+    made-up inputs: one row, which the first model refuses, or ids without an end token,
+    which the second does, so the roofline stood in; a transformer sent 128 tokens was
+    planned for one. `partition` and `compile` take them too."""
+    path, data = str(tmp_path / "model.onnx"), tmp_path / "inputs.npz"
+    rng = np.random.default_rng()
+    if takes == "some sizes":
+        onnx.save(even_rows_model(), path)
+        rows = 2 * int(rng.integers(1, 20))
+        np.savez(data, x=rng.standard_normal((rows, 4)).astype(np.float32))
+        assert sizes_given(input_specs(load_graph(path)), dict(np.load(data))) == {"rows": rows}
+    else:
+        onnx.save(end_token_model(), path)
+        np.savez(data, ids=end_token_ids(rng))
+    output = ["-o", str(tmp_path / "model.prism")] if command == "compile" else []
+    load = ["--requests", "10"] if command in ("run", "bench") else []
     with caplog.at_level("WARNING"):
-        assert main([command, path, "--devices", "cpu:2", "--requests", "10", "--costs",
+        assert main([command, path, "--devices", "cpu:2", *load, *output, "--costs",
                      "measured", "--inputs", str(data)]) == 0, capsys.readouterr().err
     assert not [r for r in caplog.records if "roofline" in r.getMessage()], caplog.text
 

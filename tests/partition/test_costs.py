@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from runtime.cost import CostModel, Timings, kind_of
 from runtime.cost.cache import TimingsCache
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.errors import PrismError
+from runtime.errors import InvalidInputError, PrismError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import measure, partition
@@ -26,7 +26,7 @@ from runtime.partition import planning as planning_module
 from runtime.partition.measure import calibration_feeds, measure_nodes, refined
 from runtime.partition.planning import COSTS_ENV, live_costs, plan_network
 from runtime.user_cache import CACHE_ENV, cache_dir
-from tests.support.dags import SAMPLES_DIR, even_rows_model
+from tests.support.dags import SAMPLES_DIR, end_token_ids, end_token_model, even_rows_model
 from tests.support.hosts import toy_chain
 from tests.support.weights import made_weights
 
@@ -182,8 +182,9 @@ def test_a_network_failing_on_made_up_inputs_is_timed_once_and_says_why(cache, c
     [said] = [r.getMessage() for r in caplog.records if r.name == measure.__name__]
     assert said.startswith(f"timing {graph.name} on ort-cpu/1 failed"), said
     assert "'pair'" in said and said.endswith("(on made-up inputs x [1, 4]: the model may take "
-                                              "only some sizes, given with --bind DIM=N, or "
-                                              "values)"), said
+                                              "only some sizes or values: give them with "
+                                              "--bind DIM=N and --inputs, or bindings and "
+                                              "sample_feeds)"), said
 
 
 def _chain(n: int) -> onnx.ModelProto:
@@ -312,6 +313,32 @@ def test_a_host_measures_by_default_and_says_so_on_the_bus(monkeypatch, tmp_path
         x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
         outs = [host.infer(n, {"image": x})["logits"] for n in ("cnn", "cnn2", "cnn3")]
         np.testing.assert_allclose(outs[0], outs[2], rtol=1e-5, atol=1e-5)
+
+
+def test_a_network_taking_only_some_values_is_measured_on_one_requests_feeds(
+        monkeypatch, tmp_path, caplog):
+    """Made-up ids hold no end token, and this model fails on them: its costs stayed the
+    roofline's however often it was loaded. Given one request's feeds, a load binds the
+    free dimensions at their sizes and times the network on their values, under load too;
+    feeds that do not fit are refused in one line, naming the input."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    ids = end_token_ids(np.random.default_rng())
+    with HostManager(parse_devices("cpu:2")) as host, \
+            caplog.at_level(logging.WARNING, logger=measure.__name__):
+        assert host.add_network("made", end_token_model(), costs="measured").costs == "model"
+        assert "on made-up inputs ids [1, 1]" in caplog.text
+        caplog.clear()
+        events = host.bus.subscribe(kinds=("cost.measure",))
+        plan = host.add_network("given", end_token_model(), costs="measured",
+                                sample_feeds={"ids": ids})
+        assert plan.costs == "measured" and not caplog.records, caplog.text
+        assert host.graph("given").tensors["ids"].shape == ids.shape
+        assert any("under load" in e.get("what", "") for e in events.drain())
+        np.testing.assert_array_equal(host.infer("given", {"ids": ids})["at"],
+                                      [ids.shape[0] - 1, ids.shape[1] - 1])
+        with pytest.raises(InvalidInputError, match=r"^sample_feeds: input 'ids' of bad: "):
+            host.add_network("bad", end_token_model(), sample_feeds={"ids": ids * 0.5})
+        assert host.networks() == ["made", "given"]
 
 
 def test_replicas_auto_is_decided_on_the_costs_the_plan_is_made_with():

@@ -698,3 +698,30 @@ def even_rows_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
         [numpy_helper.from_array(np.array([-1, 8], np.int64), "pairs")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+END_TOKEN = 2
+
+
+def end_token_model() -> onnx.ModelProto:
+    """ids [batch, tokens] -> where the last end token is (as BART's classifier reads its
+    hidden state there): a model taking only some values, on which made-up ids (zeros,
+    no end token) fail. `end_token_ids` makes ids it takes."""
+    consts = [numpy_helper.from_array(np.array(END_TOKEN, np.int64), "end"),
+              numpy_helper.from_array(np.array(-1, np.int64), "last")]
+    nodes = [helper.make_node("Equal", ["ids", "end"], ["ends"], name="ends"),
+             helper.make_node("NonZero", ["ends"], ["where"], name="where"),
+             helper.make_node("Gather", ["where", "last"], ["at"], name="at", axis=1)]
+    graph = helper.make_graph(
+        nodes, "end_token",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "tokens"])],
+        [helper.make_tensor_value_info("at", TensorProto.INT64, [2])], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def end_token_ids(rng: np.random.Generator) -> np.ndarray:
+    """Random ids of a random shape, each row ending in the end token."""
+    rows, tokens = (int(n) for n in rng.integers(2, 9, 2))
+    ids = rng.integers(END_TOKEN + 1, 1000, (rows, tokens), dtype=np.int64)
+    ids[:, -1] = END_TOKEN
+    return ids
