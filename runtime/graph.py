@@ -553,6 +553,8 @@ def _shaped_inputs(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto
 # they were (a normalisation: (x - mean) / std; a cast)
 _SAME_AXES = frozenset({"Cast", "Identity", "Sub", "Div", "Mul", "Add", "Neg", "Clip", "Relu"})
 _LEAST_MOST = 1 << 16
+_EXTRA_TOKENS = 8  # besides the patches, before a position embedding: class, distillation
+_PATCH_WALK = 64  # tensors after the patches a position embedding is looked for among
 
 
 def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
@@ -560,7 +562,9 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
     - a Gather at constant indices along it (LayoutLM's dynamo export leaves its boxes'
       last dimension free, [batch, sequence, s57], and reads it at 0 to 3);
     - a convolution's input channels, the input read directly, normalised or transposed
-      (optimum names an image's channels too: [batch_size, num_channels, height, width]).
+      (optimum names an image's channels too: [batch_size, num_channels, height, width]);
+    - the sides a vision transformer's position embedding is for (`_patch_side`): made
+      up 224, SigLIP at 384, or any ViT of another size, failed at the embedding's Add.
     Made up 1 wide, every request of such a network failed."""
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input
              if v.type.tensor_type.HasField("shape")}
@@ -585,7 +589,7 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 need(node.input[0], ints.get("axis", 0) % max(ranks[node.input[0]], 1),
                      max(int(indices.max()) + 1, -int(indices.min())))
         elif node.op_type == "Conv" and len(weights[node.input[1]].dims) > 1:
-            name, axis = node.input[0], 1
+            name, axes = node.input[0], list(range(len(weights[node.input[1]].dims)))
             for _ in graph.node:  # a walk back, bounded however the graph is made
                 step = made_by.get(name)
                 if name in ranks or step is None:
@@ -594,14 +598,51 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 perm = [list(a.ints) for a in step.attribute if a.name == "perm"]
                 if len(read) != 1:
                     break
-                if step.op_type == "Transpose" and perm and axis < len(perm[0]):
-                    axis = perm[0][axis]
+                if step.op_type == "Transpose" and perm and len(perm[0]) == len(axes):
+                    axes = [perm[0][a] for a in axes]
                 elif step.op_type not in _SAME_AXES:
                     break
                 name = read[0]
-            if name in ranks and 0 <= axis < ranks[name]:
-                need(name, axis, weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
+            if name in ranks and len(axes) == ranks[name]:
+                need(name, axes[1], weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
+                if side := _patch_side(graph, node, weights):
+                    for axis in axes[2:]:
+                        need(name, axis, side)
     return least
+
+
+def _patch_side(graph: onnx.GraphProto, conv: onnx.NodeProto,
+                weights: Mapping[str, onnx.TensorProto]) -> int | None:
+    """The image side a vision transformer's position embedding is for: a square,
+    unpadded convolution into patches (kernel and stride p) whose tokens, a few nodes on,
+    meet an Add of a constant [1, N, D] or [N, D] of its width D, N a square number of
+    patches g x g and up to `_EXTRA_TOKENS` more (a class token, a distillation token):
+    g * p. (A ViT that interpolates its embedding takes any side; this one too.)"""
+    lists = {a.name: list(a.ints) for a in conv.attribute if a.type == onnx.AttributeProto.INTS}
+    kernel = lists.get("kernel_shape") or list(weights[conv.input[1]].dims[2:])
+    if len(set(kernel)) != 1 or lists.get("strides") != kernel or any(lists.get("pads", ())) \
+            or any(d != 1 for d in lists.get("dilations", ())):
+        return None
+    width = weights[conv.input[1]].dims[0]
+    read_by: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for tensor in node.input:
+            read_by.setdefault(tensor, []).append(node)
+    tensors, seen = [conv.output[0]], {conv.output[0]}
+    while tensors and len(seen) < _PATCH_WALK:
+        for node in read_by.get(tensors.pop(0), ()):
+            if node.op_type == "Add":
+                for w in (weights[t] for t in node.input if t in weights):
+                    dims = list(w.dims)
+                    if len(dims) in (2, 3) and dims[-1] == width and dims[:-2] in ([], [1]):
+                        for extra in range(min(_EXTRA_TOKENS, dims[-2] - 4) + 1):
+                            grid = math.isqrt(dims[-2] - extra)
+                            if grid * grid == dims[-2] - extra:
+                                return grid * kernel[0]
+            fresh = [t for t in node.output if t not in seen]
+            seen.update(fresh)
+            tensors += fresh
+    return None
 
 
 def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int

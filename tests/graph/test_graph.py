@@ -31,6 +31,7 @@ from tests.support.dags import (
     speech_frontend,
     upsampling_detector,
     video_stem,
+    vit_stem,
 )
 
 
@@ -286,6 +287,26 @@ def test_a_videos_free_length_and_sides_are_made_up_at_a_clip_networks_take(
     model = video_stem(dims, frames_first)
     assert load_graph(model).tensors["clip"].shape == shape
     path = str(tmp_path / "video.onnx")
+    onnx.save(model, path)
+    _runs_as_onnxruntime(capsys, path, requests=2)
+
+
+@pytest.mark.parametrize("dims", [["batch", 3, "height", "width"], ["s99", "s4", "s17", 3]],
+                         ids=["nchw", "nhwc"])
+def test_a_vision_transformers_free_sides_are_made_up_at_its_position_embeddings_side(
+        capsys, tmp_path, dims):
+    """SigLIP at 384, or a ViT of any side but 224 (OWL-ViT's and DINOv2's small configs):
+    made up 224, the patches outnumbered the position embedding and every request failed
+    at its Add. The side is the one its embedding is for, whatever tokens come first."""
+    rng = np.random.default_rng()
+    patch, grid, extra = (int(n) for n in (rng.integers(2, 9), rng.integers(2, 13),
+                                           rng.integers(0, 3)))
+    model = vit_stem(dims, patch, grid, extra)
+    side = grid * patch
+    assert side != IMAGE_SIDE
+    assert load_graph(model).tensors["pixels"].shape == \
+        ((1, 3, side, side) if dims[1] == 3 else (1, side, side, 3))
+    path = str(tmp_path / "vit.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path, requests=2)
 
