@@ -27,7 +27,7 @@ from runtime.contrib_types import contrib_value_infos
 from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
-from runtime.free_dims import Dims, free_sizes, made_up_shape
+from runtime.free_dims import VIDEO_FRAMES, Dims, fixed_size, free_sizes, made_up_shape
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.names import fresh_name
 from runtime.run_sizes import kept_sizes
@@ -563,11 +563,14 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
       last dimension free, [batch, sequence, s57], and reads it at 0 to 3);
     - a convolution's input channels, the input read directly, normalised or transposed
       (optimum names an image's channels too: [batch_size, num_channels, height, width]);
-    - the sides a vision transformer's position embedding is for (`_patch_side`): made
-      up 224, SigLIP at 384, or any ViT of another size, failed at the embedding's Add.
+    - the sides (and a clip's frames) a vision transformer's position embedding is for
+      (`_patch_sizes`): made up 224, SigLIP at 384, or any ViT of another size, failed at
+      the embedding's Add.
     Made up 1 wide, every request of such a network failed."""
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input
+    sizes = {v.name: [fixed_size(d.dim_value if d.HasField("dim_value") else d.dim_param)
+                      for d in v.type.tensor_type.shape.dim] for v in graph.input
              if v.type.tensor_type.HasField("shape")}
+    ranks = {name: len(dims) for name, dims in sizes.items()}
     weights = {t.name: t for t in graph.initializer}
     made_by = {out: node for node in graph.node for out in node.output}
     least: dict[str, dict[int, int]] = {}
@@ -605,24 +608,50 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 name = read[0]
             if name in ranks and len(axes) == ranks[name]:
                 need(name, axes[1], weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
-                if side := _patch_side(graph, node, weights):
-                    for axis in axes[2:]:
-                        need(name, axis, side)
+                patched = _patch_sizes(graph, node, weights, [sizes[name][a] for a in axes[2:]])
+                for axis, size in zip(axes[2:], patched or [], strict=bool(patched)):
+                    need(name, axis, size)
     return least
 
 
-def _patch_side(graph: onnx.GraphProto, conv: onnx.NodeProto,
-                weights: Mapping[str, onnx.TensorProto]) -> int | None:
-    """The image side a vision transformer's position embedding is for: a square,
-    unpadded convolution into patches (kernel and stride p) whose tokens, a few nodes on,
-    meet an Add of a constant [1, N, D] or [N, D] of its width D, N a square number of
-    patches g x g and up to `_EXTRA_TOKENS` more (a class token, a distillation token):
-    g * p. (A ViT that interpolates its embedding takes any side; this one too.)"""
+def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,
+                 weights: Mapping[str, onnx.TensorProto], fixed: list[int | None]
+                 ) -> list[int] | None:
+    """The sizes along a convolution's spatial axes (`fixed`: the input's there, where
+    known) that a vision transformer's position embedding is for: an unpadded convolution
+    into patches of p x p pixels (kernel and stride; a video's tubelets, t frames deep)
+    whose tokens, a few nodes on, meet an Add of a constant [1, N, D] or [N, D] of its
+    width D; N is a square number of patches g x g, times the clip's frames / t, and up
+    to `_EXTRA_TOKENS` more (a class token, a distillation token). An image is g * p a
+    side; a clip of fixed sides is as many frames as N holds, one of free sides
+    `VIDEO_FRAMES` (or its fixed frames) long. (A ViT that interpolates its embedding takes
+    any side; this one too.)"""
     lists = {a.name: list(a.ints) for a in conv.attribute if a.type == onnx.AttributeProto.INTS}
     kernel = lists.get("kernel_shape") or list(weights[conv.input[1]].dims[2:])
-    if len(set(kernel)) != 1 or lists.get("strides") != kernel or any(lists.get("pads", ())) \
-            or any(d != 1 for d in lists.get("dilations", ())):
+    if len(kernel) not in (2, 3) or kernel[-1] != kernel[-2] or lists.get("strides") != kernel \
+            or any(lists.get("pads", ())) or any(d != 1 for d in lists.get("dilations", ())):
         return None
+    tokens = _embedding_tokens(graph, conv, weights)
+    patch, side = kernel[-1], fixed[-1] if fixed[-1] == fixed[-2] else None
+    for extra in range(min(_EXTRA_TOKENS, (tokens or 0) - 4) + 1):
+        patches = (tokens or 0) - extra
+        if len(kernel) == 2:
+            grid = math.isqrt(patches)
+            if grid * grid == patches:
+                return [grid * patch] * 2
+        elif side is not None and side >= patch and patches % (side // patch) ** 2 == 0:
+            return [patches // (side // patch) ** 2 * kernel[0], side, side]
+        elif side is None and (frames := fixed[0] or VIDEO_FRAMES) >= kernel[0]:
+            grid = math.isqrt(patches // (frames // kernel[0]))
+            if grid * grid * (frames // kernel[0]) == patches:
+                return [frames, grid * patch, grid * patch]
+    return None
+
+
+def _embedding_tokens(graph: onnx.GraphProto, conv: onnx.NodeProto,
+                      weights: Mapping[str, onnx.TensorProto]) -> int | None:
+    """N of the first constant [1, N, D] or [N, D] (D: the convolution's width) an Add
+    among the `_PATCH_WALK` tensors after the convolution adds."""
     width = weights[conv.input[1]].dims[0]
     read_by: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -635,10 +664,7 @@ def _patch_side(graph: onnx.GraphProto, conv: onnx.NodeProto,
                 for w in (weights[t] for t in node.input if t in weights):
                     dims = list(w.dims)
                     if len(dims) in (2, 3) and dims[-1] == width and dims[:-2] in ([], [1]):
-                        for extra in range(min(_EXTRA_TOKENS, dims[-2] - 4) + 1):
-                            grid = math.isqrt(dims[-2] - extra)
-                            if grid * grid == dims[-2] - extra:
-                                return grid * kernel[0]
+                        return dims[-2]
             fresh = [t for t in node.output if t not in seen]
             seen.update(fresh)
             tensors += fresh

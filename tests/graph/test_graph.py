@@ -291,21 +291,28 @@ def test_a_videos_free_length_and_sides_are_made_up_at_a_clip_networks_take(
     _runs_as_onnxruntime(capsys, path, requests=2)
 
 
-@pytest.mark.parametrize("dims", [["batch", 3, "height", "width"], ["s99", "s4", "s17", 3]],
-                         ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "clip of fixed sides", "clip of free sides"])
 def test_a_vision_transformers_free_sides_are_made_up_at_its_position_embeddings_side(
-        capsys, tmp_path, dims):
+        capsys, tmp_path, layout):
     """SigLIP at 384, or a ViT of any side but 224 (OWL-ViT's and DINOv2's small configs):
     made up 224, the patches outnumbered the position embedding and every request failed
-    at its Add. The side is the one its embedding is for, whatever tokens come first."""
+    at its Add. The side is the one its embedding is for, whatever tokens come first; a
+    clip's length too, where its sides are fixed (VideoMAE's and ViViT's small configs,
+    made up 16 frames)."""
     rng = np.random.default_rng()
     patch, grid, extra = (int(n) for n in (rng.integers(2, 9), rng.integers(2, 13),
                                            rng.integers(0, 3)))
-    model = vit_stem(dims, patch, grid, extra)
-    side = grid * patch
-    assert side != IMAGE_SIDE
-    assert load_graph(model).tensors["pixels"].shape == \
-        ((1, 3, side, side) if dims[1] == 3 else (1, side, side, 3))
+    side, length = grid * patch, 2 * int(rng.integers(1, 7))
+    dims, shape, frames = {
+        "nchw": (["batch", 3, "height", "width"], (1, 3, side, side), 0),
+        "nhwc": (["s99", "s4", "s17", 3], (1, side, side, 3), 0),
+        "clip of fixed sides": ([1, "s59", "3", str(side), str(side)],
+                                (1, length, 3, side, side), length),
+        "clip of free sides": (["n", length, 3, "h", "w"], (1, length, 3, side, side), length),
+    }[layout]
+    assert side != IMAGE_SIDE and length < VIDEO_FRAMES
+    model = vit_stem(dims, patch, grid, extra, frames)
+    assert load_graph(model).tensors["pixels"].shape == shape
     path = str(tmp_path / "vit.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path, requests=2)

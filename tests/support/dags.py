@@ -675,30 +675,34 @@ def video_stem(dims: Sequence[int | str | None], frames_first: bool = False, see
 
 
 def vit_stem(dims: Sequence[int | str | None], patch: int, grid: int, extra: int,
-             seed: int = 0) -> onnx.ModelProto:
+             frames: int = 0, seed: int = 0) -> onnx.ModelProto:
     """A vision transformer's stem on images of `dims`, [N, C, H, W] or, with 3 channels
-    last, [N, H, W, C] moved to the former: 8-wide patches of `patch` pixels, flattened to
-    tokens, `extra` more (class tokens, here zeros) put in front, and a position embedding
-    for `grid` x `grid` patches added: at any other side than `grid * patch` the Add fails."""
+    last, [N, H, W, C], or with `frames` on clips of [N, T, C, H, W] (transformers' layout),
+    each moved to channels second: 8-wide patches of `patch` pixels (2 frames deep in a
+    clip), flattened to tokens, `extra` more (class tokens, here zeros) put in front, and a
+    position embedding for `grid` x `grid` patches (by `frames` / 2) added: at any other
+    side, or length, the Add fails."""
     rng = np.random.default_rng(seed)
-    tokens = grid * grid + extra
-    consts = [numpy_helper.from_array(rng.standard_normal((8, 3, patch, patch)).astype(
+    kernel = [2, patch, patch] if frames else [patch, patch]
+    tokens = grid * grid * max(frames // 2, 1) + extra
+    consts = [numpy_helper.from_array(rng.standard_normal((8, 3, *kernel)).astype(
                   np.float32), "patch.w"),
               numpy_helper.from_array(np.array([0, 8, -1], np.int64), "flat"),
               numpy_helper.from_array(np.array([0, extra, 0, 0, 0, 0], np.int64), "front"),
               numpy_helper.from_array(rng.standard_normal((1, tokens, 8)).astype(np.float32),
                                       "position")]
-    nodes = [helper.make_node("Conv", ["nchw", "patch.w"], ["patches"], name="patchify",
-                              kernel_shape=[patch, patch], strides=[patch, patch]),
+    nodes = [helper.make_node("Conv", ["channels_second", "patch.w"], ["patches"],
+                              name="patchify", kernel_shape=kernel, strides=kernel),
              helper.make_node("Reshape", ["patches", "flat"], ["flat_patches"], name="flatten"),
              helper.make_node("Transpose", ["flat_patches"], ["patch_tokens"], name="tokens",
                               perm=[0, 2, 1]),
              helper.make_node("Pad", ["patch_tokens", "front"], ["all_tokens"], name="cls"),
              helper.make_node("Add", ["all_tokens", "position"], ["embedded"], name="embed"),
              helper.make_node("ReduceMean", ["embedded"], ["pooled"], name="pool", axes=[1])]
-    if dims[-1] == 3:
-        nodes.insert(0, helper.make_node("Transpose", ["pixels"], ["nchw"], name="to_nchw",
-                                         perm=[0, 3, 1, 2]))
+    perm = [0, 2, 1, 3, 4] if frames else [0, 3, 1, 2] if dims[-1] == 3 else None
+    if perm:
+        nodes.insert(0, helper.make_node("Transpose", ["pixels"], ["channels_second"],
+                                         name="to_channels_second", perm=perm))
     else:
         nodes[0].input[0] = "pixels"
     graph = helper.make_graph(
