@@ -126,6 +126,12 @@ def _add_sample_inputs_arg(parser: argparse.ArgumentParser) -> None:
                              "or values)")
 
 
+def _add_live_inputs_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inputs", metavar="FILE.npz",
+                        help="one request's feeds for the live load to send instead of "
+                             "made-up ones; a model is costed and measured on them too")
+
+
 def _add_costs_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", choices=("measured", "model"), default=None,
                         help="what plans are made with: measured (default: cpu and ray "
@@ -374,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
+    _add_live_inputs_arg(tui)
     _add_remap_arg(tui)
     _add_connect_args(tui)
     tui.set_defaults(handler="app.tui_cmd:run")
@@ -384,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     _add_ray_arg(web)
+    _add_live_inputs_arg(web)
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
     _add_remap_arg(web)

@@ -1,7 +1,7 @@
 """`--inputs FILE.npz`: one request's feeds, read and checked against the model before
-anything runs. `prism run` and `prism bench` send them; a model (not a bundle, placed
-already) is also costed at their shapes and its costs measured on their values, as
-`prism partition` and `prism compile` do with them."""
+anything runs. `prism run`, `prism bench` and the dashboards' live load send them; a
+model (not a bundle, placed already) is also costed at their shapes and its costs
+measured on their values, as `prism partition` and `prism compile` do with them."""
 
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ def given_inputs(args: argparse.Namespace, options: dict) -> dict[str, np.ndarra
             or None
         options["sample_feeds"] = feeds
     return feeds
+
+
+def inputs_for(model: str | Path, path: str | Path) -> dict[str, np.ndarray]:
+    """The feeds in `path`, checked against the inputs of `model` (a model or a bundle)."""
+    network, specs = model_inputs(str(model), None)
+    return read_inputs(str(path), network, specs)
 
 
 def graph_given_inputs(args: argparse.Namespace, graph: Graph, bindings: dict | None

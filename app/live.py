@@ -24,6 +24,7 @@ from app.dashboard.source import (
     Status,
 )
 from app.defaults import DEFAULT_MODEL, DEFAULT_RATE, default_devices, default_rate
+from app.given_inputs import inputs_for
 from app.loadgen import LoadGenerator
 from runtime.bundle.contents import open_contents
 from runtime.bundle.reader import is_bundle
@@ -51,9 +52,13 @@ class LiveRuntime:
     def __init__(self, model: str | Path | None = None, devices: str | None = None,
                  mode: str = "balanced", *, rate: float | None = None,
                  concurrency: int | None = None, start_load: bool = True,
-                 seed: int | None = None, remap: Mapping[str, str] | None = None):
+                 seed: int | None = None, remap: Mapping[str, str] | None = None,
+                 inputs: str | Path | None = None):
         self.model = Path(model) if model else DEFAULT_MODEL
         self._remap = (self.model.resolve(), dict(remap or {}))  # for that bundle only
+        # one request's feeds (`--inputs`), for that model only: sent, and measured on
+        self._given = (self.model.resolve(), inputs_for(self.model, inputs)) if inputs \
+            else None
         self.devices_spec = devices or default_devices(self.model)
         self.mode = mode if is_bundle(self.model) else dashboard_mode(mode)  # a bundle: its own
         self.network = self.model.stem
@@ -91,16 +96,22 @@ class LiveRuntime:
         path, remap = self._remap
         self._serving_since[name] = math.inf
         plan = host.add_network(name, model, partition=mode, costs=costs,
-                                remap=remap if remap and model.resolve() == path else None)
+                                remap=remap if remap and model.resolve() == path else None,
+                                sample_feeds=None if is_bundle(model) else self._feeds(model))
         self._serving_since[name] = time.monotonic()
         return plan
+
+    def _feeds(self, model: Path) -> dict | None:
+        """The feeds given for `model`, or None (another model's load is made up)."""
+        return self._given[1] if self._given and model.resolve() == self._given[0] else None
 
     def _start_load(self, paused: bool = False) -> None:
         host = self._running()
         if self._rate_fits_plan:
             self.rate = default_rate(self._plan.bottleneck_seconds, host.replicas(self.network))
         self.load = LoadGenerator(host, self.network, rate=self.rate,
-                                  concurrency=self.concurrency, seed=self.seed, timeout=10.0)
+                                  concurrency=self.concurrency, seed=self.seed, timeout=10.0,
+                                  feeds=self._feeds(self.model))
         if paused:
             self.load.pause()
         self.load.start()

@@ -37,8 +37,14 @@ class SourceSettings:
     token: str | None = None  # its token, if it asks for one
     remap: str | None = None  # a bundle's renamed devices: "OLD=NEW,OLD=NEW"
     train: str | None = None  # a training run to run and show (TrainSettings as JSON)
+    inputs: str | None = None  # one request's feeds (.npz) for the embedded runtime's load
 
     def __post_init__(self) -> None:
+        if self.inputs is not None and (self.replay or self.connect or self.train):
+            raise PrismError("--inputs feeds a runtime run here; a replay, a server or a "
+                             "training run has its own")
+        if self.inputs is not None and not Path(self.inputs).is_file():
+            raise PrismError(f"--inputs: no such file: {self.inputs}")
         if self.train is not None and (self.model or self.replay or self.connect):
             raise PrismError("a training run is its own source: MODEL, --replay and "
                              "--connect do not go with it")
@@ -71,7 +77,8 @@ class SourceSettings:
         if self.replay is not None:
             return Recording(self.replay, self.model, self.devices, self.mode)
         return LiveRuntime(self.model, self.devices, self.mode, rate=self.rate,
-                           concurrency=self.concurrency, seed=self.seed, remap=self.remaps)
+                           concurrency=self.concurrency, seed=self.seed, remap=self.remaps,
+                           inputs=self.inputs)
 
     def to_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """`env` with these settings in place of any it held."""
@@ -91,7 +98,8 @@ class SourceSettings:
 
         return cls(get("model"), get("devices"), get("mode") or "balanced",
                    number("rate", float), number("concurrency", int), number("seed", int),
-                   get("replay"), get("connect"), get("token"), get("remap"), get("train"))
+                   get("replay"), get("connect"), get("token"), get("remap"), get("train"),
+                   get("inputs"))
 
 
 def _check_bundle(path: Path, devices: str | None, remap: Mapping[str, str]) -> None:

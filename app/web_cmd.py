@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 from types import FrameType
 
+from app.defaults import DEFAULT_MODEL
+from app.given_inputs import inputs_for
 from app.sources import SourceSettings
 from runtime.devices import parse_devices
 from runtime.errors import PrismError
@@ -88,12 +90,15 @@ def _settings(args: argparse.Namespace) -> SourceSettings:
     if args.devices:
         parse_devices(args.devices)  # a bad spec fails here, as one line
     replay = getattr(args, "replay", None)  # `prism web --replay` once the CLI takes it
+    inputs = str(Path(args.inputs).resolve()) if args.inputs else None
     settings = SourceSettings(model, args.devices,
                               replay=str(Path(replay).resolve()) if replay else None,
                               connect=args.connect, token=args.token,
-                              remap=",".join(args.remap) or None)
+                              remap=",".join(args.remap) or None, inputs=inputs)
     if settings.connect is not None:
         settings.open().close()  # an unreachable server fails here, as one line
+    if inputs is not None:  # feeds that do not fit fail here, as one line
+        inputs_for(model or DEFAULT_MODEL, inputs)
     return settings
 
 

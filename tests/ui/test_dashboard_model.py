@@ -38,11 +38,14 @@ from runtime.bundle.reader import read_bundle
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from runtime.devices.device import DeviceStats
-from runtime.errors import PrismError
+from runtime.errors import InvalidInputError, PrismError
 from runtime.graph import load_graph
 from runtime.observe.events import Event
 from runtime.partition import Plan, Step, partition, replay
 from runtime.partition.dot import Outline
+from runtime.partition.planning import COSTS_ENV
+from runtime.user_cache import CACHE_ENV
+from tests.support.dags import end_token_ids, end_token_model
 from tests.support.recordings import record_run
 
 MODEL = SAMPLES / "cnn.onnx"
@@ -465,6 +468,36 @@ def test_a_bundle_remapped_through_the_environment_runs_where_it_was_sent(
         model.close()
     with pytest.raises(PrismError, match="applies to bundles"):
         SourceSettings(str(MODEL), "cpu:4", remap="cpu0=cpu3")
+
+
+def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prism tui|web MODEL --inputs FILE.npz`: a model taking only some values (ids
+    holding an end token) failed every request of the dashboards' made-up load, and was
+    planned on the roofline. The settings carry the file through `prism web`'s
+    environment; a file that does not fit is refused in one line naming it."""
+    monkeypatch.setenv(COSTS_ENV, "measured")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path, data, bad = tmp_path / "ends.onnx", tmp_path / "ids.npz", tmp_path / "floats.npz"
+    onnx.save(end_token_model(), path)
+    ids = end_token_ids(np.random.default_rng())
+    np.savez(data, ids=ids)
+    np.savez(bad, ids=ids.astype(np.float32))
+    settings = SourceSettings(str(path), "cpu:2", concurrency=2, inputs=str(data))
+    model = DashboardModel(SourceSettings.from_env(settings.to_env({})).open())
+    try:
+        deadline = time.monotonic() + 30
+        while model.poll().totals.finished < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        view = model.poll()
+        assert view.totals.finished >= 5 and view.totals.failed == 0
+        assert view.plan is not None and view.plan.costs == "measured"
+    finally:
+        model.close()
+    with pytest.raises(InvalidInputError, match=f"^{bad}: input 'ids' of ends: expected"):
+        LiveRuntime(str(path), "cpu:2", inputs=str(bad), start_load=False)
+    with pytest.raises(PrismError, match="--inputs feeds a runtime run here"):
+        SourceSettings(connect="http://127.0.0.1:9", inputs=str(data))
 
 
 def test_stepper_walks_within_its_steps(source: Scripted) -> None:
