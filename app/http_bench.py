@@ -30,8 +30,9 @@ from rich.table import Table
 
 from app.console import plain_console, progress_on
 from app.given_inputs import read_inputs
-from app.server.tensors import DTYPES, to_bytes
+from app.server.tensors import DTYPES, INPUT_SPECS, to_bytes
 from runtime.errors import PrismError
+from runtime.free_dims import fixed_size
 from runtime.inputs import InputSpec, random_feeds
 from runtime.units import human_seconds
 
@@ -86,7 +87,7 @@ async def bench(url: str, model: str | None, levels: list[int], requests: int,
                                      ) as session:
         model = model or await _only_model(session, url)
         metadata = await _get_json(session, "GET", f"{url}/v2/models/{model}")
-        specs = _specs(metadata, shapes or {})
+        specs = _specs(metadata, shapes or {}, await _served_specs(session, url, model))
         given = read_inputs(inputs, model, specs) if inputs else None
         out = []
         with progress_on(plain_console(stderr=True), quiet=quiet) as progress:
@@ -160,9 +161,24 @@ async def _level(session: aiohttp.ClientSession, model_url: str,
                  errors[0] if errors else None)
 
 
-def _specs(metadata: dict, shapes: Mapping[str, tuple[int, ...]]) -> list[InputSpec]:
+async def _served_specs(session: aiohttp.ClientSession, url: str, model: str
+                        ) -> dict[str, InputSpec]:
+    """The inputs as a Prism server reads them (its configuration's `INPUT_SPECS`), by
+    name; {} from any other server, or one that says nothing of them."""
+    try:
+        config = await _get_json(session, "GET", f"{url}/v2/models/{model}/config")
+        text = config["parameters"][INPUT_SPECS]["string_value"]
+        return {s.name: s for s in map(InputSpec.from_dict, json.loads(text))}
+    except (PrismError, KeyError, TypeError, ValueError):
+        return {}
+
+
+def _specs(metadata: dict, shapes: Mapping[str, tuple[int, ...]],
+           served: Mapping[str, InputSpec] | None = None) -> list[InputSpec]:
     """The model's inputs as its metadata describes them (-1: a variable dimension), in
-    `shapes` where given: each fits its input's rank and fixed dimensions."""
+    `shapes` where given: each fits its input's rank and fixed dimensions. Where not, a
+    Prism server's own reading of one (`served`: its dimensions' names, least sizes and
+    value limits) draws it as `prism run` would, if it agrees with the metadata."""
     model, inputs = metadata.get("name", "the model"), {s["name"]: s for s in metadata["inputs"]}
     unknown = sorted(set(shapes) - set(inputs))
     if unknown:
@@ -174,14 +190,26 @@ def _specs(metadata: dict, shapes: Mapping[str, tuple[int, ...]]) -> list[InputS
         if dtype is None:
             raise PrismError(f"input {name!r} is {spec['datatype']}: the load generator "
                              f"sends none")
-        served, shape = spec["shape"], shapes.get(name)
-        if shape is not None and (len(shape) != len(served) or
-                                  any(0 <= d != s for d, s in zip(served, shape, strict=True))):
+        served_shape, shape = spec["shape"], shapes.get(name)
+        if shape is not None and (len(shape) != len(served_shape) or any(
+                0 <= d != s for d, s in zip(served_shape, shape, strict=True))):
             raise PrismError(f"--shape {name}={','.join(map(str, shape))}: input {name!r} "
-                             f"of {model} is served as {served} (-1: any size)")
+                             f"of {model} is served as {served_shape} (-1: any size)")
+        own = (served or {}).get(name)
+        if shape is None and own is not None and own.dtype == dtype and own.dims is not None \
+                and _agree(own.dims, served_shape):
+            specs.append(own)
+            continue
         specs.append(InputSpec(name, dtype, shape or tuple(d if d >= 0 else None
-                                                          for d in served)))
+                                                          for d in served_shape)))
     return specs
+
+
+def _agree(dims: tuple, shape: list[int]) -> bool:
+    """Do a server's dims say what its metadata's shape says (-1: a free one)?"""
+    return len(dims) == len(shape) and all(
+        (s < 0) == (fixed_size(d) is None) and (s < 0 or fixed_size(d) == s)
+        for d, s in zip(dims, shape, strict=True))
 
 
 def _request(metadata: dict, feeds: dict[str, np.ndarray]) -> tuple[bytes, dict]:

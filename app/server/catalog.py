@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import math
 import threading
@@ -28,7 +29,7 @@ from app.server.classify import top_classes
 from app.server.errors import in_public
 from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
-from app.server.tensors import TensorError, datatype
+from app.server.tensors import INPUT_SPECS, TensorError, datatype
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
 from runtime.free_dims import fixed_size
 from runtime.graph import Graph
@@ -164,7 +165,10 @@ class Served:
         return out
 
     def config(self) -> dict:
-        """The model configuration, as Triton answers `GET /v2/models/M/config`."""
+        """The model configuration, as Triton answers `GET /v2/models/M/config`; its
+        parameters also say the inputs as Prism reads them (`INPUT_SPECS`: dimension names,
+        the least sizes the graph reads, value limits), for a client to make up requests
+        the model takes as `prism run` does, where metadata says only -1."""
         batch = self.options.max_batch_size
         kinds = {backend for _, backend in self.devices}
         config: dict = {
@@ -177,7 +181,10 @@ class Served:
                                 "kind": "KIND_CPU" if kinds == {"cpu"} else "KIND_MODEL"}],
             "default_model_filename": self.source.name,
             "parameters": {"partition": {"string_value": self.mode},
-                           "devices": {"string_value": ",".join(n for n, _ in self.devices)}}}
+                           "devices": {"string_value": ",".join(n for n, _ in self.devices)},
+                           INPUT_SPECS: {"string_value": json.dumps(
+                               [i.to_dict() for i in self.inputs
+                                if i.name not in self._reshapes["input"]])}}}
         if batch and self.options.dynamic_batching:
             config["dynamic_batching"] = {
                 "preferred_batch_size": list(self.options.preferred_batch_sizes),

@@ -33,6 +33,8 @@ _DATATYPES = {dtype: name for name, dtype in DTYPES.items()}
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 DEFAULT_PRIORITY = 1  # Triton's "0: the default level", placed at its highest level (1)
 _LENGTH = struct.Struct("<I").unpack_from  # a BYTES element's length
+# a model configuration's parameter: its inputs as Prism reads them (`InputSpec.to_dict`)
+INPUT_SPECS = "input_specs"
 # JSON text past this is read by Python's json, which peaks near 3x the text where
 # orjson (yyjson) reserves 14x: 5x slower, but a 64 MB body no longer takes a gigabyte
 LARGE_JSON = 8 << 20

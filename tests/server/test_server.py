@@ -23,10 +23,12 @@ from tritonclient.utils import InferenceServerException
 from app.http_bench import bench
 from app.server.runner import check_exposure
 from app.server.state import ServerSettings
+from app.server.tensors import INPUT_SPECS
 from runtime.errors import InvalidInputError, PrismError
+from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE
 from runtime.inputs import random_feeds
 from tests.support.classifiers import zipmap_classifier
-from tests.support.dags import even_rows_model, upsampling_detector
+from tests.support.dags import even_rows_model, speech_frontend, upsampling_detector, vit_stem
 from tests.support.servers import (
     WAIT,
     binary_request,
@@ -924,6 +926,41 @@ def test_a_dimension_named_by_a_number_is_served_as_that_number(client, server):
         assert drawn.requests == 10 and drawn.errors == 0, drawn.first_error
     finally:
         client.unload_model("neck")
+        shutil.rmtree(folder.parent)
+
+
+@pytest.mark.parametrize("kind", ["optimum image", "vision transformer", "waveform"])
+def test_bench_url_draws_what_the_model_takes_as_prism_run_does(client, server, kind):
+    """Served as -1 everywhere, an image whose channels are named (optimum's
+    [batch_size, num_channels, height, width]) was drawn 1x1x1x1, a ViT at its own side
+    224, a waveform one sample: every request failed. The configuration says the inputs
+    as Prism reads them (`INPUT_SPECS`), and `prism bench --url` draws them as `run` does."""
+    import asyncio
+
+    url, state = server
+    rng = np.random.default_rng()
+    side = int(rng.integers(2, 9)) * 8
+    model, shape = {
+        "optimum image": (upsampling_detector(["batch_size", "num_channels", "h", "w"]),
+                          [1, 3, IMAGE_SIDE, IMAGE_SIDE]),
+        "vision transformer": (vit_stem(["n", "c", "h", "w"], 8, side // 8, 1),
+                               [1, 3, side, side]),
+        "waveform": (speech_frontend(["batch", "samples"]), [1, AUDIO_SAMPLES]),
+    }[kind]
+    folder = state.catalog.repository.root / "drawn" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(model, folder / "model.onnx")
+    try:
+        client.load_model("drawn")
+        [served] = client.get_model_metadata("drawn")["inputs"]
+        assert set(served["shape"]) == {-1}
+        config = client.get_model_config("drawn")
+        assert INPUT_SPECS in config["parameters"]
+        [drawn] = asyncio.run(bench(url, "drawn", [2], 10))
+        assert drawn.requests == 10 and drawn.errors == 0, drawn.first_error
+        assert drawn.shapes == {served["name"]: shape}
+    finally:
+        client.unload_model("drawn")
         shutil.rmtree(folder.parent)
 
 
