@@ -169,8 +169,8 @@ async def _served_specs(session: aiohttp.ClientSession, url: str, model: str
         config = await _get_json(session, "GET", f"{url}/v2/models/{model}/config")
         text = config["parameters"][INPUT_SPECS]["string_value"]
         return {s.name: s for s in map(InputSpec.from_dict, json.loads(text))}
-    except (PrismError, KeyError, TypeError, ValueError):
-        return {}
+    except (PrismError, AttributeError, KeyError, TypeError, ValueError):
+        return {}  # not a Prism server's, or not one this client reads
 
 
 def _specs(metadata: dict, shapes: Mapping[str, tuple[int, ...]],
