@@ -30,6 +30,7 @@ from app.server.errors import in_public
 from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
 from app.server.tensors import INPUT_SPECS, TensorError, datatype
+from app.server.warmup import Warmup, warm, warmup_feeds
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
 from runtime.free_dims import fixed_size
 from runtime.graph import Graph
@@ -304,6 +305,9 @@ class Catalog:
         entry = self.repository.get(name)
         options = load_options(entry.config, params)
         labels = self.repository.labels(name, options.tensors)
+        rng, read = np.random.default_rng(), functools.partial(self.repository.warmup_file, name)
+        samples = [(w, warmup_feeds(w, options.max_batch_size > 0, read, rng))
+                   for w in options.warmups]
         wanted = options.versions.pick(name, entry.versions)
         with self._lock:
             current = self._served.get(name, {})
@@ -311,7 +315,7 @@ class Catalog:
             try:
                 for version in wanted:
                     made[version] = self._made(name, entry.versions[version], options,
-                                               version, current.get(version), labels)
+                                               version, current.get(version), labels, samples)
             except Exception:
                 for version, served in made.items():
                     if served is not current.get(version):  # never served: no requests
@@ -330,11 +334,12 @@ class Catalog:
             return served
 
     def _made(self, name: str, path: Path, options: LoadOptions, version: str,
-              old: Served | None, labels: Mapping[str, tuple[str, ...]] | None = None
-              ) -> Served:
+              old: Served | None, labels: Mapping[str, tuple[str, ...]] | None = None,
+              samples: list[tuple[Warmup, dict]] | None = None) -> Served:
         """`old` if it already serves this file with these options and labels, none of its
         files written since (Triton reloads a model whose files changed), else a network
-        loaded and checked for it, not yet served. Called holding the lock."""
+        loaded, checked and warmed up (`samples`, the first also measured on) for it, not
+        yet served. Called holding the lock."""
         labels = labels or {}
         if old is not None and (old.source, old.options, old.labels) == (path, options, labels) \
                 and all(_version(file) == read for file, read in old.files):
@@ -343,9 +348,12 @@ class Catalog:
         network = self._new_network_name(name)
         self._loading.add(name)
         try:
-            plan = self.host.add_network(network, str(path), **options.add_network())
+            measured_on = samples[0][1] if samples and path.suffix != ".prism" else None
+            plan = self.host.add_network(network, str(path), **options.add_network(),
+                                         sample_feeds=measured_on)
             try:
                 _check_loaded(name, self.host.graph(network), options)
+                warm(self.host, network, samples or [])
             except PrismError:
                 self.host.remove_network(network)
                 raise

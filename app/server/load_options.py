@@ -8,7 +8,8 @@ first dimension, and with
 `dynamic_batching` (`max_queue_delay_microseconds`, `preferred_batch_size`) turns on
 Prism's batching (the load parameter `max_batch_size` turns it on by itself), the
 `instance_group` counts are replicas, and `parameters` (`partition`, `devices`,
-`replicas`) are Prism's own. Load parameters: partition, devices, replicas,
+`replicas`) are Prism's own, and `model_warmup` the samples it runs before it serves
+(`warmup.py`). Load parameters: partition, devices, replicas,
 max_batch_size, max_queue_delay_ms, preferred_batch_sizes, version, config, costs
 (`measured` or `model`: the cost model the plan is made with). Values may be strings, as
 Triton's clients send them.
@@ -21,6 +22,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.server.tensors import DTYPES
+from app.server.warmup import DATA, Warmup, WarmupInput
 from runtime.cost import COSTS
 from runtime.errors import NetworkNotFoundError, PrismError
 from runtime.partition.replicas import FILL
@@ -110,6 +113,7 @@ class LoadOptions:
     preferred_batch_sizes: tuple[int, ...] = ()
     costs: str | None = None  # None: the host's default (measured)
     tensors: tuple[ConfigTensor, ...] = ()
+    warmups: tuple[Warmup, ...] = ()  # `model_warmup`: run before it serves
 
     def add_network(self) -> dict[str, Any]:
         """Keywords for `HostManager.add_network`."""
@@ -154,7 +158,7 @@ def load_options(config: Mapping[str, Any], params: Mapping[str, Any] | None) ->
     found.update(params)
     if "max_batch_size" in params:
         found["dynamic_batching"] = True
-    return replace(_checked(found), tensors=_config_tensors(config))
+    return replace(_checked(found), tensors=_config_tensors(config), warmups=warmups(config))
 
 
 def _config_tensors(config: Mapping[str, Any]) -> tuple[ConfigTensor, ...]:
@@ -197,20 +201,9 @@ def _json_config(text: Any) -> dict[str, Any]:
 
 
 def _config_parameters(value: Any) -> dict[str, Any]:
-    """A configuration's `parameters`: pbtxt gives [{key, value: {string_value}}], JSON
-    gives {key: {string_value}}."""
-    if not value:
-        return {}
-    if isinstance(value, Mapping) and set(value) == {"key", "value"}:
-        value = [value]  # pbtxt: one entry
-    pairs = value.items() if isinstance(value, Mapping) else (
-        (p.get("key"), p.get("value")) for p in (value if isinstance(value, list) else [value])
-        if isinstance(p, Mapping))
-    out = {}
-    for key, wrapped in pairs:
-        if key in ("partition", "devices", "replicas"):
-            out[key] = wrapped.get("string_value") if isinstance(wrapped, Mapping) else wrapped
-    return out
+    """A configuration's `parameters`: Prism's own, each {string_value} or plain."""
+    return {key: wrapped.get("string_value") if isinstance(wrapped, Mapping) else wrapped
+            for key, wrapped in _pairs(value) if key in ("partition", "devices", "replicas")}
 
 
 def _checked(found: dict[str, Any]) -> LoadOptions:
@@ -275,3 +268,50 @@ def _whole(value: Any, what: str, low: int) -> int:
     if number is None or number < low:
         raise LoadOptionError(f"{what} {value!r}: give a whole number of at least {low}")
     return number
+
+
+def warmups(config: Mapping[str, Any]) -> tuple[Warmup, ...]:
+    """The configuration's `model_warmup` samples; LoadOptionError naming what is wrong."""
+    entries = config.get("model_warmup") or []
+    out = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else [entries]):
+        if not isinstance(entry, Mapping):
+            raise LoadOptionError(f"config: model_warmup {i} must be a message")
+        name = str(entry.get("name", i))
+        batch = _whole(entry.get("batch_size", 1), f"warmup {name!r} batch_size", 1)
+        count = max(_whole(entry.get("count", 1), f"warmup {name!r} count", 0), 1)
+        inputs = tuple(_input(name, key, value) for key, value in _pairs(entry.get("inputs")))
+        if not inputs:
+            raise LoadOptionError(f"config: warmup {name!r} names no inputs")
+        out.append(Warmup(name, batch, count, inputs))
+    return tuple(out)
+
+
+def _pairs(value: Any) -> list[tuple[Any, Any]]:
+    """A map field's entries: pbtxt gives [{key, value}] (one entry: {key, value}), JSON
+    {key: value}."""
+    if isinstance(value, Mapping) and set(value) == {"key", "value"}:
+        value = [value]
+    if isinstance(value, Mapping):
+        return list(value.items())
+    return [(p.get("key"), p.get("value")) for p in (value if isinstance(value, list) else [])
+            if isinstance(p, Mapping)]
+
+
+def _input(sample: str, name: Any, spec: Any) -> WarmupInput:
+    what = f"warmup {sample!r} input {name!r}"
+    if not isinstance(name, str) or not isinstance(spec, Mapping):
+        raise LoadOptionError(f"config: {what} must be a message under the input's name")
+    kind = str(spec.get("data_type", "")).removeprefix("TYPE_")
+    kind = "BYTES" if kind == "STRING" else kind
+    if kind not in DTYPES:
+        raise LoadOptionError(f"config: {what}: data_type {spec.get('data_type')!r} is none "
+                              f"of TYPE_{', TYPE_'.join(DTYPES)}")
+    dims = spec.get("dims", [])
+    dims = tuple(_whole(d, f"{what} dims", 0) for d in (dims if isinstance(dims, list)
+                                                         else [dims]))
+    given = [d for d in DATA if spec.get(d) not in (None, False)]
+    if len(given) != 1:
+        raise LoadOptionError(f"config: {what} needs one of {', '.join(DATA)}")
+    data = given[0] if given[0] != "input_data_file" else str(spec["input_data_file"])
+    return WarmupInput(name, kind, dims, data)

@@ -111,6 +111,22 @@ class ModelRepository:
                                       f"{tensor.name!r}: {exc}") from None
         return out
 
+    def warmup_file(self, name: str, file: str, most: int) -> bytes:
+        """A warmup sample's data: `file` in the model's `warmup/` folder, as Triton keeps
+        it; refused unread past `most` bytes."""
+        path = self.root / name / "warmup" / file
+        if not self._inside(path):
+            raise RepositoryError(f"{path} leads out of the model repository")
+        try:
+            size = path.stat().st_size
+            if size > most:
+                raise RepositoryError(f"model {name!r}: warmup file {file} holds {size} "
+                                      f"bytes, more than the {most} its input takes")
+            return path.read_bytes()
+        except OSError as exc:
+            raise RepositoryError(f"model {name!r}: cannot read warmup file {file}: "
+                                  f"{exc.strerror or exc}") from None
+
     def _inside(self, path: Path) -> bool:
         return path.resolve().is_relative_to(self.root)
 

@@ -210,7 +210,7 @@ def _input(tensor: dict, binary: memoryview, offset: int) -> tuple[np.ndarray, i
         raise TensorError(f"input {name!r}: binary_data_size {size!r} exceeds the "
                           f"{len(binary) - offset} bytes of binary data left")
     chunk = binary[offset:offset + size]
-    return _from_bytes(name, chunk, shape, count, dtype), offset + size
+    return from_bytes(name, chunk, shape, count, dtype), offset + size
 
 
 def _fits(name: str, shape: tuple[int, ...], count: int, dtype: np.dtype, sent: int) -> None:
@@ -263,7 +263,7 @@ def _from_json(name: str, data: Any, shape: tuple[int, ...], count: int, dtype: 
     return given.astype(dtype).reshape(shape)
 
 
-def _from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int,
+def from_bytes(name: str, chunk: memoryview, shape: tuple[int, ...], count: int,
                 dtype: np.dtype) -> np.ndarray:
     _fits(name, shape, count, dtype, len(chunk))
     if dtype.kind == "O":
@@ -312,7 +312,7 @@ def _raw(body: bytes, inputs: Sequence[InputSpec]) -> InferRequest:
         raise TensorError(f"a raw body of {len(body)} bytes does not fit input {spec.name!r} "
                           f"({spec.describe()})")
     shape = tuple(d if d is not None else len(body) // known for d in fixed)
-    array = _from_bytes(spec.name, memoryview(body), shape, math.prod(shape), dtype)
+    array = from_bytes(spec.name, memoryview(body), shape, math.prod(shape), dtype)
     return InferRequest({spec.name: array}, None, True, DEFAULT_PRIORITY, None)
 
 

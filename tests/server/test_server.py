@@ -28,7 +28,14 @@ from runtime.errors import InvalidInputError, PrismError
 from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE
 from runtime.inputs import random_feeds
 from tests.support.classifiers import zipmap_classifier
-from tests.support.dags import even_rows_model, speech_frontend, upsampling_detector, vit_stem
+from tests.support.dags import (
+    end_token_ids,
+    end_token_model,
+    even_rows_model,
+    speech_frontend,
+    upsampling_detector,
+    vit_stem,
+)
 from tests.support.servers import (
     WAIT,
     binary_request,
@@ -444,6 +451,51 @@ def test_classification_gives_the_top_classes_as_triton_does(client, server):
             "outputs": [{"name": "logits", "parameters": {"classification": 0}}]}
     status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", body))
     assert status == 400 and "'classification' must be a whole number >= 1" in message
+
+
+def test_a_models_warmup_samples_run_before_it_serves_and_it_is_measured_on_them(server):
+    """Triton's `model_warmup` was ignored: a model taking only some values (ids holding an
+    end token) was measured on made-up ids, which it fails, and planned on the roofline.
+    Each sample now runs `count` times before the model serves, the first is what its
+    costs are measured on, and a sample that fails fails the load, naming it, as Triton's
+    does; so does a data file of the wrong size."""
+    url, state = server
+    rng = np.random.default_rng()
+    folder = state.catalog.repository.root / "ends"
+    (folder / "1").mkdir(parents=True)
+    (folder / "warmup").mkdir()
+    onnx.save(end_token_model(), folder / "1" / "model.onnx")
+    ids = end_token_ids(rng)
+    (folder / "warmup" / "ids.raw").write_bytes(ids.astype("<i8").tobytes())
+    count = int(rng.integers(2, 5))
+
+    def load(data: str, dims: tuple[int, ...] = ids.shape) -> tuple:
+        (folder / "config.pbtxt").write_text(
+            f'model_warmup [ {{ name: "sample" count: {count} inputs {{ key: "ids" value: '
+            f'{{ data_type: TYPE_INT64 dims: [ {", ".join(map(str, dims))} ] {data} }} }} }} ]\n')
+        return call(f"{url}/v2/repository/models/ends/load", "POST",
+                    {"parameters": {"costs": "measured"}})
+
+    events = state.host.bus.subscribe(kinds=("request.finished",))
+    try:
+        status, _, body = load('input_data_file: "ids.raw"')
+        assert status == 200, body
+        served = state.catalog.get("ends")
+        assert state.host.plan(served.network).costs == "measured"
+        warmed = [e for e in events.drain() if e.get("network") == served.network]
+        assert len(warmed) == count
+        for data, dims, said in (
+                ("zero_data: true", ids.shape, "warmup 'sample' failed: "),
+                ('input_data_file: "ids.raw"', (ids.shape[0] + 1, ids.shape[1]),
+                 f"file ids.raw: it holds {ids.nbytes} bytes; input 'ids', INT64"),
+                ('input_data_file: "ids.raw"', (1, 1), "more than the 8 its input takes")):
+            status, message = error_of(load(data, dims))
+            assert status == 400 and said in message, message
+            assert state.catalog.get("ends") is served  # what served before serves on
+    finally:
+        events.close()
+        call(f"{url}/v2/repository/models/ends/unload", "POST", {})
+        shutil.rmtree(folder)
 
 
 def test_statistics_count_what_ran_as_tritons_extension_does(client, server):

@@ -21,6 +21,7 @@ from app.server.tensors import (
     encode_response,
     parse_infer,
 )
+from app.server.warmup import warmup_feeds
 
 
 def _random(datatype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -106,6 +107,40 @@ def test_a_triton_config_becomes_load_options():
     assert load_options({}, {"max_batch_size": 4}).dynamic_batching  # Prism's own parameter
     assert options.costs is None and options.add_network()["costs"] is None  # the default
     assert load_options(config, {"costs": "model"}).add_network()["costs"] == "model"
+
+
+def test_warmup_samples_are_read_from_a_configuration_and_made_into_feeds():
+    """Triton's `model_warmup`, from pbtxt or JSON: a batching model's sample holds
+    `batch_size` rows of each input's dims; data zero, random, or raw bytes from a file
+    (BYTES elements each after its length). What cannot be made is refused by name."""
+    config = parse("""
+        max_batch_size: 4
+        model_warmup [ { name: "rows" batch_size: 3 count: 2
+          inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 5 ] random_data: true } }
+          inputs { key: "s" value: { data_type: TYPE_STRING dims: [ 2 ] input_data_file: "s" } }
+          inputs { key: "n" value: { data_type: TYPE_INT8 dims: [ 1 ] zero_data: true } } } ]
+    """)
+    [sample] = load_options(config, None).warmups
+    assert (sample.name, sample.batch_size, sample.count) == ("rows", 3, 2)
+    as_json = {"max_batch_size": 4, "model_warmup": [{
+        "name": "rows", "batch_size": 3, "count": 2, "inputs": {
+            "x": {"data_type": "TYPE_FP32", "dims": [5], "random_data": True},
+            "s": {"data_type": "TYPE_STRING", "dims": [2], "input_data_file": "s"},
+            "n": {"data_type": "TYPE_INT8", "dims": [1], "zero_data": True}}}]}
+    assert load_options(as_json, None).warmups == (sample,)
+    texts = ["ab", "", "c", "de", "f", "ünï"]
+    data = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
+    asked = []
+    feeds = warmup_feeds(sample, True, lambda file, most: asked.append(file) or data,
+                         np.random.default_rng())
+    assert asked == ["s"] and feeds["x"].shape == (3, 5) and feeds["x"].dtype == np.float32
+    assert feeds["s"].tolist() == [texts[0:2], texts[2:4], texts[4:6]]
+    assert feeds["n"].tolist() == [[0]] * 3 and feeds["n"].dtype == np.int8
+    for bad, named in (({"data_type": "TYPE_FP32", "dims": [2]}, "needs one of zero_data"),
+                       ({"data_type": "TYPE_FP99", "zero_data": True}, "TYPE_FP99"),
+                       ({"data_type": "TYPE_FP32", "dims": [-1], "zero_data": True}, "dims")):
+        with pytest.raises(LoadOptionError, match=named):
+            load_options({"model_warmup": {"name": "w", "inputs": {"x": bad}}}, None)
 
 
 @pytest.mark.parametrize(("text", "kind", "picked"), [
