@@ -26,7 +26,6 @@ and the op could no longer be fused). `split_pairs` finds boundaries that do.
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from collections.abc import Mapping
 
 from runtime.dequantize import DEQUANTIZE_OPS
@@ -123,10 +122,6 @@ def assume_precisions(graph: Graph, precisions: Mapping[str, str | None]) -> Gra
     return view
 
 
-def is_quantized(graph: Graph) -> bool:
-    return "int8" in node_precisions(graph).values()
-
-
 def stored_bytes(graph: Graph, tensor: str) -> int:
     """Bytes a tensor really occupies: a DequantizeLinear's output is read by the fused
     integer kernel in its quantized form, so it counts at its input's size."""
@@ -165,8 +160,3 @@ def split_pairs(graph: Graph, home: Mapping[str, str]) -> list[tuple[str, str]]:
                 out.append((src, node.name))
     return out
 
-
-def precision_counts(graph: Graph, nodes: list[str] | tuple[str, ...]) -> dict[str, int]:
-    """How many of `nodes` compute in each precision (None counts as `none`)."""
-    precisions = node_precisions(graph)
-    return dict(Counter(precisions[n] or "none" for n in nodes))

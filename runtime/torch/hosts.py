@@ -30,12 +30,6 @@ def host_for(options: OffloadOptions) -> HostManager:
         return host
 
 
-def shared_hosts() -> dict[str, HostManager]:
-    """The hosts this process opened, by device spec."""
-    with _lock:
-        return dict(_shared)
-
-
 @atexit.register
 def close_shared() -> None:
     with _lock:
