@@ -45,8 +45,6 @@ from runtime.train.loss import LOSS_ORIGIN
 from runtime.train.optimizers import LR, Optimizer, accumulator, scalar_dtype
 from runtime.train.program import TrainingGraph
 
-PHASES = ("forward", "backward", "update")
-
 
 @dataclass(frozen=True)
 class StageProgram:
