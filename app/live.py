@@ -143,9 +143,11 @@ class LiveRuntime:
         load = self.load
         setting = None if load is None else LoadSetting(rate=load.rate) \
             if load.rate is not None else LoadSetting(clients=load.concurrency)
+        failing = load.hint("--inputs FILE.npz", share=0.5) if load is not None else ""
         return Status(str(self.model), self.network, self.mode, self.devices_spec,
                       LoadState(setting, self.paused), self._record_path,
-                      bundle=self._origin() is not None)
+                      bundle=self._origin() is not None,
+                      hint=f"most requests failed{failing}" if failing else "")
 
     def plan(self) -> Plan | None:
         """The plan serving now: the host's learner may have re-made it since it loaded

@@ -57,13 +57,15 @@ def feed_pool(specs: list[InputSpec], rng: np.random.Generator,
     return pool + [random_feeds(specs, rng, bindings) for _ in range(more)]
 
 
-def made_up_hint(feeds: dict) -> str:
-    """Where every request failed on made-up inputs, which ones and how to give others:
-    a model may take only some sizes (PP-OCR's recognizer, text lines 48 high) or values
-    (silero's VAD, a sample rate of 8000 or 16000)."""
+GIVE_INPUTS = "--inputs FILE.npz, or sizes with --bind DIM=N"  # the flags that give them
+
+
+def made_up_hint(feeds: dict, how: str = GIVE_INPUTS) -> str:
+    """Where every request failed on made-up inputs, which ones and how to give others
+    (`how`: a command's flags): a model may take only some sizes (PP-OCR's recognizer,
+    text lines 48 high) or values (silero's VAD, a sample rate of 8000 or 16000)."""
     shown = ", ".join(f"{k} {list(getattr(v, 'shape', ()))}" for k, v in list(feeds.items())[:4])
-    return (f" (on made-up inputs: {shown}{', ...' * (len(feeds) > 4)}; give yours with "
-            f"--inputs FILE.npz, or sizes with --bind DIM=N)")
+    return f" (on made-up inputs: {shown}{', ...' * (len(feeds) > 4)}; give yours with {how})"
 
 
 class LoadGenerator:
@@ -186,10 +188,11 @@ class LoadGenerator:
                              f"{self.hint()}")
         return self.stats.ok / wall
 
-    def hint(self) -> str:
-        """`made_up_hint` where every request failed on made-up inputs, else ""."""
-        every = self.stats.failed == self.stats.done > 0
-        return made_up_hint(self.pool[0]) if self.made_up and every else ""
+    def hint(self, how: str = GIVE_INPUTS, share: float = 1.0) -> str:
+        """`made_up_hint` where every request (or `share` of them) failed on made-up
+        inputs, else ""."""
+        failing = self.stats.failed >= share * self.stats.done > 0
+        return made_up_hint(self.pool[0], how) if self.made_up and failing else ""
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until the requested number of requests have ended (or `timeout`)."""

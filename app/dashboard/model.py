@@ -54,7 +54,9 @@ class DashboardView:
     throughput: Series  # requests finished per second
     latency: Series  # median end-to-end latency per second (seconds)
     totals: Totals
-    errors: tuple[str, ...]  # the most recent failures (requests, workers), oldest first
+    # the most recent failures (requests, workers), oldest first; last, where most requests
+    # failed on made-up inputs, how to give others (`Status.hint`)
+    errors: tuple[str, ...]
     bundle: BundleInfo | None = None  # the bundle it came from; its schedule, coloured
     training: TrainingView | None = None  # a training run: its loss and step timeline
 
@@ -101,7 +103,8 @@ class DashboardModel:
             latency=binned(self._latencies, now, reduce=statistics.median),
             totals=Totals(snap.throughput, snap.requests_finished, snap.requests_failed,
                           snap.latency, snap.queue_depth[-1][1] if snap.queue_depth else 0),
-            errors=tuple(snap.errors), bundle=self._bundle, training=self.training.view())
+            errors=tuple(snap.errors) + ((status.hint,) if status.hint else ()),
+            bundle=self._bundle, training=self.training.view())
 
     def _draw(self) -> PlanDrawing | None:
         """The running plan's drawing, made again only when the plan changes."""

@@ -68,6 +68,7 @@ class Status:
     replay: str | None = None
     bundle: bool = False  # loaded from a bundle (model_path is it): planned ahead of time
     training: bool = False  # a training run (`prism train --tui/--web`), not served
+    hint: str = ""  # how to make the load's requests succeed, where most have failed
 
     @property
     def model(self) -> str:

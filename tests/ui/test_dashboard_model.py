@@ -474,8 +474,10 @@ def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`prism tui|web MODEL --inputs FILE.npz`: a model taking only some values (ids
     holding an end token) failed every request of the dashboards' made-up load, and was
-    planned on the roofline. The settings carry the file through `prism web`'s
-    environment; a file that does not fit is refused in one line naming it."""
+    planned on the roofline; the errors now end saying how to give inputs, where most
+    requests fail (made-up ids hold the end token now and then). The settings
+    carry the file through `prism web`'s environment; a file that does not fit is refused
+    in one line naming it."""
     monkeypatch.setenv(COSTS_ENV, "measured")
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     path, data, bad = tmp_path / "ends.onnx", tmp_path / "ids.npz", tmp_path / "floats.npz"
@@ -483,6 +485,17 @@ def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
     ids = end_token_ids(np.random.default_rng())
     np.savez(data, ids=ids)
     np.savez(bad, ids=ids.astype(np.float32))
+    made_up = DashboardModel(LiveRuntime(str(path), "cpu:2", concurrency=2))
+    try:
+        deadline = time.monotonic() + 30
+        while made_up.poll().totals.failed < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        view = made_up.poll()
+        assert view.totals.failed >= 5 and view.plan is not None and view.plan.costs == "model"
+        assert view.errors[-1] == ("most requests failed (on made-up inputs: ids [1, 1]; "
+                                   "give yours with --inputs FILE.npz)")
+    finally:
+        made_up.close()
     settings = SourceSettings(str(path), "cpu:2", concurrency=2, inputs=str(data))
     model = DashboardModel(SourceSettings.from_env(settings.to_env({})).open())
     try:
@@ -490,7 +503,7 @@ def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
         while model.poll().totals.finished < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
         view = model.poll()
-        assert view.totals.finished >= 5 and view.totals.failed == 0
+        assert view.totals.finished >= 5 and view.totals.failed == 0 and not view.errors
         assert view.plan is not None and view.plan.costs == "measured"
     finally:
         model.close()
