@@ -10,6 +10,7 @@ written as Sub, Mul and ReduceMean.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,9 @@ class Loss:
                ) -> np.ndarray:
         """`labels` as the loss reads them, or one line saying why they do not fit a
         prediction of this shape and dtype (`what` names where they came from)."""
+        if isinstance(labels, Mapping):  # as feeds are given: by name
+            raise TrainingError(f"{what}: give one array of targets for the model's first "
+                                f"output, not a mapping (of {', '.join(map(str, labels))})")
         array = np.asarray(labels)
         if self.kind == "cross_entropy":
             return self._classes(array, prediction, what)

@@ -593,6 +593,7 @@ def test_a_model_without_float_weights_is_refused() -> None:
     ("mse", np.zeros(4, np.int64), "float targets"),
     ("mse", np.zeros((4, 2)), "prediction's shape [4, 3]"),
     ("hinge", np.zeros(4, np.int64), "unknown loss"),
+    ("mse", {"y": np.zeros((4, 3))}, "one array of targets .* not a mapping"),  # was "object []"
 ])
 def test_labels_that_do_not_fit_are_refused(loss: str, labels: np.ndarray, says: str) -> None:
     rng = np.random.default_rng()
