@@ -752,3 +752,21 @@ def test_rule_matches_central_differences(op: str) -> None:
         numeric = numeric_gradients(check.model, check.feeds, check.target, "mse")
         assert not mismatches(analytic, numeric), (op, onnx.printer.to_text(check.model.graph),
                                                    mismatches(analytic, numeric))
+
+
+def test_an_average_pool_wider_than_its_input_spreads_over_the_input_alone() -> None:
+    """HF's EfficientNet pools globally with a window as wide as its hidden size (1,280
+    to 2,560) and ceil_mode: the rule spread the gradient with a kernel of ones that wide,
+    channels x width x width (125 GiB at 2,560), and training failed with MemoryError.
+    A window is cut to the padded input: the gradient is a global average pool's."""
+    rng = np.random.default_rng()
+    wide = 1 << 15  # 64 channels x wide x wide would be 512 GiB
+    x = normal(rng, 2, 64, *shape_of(rng, 2, 2, 7)).astype(np.float32)
+    pooled = {op: node_check(rng, op, {"x": x}, attrs) for op, attrs in (
+        ("AveragePool", {"kernel_shape": [wide, wide], "strides": [wide, wide], "ceil_mode": 1,
+                         "count_include_pad": int(rng.integers(0, 2))}),
+        ("GlobalAveragePool", {}))}
+    target = rng.standard_normal((2, 64, 1, 1))
+    wanted, got = (gradients(check.model, check.feeds, target, loss="mse")["x"]
+                   for check in pooled.values())
+    np.testing.assert_allclose(got, wanted, rtol=1e-6, atol=1e-9)

@@ -5,7 +5,7 @@ over the input's exact shape."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.devices.reference_ops import same_pads
 from runtime.train.registry import Grad
@@ -48,6 +48,14 @@ class Windows:
         if auto == "VALID":
             pads = [0] * 2 * n
         return cls(spatial, out, kernel, strides, dilations, tuple(pads[:n]), tuple(pads[n:]))
+
+    def within(self) -> Windows:
+        """These windows cut to the padded input: a tap past its end reaches nothing, and
+        a pool of a window wider than its input (HF's EfficientNet pools globally with one
+        as wide as its hidden size, and ceil_mode) would spread over a kernel that wide."""
+        kernel = tuple(min(k, (b + size + e - 1) // d + 1) for size, k, d, b, e in zip(
+            self.spatial, self.kernel, self.dilations, self.begin, self.end, strict=True))
+        return replace(self, kernel=kernel)
 
     def spread(self) -> dict:
         """ConvTranspose attributes that map the output's positions back onto exactly the
