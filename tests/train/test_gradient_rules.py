@@ -770,3 +770,25 @@ def test_an_average_pool_wider_than_its_input_spreads_over_the_input_alone() -> 
     wanted, got = (gradients(check.model, check.feeds, target, loss="mse")["x"]
                    for check in pooled.values())
     np.testing.assert_allclose(got, wanted, rtol=1e-6, atol=1e-9)
+
+
+def test_a_softmax_row_masked_whole_passes_no_gradient_as_pytorchs_safe_softmax() -> None:
+    """torch's exporters write scaled_dot_product_attention's safe softmax as Softmax,
+    then `where(isnan(y), 0, y)`: a row masked whole (every score -inf, as a padded
+    query's) is NaN, then zeros. Its gradient was NaN, and so was every weight's before
+    it (transformers' Llama and Qwen2 through the TorchScript exporter): it is none."""
+    rng = np.random.default_rng()
+    rows, cols = (int(n) for n in rng.integers(3, 6, 2))
+    mask = np.where(rng.random((rows, cols)) < 0.3, -np.inf, 0.0)
+    mask[int(rng.integers(rows))] = -np.inf  # one row masked whole
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+             helper.make_node("Add", ["scores", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["weights"], axis=-1),
+             helper.make_node("IsNaN", ["weights"], ["lost"]),
+             helper.make_node("Where", ["lost", "zero", "weights"], ["y"])]
+    feeds = {"x": normal(rng, rows, 4), "mask": mask, "zero": np.zeros(())}
+    check = checked(rng, typed_model(nodes, {"w": normal(rng, 4, cols)}, ["y"], feeds), feeds)
+    analytic = gradients(check.model, check.feeds, check.target, loss="mse")
+    numeric = numeric_gradients(check.model, check.feeds, check.target, "mse")
+    assert np.isfinite(analytic["w"]).all() and not mismatches(analytic, numeric), \
+        mismatches(analytic, numeric)
