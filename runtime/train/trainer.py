@@ -273,4 +273,12 @@ def _checked_data(graph: Graph, data: Mapping[str, np.ndarray], labels: np.ndarr
     if len(labels) < config.batch_size:
         raise TrainingError(f"{len(labels)} samples are fewer than one batch of "
                             f"{config.batch_size}")
+    for name, dims in graph.declared_dims(graph.inputs).items():
+        rows = dims[0] if dims else None
+        if isinstance(rows, int) and rows > 0 and rows != config.micro_size:
+            raise TrainingError(
+                f"input {name!r} of {graph.name} takes {rows} rows at a time (its first "
+                f"dimension is fixed), and a batch of {config.batch_size} in "
+                f"{config.micro_batches} micro-batches gives {config.micro_size}: make the "
+                f"batch size {rows * config.micro_batches}")
     return arrays, labels

@@ -544,6 +544,25 @@ def test_bad_input_is_one_line(change: dict, says: str) -> None:
     assert isinstance(info.value, TrainingError) or "input" in str(info.value)
 
 
+def test_a_model_of_a_fixed_batch_says_the_batch_size_it_takes() -> None:
+    """torch.onnx.export(dynamo=True) without dynamic shapes fixes the batch: a batch
+    split into micro-batches of another size was refused as "expected int64 [2, 10],
+    got int64 [4, 10]", naming neither the batch size nor the one that fits."""
+    rng = np.random.default_rng()
+    model = mlp(rng)
+    rows = int(rng.integers(2, 5))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = rows
+    micro = int(rng.integers(2, 4))
+    config = TrainConfig(batch_size=(rows + 1) * micro, micro_batches=micro)
+    data = {"x": rng.standard_normal((32, 6)).astype(np.float32)}
+    with pytest.raises(TrainingError, match=rf"^input 'x' of .* takes {rows} rows at a time "
+                                            rf".* make the batch size {rows * micro}$"):
+        Trainer(model, data, rng.integers(0, 3, 32), parse_devices("cpu:2"), config)
+    with Trainer(model, data, rng.integers(0, 3, 32), parse_devices("cpu:2"),
+                 TrainConfig(batch_size=rows * micro, micro_batches=micro)) as trainer:
+        assert trainer.config.micro_size == rows
+
+
 def test_a_device_that_cannot_keep_weights_is_refused() -> None:
     """A device of another kind (a Ray actor, a fake) keeps no resident tensors."""
     device = FakeDevice(DeviceConfig("fake0"))
