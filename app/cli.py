@@ -446,7 +446,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                             "first axis")
     train.add_argument("--labels", required=True, metavar="NAME",
                        help="the array of DATA.npz holding the labels (class indices for "
-                            "cross_entropy, targets for mse)")
+                            "cross_entropy, one per token for a language model's logits; "
+                            "targets for mse)")
     train.add_argument("--loss", default="cross_entropy", choices=LOSSES,
                        help="PyTorch's defaults: the mean over the batch (default "
                             "cross_entropy)")

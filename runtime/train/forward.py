@@ -95,6 +95,7 @@ class TrainingForward:
             served.update((n, served.get(m, m)) for n, m in more.items())
             given = probe(model, arrays, sources)
         prediction = model.graph.output[0].name
+        classes_last = loss.classes_last(labels, given.shape(prediction))
         label_array = loss.labels(labels, given.shape(prediction), given.dtype(prediction),
                                   what)
         e = Emitter(model_opset(model), prefix="train")
@@ -117,7 +118,7 @@ class TrainingForward:
             statistics.update((s, t) for s, t in updated.items() if s in weights)
             nodes.extend(e.nodes[start:])
         written = len(e.nodes)
-        loss.write(e, prediction, len(given.shape(prediction)), LOSS)
+        loss.write(e, prediction, len(given.shape(prediction)), LOSS, classes_last)
         nodes.extend(e.nodes[written:])
         origins.update(e.origins)
         nodes, shared = _shared_through_copies(

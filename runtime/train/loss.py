@@ -33,6 +33,15 @@ class Loss:
         if self.kind not in LOSSES:
             raise TrainingError(f"unknown loss {self.kind!r}; choose {' or '.join(LOSSES)}")
 
+    def classes_last(self, labels: object, prediction: Shape) -> bool:
+        """Are these class labels a language model's token labels, [batch, tokens] for
+        logits [batch, tokens, vocabulary], as transformers' models take them: the classes
+        on the last axis, where PyTorch's cross_entropy (and a shape that fits it too)
+        has them second?"""
+        shape = np.asarray(labels).shape
+        return self.kind == "cross_entropy" and len(prediction) > 2 and \
+            shape == tuple(prediction[:-1]) != (prediction[0], *prediction[2:])
+
     def labels(self, labels: object, prediction: Shape, dtype: np.dtype, what: str
                ) -> np.ndarray:
         """`labels` as the loss reads them, or one line saying why they do not fit a
@@ -42,7 +51,8 @@ class Loss:
                                 f"output, not a mapping (of {', '.join(map(str, labels))})")
         array = np.asarray(labels)
         if self.kind == "cross_entropy":
-            return self._classes(array, prediction, what)
+            return self._classes(array, _classes_second(prediction) if self.classes_last(
+                array, prediction) else prediction, what)
         if array.dtype.kind != "f":
             raise TrainingError(f"{what}: mse takes float targets, got {array_text(array)}")
         if tuple(array.shape) != tuple(prediction):
@@ -75,13 +85,23 @@ class Loss:
                                 f"of the logits")
         return array.astype(np.int64, copy=False)
 
-    def write(self, e: Emitter, prediction: str, rank: int, out: str) -> None:
-        """Nodes computing the loss of `prediction` (of `rank`) against LABELS into `out`."""
+    def write(self, e: Emitter, prediction: str, rank: int, out: str,
+              classes_last: bool = False) -> None:
+        """Nodes computing the loss of `prediction` (of `rank`) against LABELS into `out`
+        (`classes_last`: a language model's logits, moved to have them second)."""
         with e.serving(LOSS_ORIGIN):
             if self.kind == "cross_entropy":
+                if classes_last:
+                    prediction = e.op("Transpose", [prediction],
+                                      perm=[0, rank - 1, *range(1, rank - 1)])
                 e.ops("SoftmaxCrossEntropyLoss", [prediction, LABELS], [out],
                       reduction="mean", ignore_index=IGNORED)
                 return
             diff = e.op("Sub", [prediction, LABELS])
             square = e.op("Mul", [diff, diff])
             e.reduce("ReduceMean", square, list(range(rank)), keepdims=False, out=out)
+
+
+def _classes_second(prediction: Shape) -> Shape:
+    """[batch, ..., classes] as [batch, classes, ...]."""
+    return (prediction[0], prediction[-1], *prediction[1:-1])

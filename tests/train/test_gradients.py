@@ -602,6 +602,30 @@ def test_labels_that_do_not_fit_are_refused(loss: str, labels: np.ndarray, says:
         gradients(model, batch_for(model, rng, 4), labels, loss)
 
 
+def test_a_language_models_token_labels_take_the_classes_on_the_last_axis() -> None:
+    """Logits [batch, tokens, vocabulary] and labels [batch, tokens], as transformers'
+    causal models take them, were refused: PyTorch's cross_entropy wants the classes
+    second. The loss is theirs over the last axis, its gradients those of the logits
+    moved to have the classes second."""
+    rng = np.random.default_rng()
+    batch, tokens, width = (int(n) for n in rng.integers(2, 5, 3))
+    vocabulary = tokens + int(rng.integers(1, 4))
+    weights = {"w": rng.standard_normal((width, vocabulary))}
+    feeds = {"x": rng.standard_normal((batch, tokens, width))}
+    labels = rng.integers(0, vocabulary, (batch, tokens))
+    last = typed_model([helper.make_node("MatMul", ["x", "w"], ["logits"])], weights,
+                       ["logits"], feeds)
+    second = typed_model([helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                          helper.make_node("Transpose", ["scores"], ["logits"], perm=[0, 2, 1])],
+                         weights, ["logits"], feeds)
+    loss, grads = loss_and_gradients(last, feeds, labels)
+    want_loss, want = loss_and_gradients(second, feeds, labels)
+    logits = feeds["x"] @ weights["w"]
+    assert loss == pytest.approx(LOSSES["cross_entropy"](logits.transpose(0, 2, 1), labels))
+    assert loss == pytest.approx(want_loss)
+    np.testing.assert_allclose(grads["w"], want["w"], rtol=1e-6, atol=1e-12)
+
+
 def test_feeds_that_do_not_fit_are_refused() -> None:
     rng = np.random.default_rng()
     model = mlp(rng, sizes=(4, 3))
