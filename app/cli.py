@@ -119,17 +119,14 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
     _add_ray_arg(parser)
 
 
-def _add_sample_inputs_arg(parser: argparse.ArgumentParser) -> None:
+def _add_inputs_arg(parser: argparse.ArgumentParser, sent: bool = True) -> None:
+    """`--inputs`: one request's feeds, which a model is costed at and measured on (and
+    `sent`, the load sends in place of made-up ones): for a model that takes only some
+    sizes or values."""
     parser.add_argument("--inputs", metavar="FILE.npz",
-                        help="one request's feeds: the plan is costed at their shapes and "
-                             "measured on their values (a model that takes only some sizes "
-                             "or values)")
-
-
-def _add_live_inputs_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--inputs", metavar="FILE.npz",
-                        help="one request's feeds for the live load to send instead of "
-                             "made-up ones; a model is costed and measured on them too")
+                        help="one request's feeds" + " to send instead of made-up ones" * sent
+                             + "; a model is costed at their shapes and measured on their "
+                               "values (one that takes only some sizes or values)")
 
 
 def _add_costs_arg(parser: argparse.ArgumentParser) -> None:
@@ -204,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     part = sub.add_parser("partition", help="plan how a model splits over devices")
     _add_model_args(part)
-    _add_sample_inputs_arg(part)
+    _add_inputs_arg(part, sent=False)
     part.add_argument("--json", action="store_true", help="print the plan as JSON")
     part.add_argument("--dot", metavar="FILE", help="write the plan as Graphviz to FILE")
     part.add_argument("--steps", action="store_true", help="print every partitioner step")
@@ -224,9 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
     run.add_argument("--trace", metavar="FILE.json",
                      help="write a Chrome trace of the run (Perfetto, chrome://tracing)")
-    run.add_argument("--inputs", metavar="FILE.npz",
-                     help="feeds to send instead of random ones; a model is costed at their "
-                          "shapes and measured on their values")
+    _add_inputs_arg(run)
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")
     _add_serving_args(run)
@@ -241,9 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="closed-loop clients, for both runtimes; with --url, one run per "
                             "level (e.g. 1,8,64)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
-    bench.add_argument("--inputs", metavar="FILE.npz",
-                       help="feeds to send instead of random ones (a model that takes only "
-                            "some sizes or values)")
+    _add_inputs_arg(bench)
     _add_serving_args(bench)
     _add_remap_arg(bench)
     bench.add_argument("--url", help="load a running `prism serve` (or any Open Inference "
@@ -380,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
-    _add_live_inputs_arg(tui)
+    _add_inputs_arg(tui)
     _add_remap_arg(tui)
     _add_connect_args(tui)
     tui.set_defaults(handler="app.tui_cmd:run")
@@ -391,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     _add_ray_arg(web)
-    _add_live_inputs_arg(web)
+    _add_inputs_arg(web)
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")
     _add_remap_arg(web)
@@ -401,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="partition and compile a model ahead of time into "
                                           "one bundle file (NAME.prism)")
     _add_model_args(comp)
-    _add_sample_inputs_arg(comp)
+    _add_inputs_arg(comp, sent=False)
     _add_serving_args(comp)
     comp.add_argument("-o", "--output", required=True, metavar="NAME.prism",
                       help="the bundle to write")

@@ -106,6 +106,8 @@ class Graph:
     folded: FoldReport = field(default_factory=FoldReport)  # what folding did at load
     # the files its weights stay in, open: readable as read though removed or replaced
     opened: tuple[BinaryIO, ...] = field(default=(), repr=False, compare=False)
+    # input -> axis -> the least size the graph reads it at (`least_sizes`, at load)
+    least: dict[str, dict[int, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.by_name = {n.name: n for n in self.nodes}
@@ -540,9 +542,9 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return known
 
 
-def _shaped_inputs(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto, Dims, bool]]:
+def _shaped_inputs(graph: onnx.GraphProto) -> Iterator[tuple[onnx.ValueInfoProto, Dims, bool]]:
     """Each graph input with a tensor shape: its dims and whether it holds floats."""
-    for value in model.graph.input:
+    for value in graph.input:
         tensor = value.type.tensor_type
         if value.type.HasField("tensor_type") and tensor.HasField("shape"):
             yield value, tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None
@@ -567,9 +569,7 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
       (`_patch_sizes`): made up 224, SigLIP at 384, or any ViT of another size, failed at
       the embedding's Add.
     Made up 1 wide, every request of such a network failed."""
-    sizes = {v.name: [fixed_size(d.dim_value if d.HasField("dim_value") else d.dim_param)
-                      for d in v.type.tensor_type.shape.dim] for v in graph.input
-             if v.type.tensor_type.HasField("shape")}
+    sizes = {v.name: [fixed_size(d) for d in dims] for v, dims, _ in _shaped_inputs(graph)}
     ranks = {name: len(dims) for name, dims in sizes.items()}
     weights = {t.name: t for t in graph.initializer}
     made_by = {out: node for node in graph.node for out in node.output}
@@ -632,9 +632,11 @@ def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,
             or any(lists.get("pads", ())) or any(d != 1 for d in lists.get("dilations", ())):
         return None
     tokens = _embedding_tokens(graph, conv, weights)
+    if tokens is None:
+        return None
     patch, side = kernel[-1], fixed[-1] if fixed[-1] == fixed[-2] else None
-    for extra in range(min(_EXTRA_TOKENS, (tokens or 0) - 4) + 1):
-        patches = (tokens or 0) - extra
+    for extra in range(min(_EXTRA_TOKENS, tokens - 4) + 1):  # g >= 2: 4 patches at least
+        patches = tokens - extra
         if len(kernel) == 2:
             grid = math.isqrt(patches)
             if grid * grid == patches:
@@ -677,7 +679,7 @@ def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int
     made-up inputs take (`free_dims`)."""
     bound = onnx.ModelProto()
     bound.CopyFrom(model)
-    for value, dims, floating in _shaped_inputs(bound):
+    for value, dims, floating in _shaped_inputs(bound.graph):
         shape = made_up_shape(dims, floating, sizes, default)
         for d, size in zip(value.type.tensor_type.shape.dim, shape, strict=True):
             if not d.HasField("dim_value"):
@@ -774,7 +776,8 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     bindings = dict(bindings or {})
     least = least_sizes(model.graph)
     sizes = free_sizes(((dims, floating, least.get(value.name, {}))
-                        for value, dims, floating in _shaped_inputs(model)), bindings, default_dim)
+                        for value, dims, floating in _shaped_inputs(model.graph)), bindings,
+                       default_dim)
     shapes = inferable(model)
     declared = _infer(shapes)
     bound = _infer(_bound_model(shapes, sizes, default_dim))
@@ -812,5 +815,5 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     return Graph(model=model, nodes=nodes, tensors=tensors, initializers=initializers,
                  inputs=graph_inputs, outputs=[v.name for v in g.output], opsets=opsets,
                  bindings=bindings, name=name or g.name or "network", types=types,
-                 folded=report, opened=kept_open(model))
+                 folded=report, opened=kept_open(model), least=least)
 

@@ -188,13 +188,10 @@ def _np_dtype(elem_type: int) -> str | None:
 
 
 def input_specs(graph: Graph) -> list[InputSpec]:
-    from runtime.graph import least_sizes
-
     specs = tensor_specs(graph, graph.inputs)
     rows, categories = value_limits(graph, specs)
-    least = least_sizes(graph.model.graph)
     return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name),
-                      tuple(least.get(s.name, {}).items())) for s in specs]
+                      tuple(graph.least.get(s.name, {}).items())) for s in specs]
 
 
 # ops whose first input's values pass on unchanged (some of them, for a Gather's data)

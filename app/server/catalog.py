@@ -29,7 +29,7 @@ from app.server.classify import top_classes
 from app.server.errors import in_public
 from app.server.load_options import LoadOptionError, LoadOptions, load_options
 from app.server.repository import ModelRepository
-from app.server.tensors import INPUT_SPECS, TensorError, datatype
+from app.server.tensors import INPUT_SPECS, TensorError, config_type, datatype
 from app.server.warmup import Warmup, warm, warmup_feeds
 from runtime.errors import NetworkBusyError, NetworkNotFoundError, PrismError, first_line
 from runtime.free_dims import fixed_size
@@ -55,8 +55,7 @@ class TensorInfo:
     def config(self, batched: bool) -> dict:
         """As a Triton model configuration's `input`/`output` entry: a batching model's
         dims leave out the batch dimension."""
-        kind = "STRING" if self.datatype == "BYTES" else self.datatype
-        return {"name": self.name, "data_type": f"TYPE_{kind}",
+        return {"name": self.name, "data_type": config_type(self.datatype),
                 "dims": self.shape[1:] if batched else self.shape}
 
 

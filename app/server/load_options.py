@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.server.tensors import DTYPES
+from app.server.tensors import DTYPES, config_type, from_config_type
 from app.server.warmup import DATA, Warmup, WarmupInput
 from runtime.cost import COSTS
 from runtime.errors import NetworkNotFoundError, PrismError
@@ -184,10 +184,10 @@ def _config_tensors(config: Mapping[str, Any]) -> tuple[ConfigTensor, ...]:
     return tuple(out)
 
 
-def _dims(value: Any, what: str) -> tuple[int, ...] | None:
+def _dims(value: Any, what: str, low: int = -1) -> tuple[int, ...] | None:
     if value is None:
         return None
-    return tuple(_whole(d, what, -1) for d in (value if isinstance(value, list) else [value]))
+    return tuple(_whole(d, what, low) for d in (value if isinstance(value, list) else [value]))
 
 
 def _json_config(text: Any) -> dict[str, Any]:
@@ -302,14 +302,11 @@ def _input(sample: str, name: Any, spec: Any) -> WarmupInput:
     what = f"warmup {sample!r} input {name!r}"
     if not isinstance(name, str) or not isinstance(spec, Mapping):
         raise LoadOptionError(f"config: {what} must be a message under the input's name")
-    kind = str(spec.get("data_type", "")).removeprefix("TYPE_")
-    kind = "BYTES" if kind == "STRING" else kind
-    if kind not in DTYPES:
+    kind = from_config_type(spec.get("data_type"))
+    if kind is None:
         raise LoadOptionError(f"config: {what}: data_type {spec.get('data_type')!r} is none "
-                              f"of TYPE_{', TYPE_'.join(DTYPES)}")
-    dims = spec.get("dims", [])
-    dims = tuple(_whole(d, f"{what} dims", 0) for d in (dims if isinstance(dims, list)
-                                                         else [dims]))
+                              f"of {', '.join(map(config_type, DTYPES))}")
+    dims = _dims(spec.get("dims", []), f"{what} dims", 0) or ()
     given = [d for d in DATA if spec.get(d) not in (None, False)]
     if len(given) != 1:
         raise LoadOptionError(f"config: {what} needs one of {', '.join(DATA)}")

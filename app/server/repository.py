@@ -101,9 +101,7 @@ class ModelRepository:
         for tensor in tensors:
             if tensor.label_filename is None:
                 continue
-            path = self.root / name / tensor.label_filename
-            if not self._inside(path):
-                raise RepositoryError(f"{path} leads out of the model repository")
+            path = self._in_folder(name, tensor.label_filename)
             try:
                 out[tensor.name] = tuple(path.read_text(encoding="utf-8").splitlines())
             except (OSError, UnicodeDecodeError) as exc:
@@ -114,9 +112,7 @@ class ModelRepository:
     def warmup_file(self, name: str, file: str, most: int) -> bytes:
         """A warmup sample's data: `file` in the model's `warmup/` folder, as Triton keeps
         it; refused unread past `most` bytes."""
-        path = self.root / name / "warmup" / file
-        if not self._inside(path):
-            raise RepositoryError(f"{path} leads out of the model repository")
+        path = self._in_folder(name, "warmup", file)
         try:
             size = path.stat().st_size
             if size > most:
@@ -126,6 +122,14 @@ class ModelRepository:
         except OSError as exc:
             raise RepositoryError(f"model {name!r}: cannot read warmup file {file}: "
                                   f"{exc.strerror or exc}") from None
+
+    def _in_folder(self, name: str, *parts: str) -> Path:
+        """A file of model `name`'s folder that a configuration names, refused if it leads
+        out of the repository."""
+        path = self.root.joinpath(name, *parts)
+        if not self._inside(path):
+            raise RepositoryError(f"{path} leads out of the model repository")
+        return path
 
     def _inside(self, path: Path) -> bool:
         return path.resolve().is_relative_to(self.root)

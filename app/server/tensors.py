@@ -40,6 +40,18 @@ INPUT_SPECS = "input_specs"
 LARGE_JSON = 8 << 20
 
 
+def config_type(datatype: str) -> str:
+    """A model configuration's `data_type` for a protocol datatype (BYTES: TYPE_STRING)."""
+    return f"TYPE_{'STRING' if datatype == 'BYTES' else datatype}"
+
+
+def from_config_type(data_type: object) -> str | None:
+    """The protocol datatype a configuration's `data_type` names, or None."""
+    kind = str(data_type).removeprefix("TYPE_")
+    kind = "BYTES" if kind == "STRING" else kind
+    return kind if kind in DTYPES else None
+
+
 class TensorError(ValueError):
     """The request is malformed; the message is one line for the client."""
 
