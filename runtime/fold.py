@@ -37,6 +37,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from runtime.large import inferable, tensor_bytes
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.stored import Mapped
 
 FOLD_GROWTH = 2.0  # folded constants are at most this many times the constants before...
@@ -45,7 +46,6 @@ FOLD_SLACK = 64 << 10  # ... plus this many bytes (shapes and scales of a weight
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
                         "RandomUniformLike", "Multinomial", "Bernoulli"})
 NEVER_FOLDED = RANDOM_OPS | {"DequantizeLinear"}
-_DOMAINS = ("", "ai.onnx")
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _bounded_sizes(model: onnx.ModelProto) -> dict[str, int]:
 def _evaluate(node: onnx.NodeProto, values: dict[str, np.ndarray],
               opsets: dict[str, int]) -> list[np.ndarray] | None:
     """The node's outputs from its constant inputs, or None if the evaluator fails."""
-    if node.op_type == "Identity" and node.domain in _DOMAINS:
+    if node.op_type == "Identity" and node.domain in DEFAULT_DOMAINS:
         return [values[node.input[0]]]
     from onnx.reference import ReferenceEvaluator
 
@@ -173,7 +173,7 @@ def fold_constants(model: onnx.ModelProto) -> FoldReport:
 
 
 def _candidate(node: onnx.NodeProto, outputs: set[str]) -> bool:
-    return (node.domain in _DOMAINS and node.op_type not in NEVER_FOLDED
+    return (node.domain in DEFAULT_DOMAINS and node.op_type not in NEVER_FOLDED
             and not _has_subgraph(node) and not any(t in outputs for t in node.output))
 
 

@@ -99,7 +99,7 @@ class InputSpec:
     # the only values the one-hot encoders reading it take (scikit-learn's default refuses
     # any other), one list for every element or one per column: made-up values come from them
     categories: tuple[tuple[int | str, ...], ...] | None = None
-    # (axis, the least size the model reads it at: `graph.least_sizes`): made-up sizes
+    # (axis, the least size the model reads it at: `least_sizes.least_sizes`): made-up sizes
     # take it
     least: tuple[tuple[int, int], ...] = ()
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)

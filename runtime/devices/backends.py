@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.devices.device import Device
 from runtime.errors import ProvisionError
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 
 if TYPE_CHECKING:
     import onnx
@@ -107,7 +108,7 @@ def schema_function_ops(max_opset: int | None = None) -> frozenset[str]:
 
     out = set()
     for schema in onnx.defs.get_all_schemas_with_history():
-        if schema.domain not in ("", "ai.onnx") or not defines_function(schema):
+        if schema.domain not in DEFAULT_DOMAINS or not defines_function(schema):
             continue
         if max_opset is None or schema.since_version <= max_opset:
             out.add(schema.name)

@@ -14,8 +14,7 @@ from runtime.devices.device import Program
 from runtime.devices.manager import DeviceManager
 from runtime.devices.ort.options import new_session, refuse_empty
 from runtime.errors import ProvisionError, first_line
-
-_DEFAULT_DOMAINS = ("", "ai.onnx")
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 
 
 class OrtFunction:
@@ -75,7 +74,7 @@ def cpu_ops() -> frozenset[str] | None:
         from onnxruntime.capi.onnxruntime_pybind11_state import get_all_opkernel_def
 
         kernels = [k for k in get_all_opkernel_def()
-                   if k.provider == "CPUExecutionProvider" and k.domain in _DEFAULT_DOMAINS]
+                   if k.provider == "CPUExecutionProvider" and k.domain in DEFAULT_DOMAINS]
     except (ImportError, AttributeError):
         return None
     if not kernels:

@@ -18,6 +18,7 @@ from runtime.devices.external import inline_external
 from runtime.devices.manager import DeviceManager
 from runtime.devices.reference_ops import KERNELS
 from runtime.errors import ProvisionError, first_line
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 
 # What numpy warns of inside the evaluator's kernels (a complex value cast to real, say)
 # is the data's business, as in onnxruntime, which says nothing; a filter on the
@@ -106,7 +107,7 @@ _OWN = frozenset((k.op_domain, k.__name__) for k in KERNELS)  # `reference_ops`'
 def reference_accepts(node, graph) -> str | None:
     """Default-domain ops go by the op list; other domains by the evaluator's list for
     that domain (a model's own functions are inlined at load)."""
-    if node.domain in ("", "ai.onnx"):
+    if node.domain in DEFAULT_DOMAINS:
         return None
     if node.op_type in domain_ops(node.domain) or (node.domain, node.op_type) in _OWN:
         return None

@@ -18,7 +18,8 @@ from typing import Any
 from runtime.devices.backends import checks_nodes, node_problem, supported_ops
 from runtime.devices.config import BACKENDS, DeviceConfig
 from runtime.errors import PartitionError
-from runtime.graph import DEFAULT_DOMAINS, Graph, Node
+from runtime.graph import Graph, Node
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.precision import node_precisions
 
 

@@ -38,7 +38,6 @@ from runtime.devices.external import save
 from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import ModelLoadError, ProvisionError
 from runtime.graph import (
-    DEFAULT_DOMAINS,
     Graph,
     body_ops,
     copy_initializer,
@@ -51,6 +50,7 @@ from runtime.graph import (
     unlist_initializers,
 )
 from runtime.names import fresh_name
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff

@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 
 from runtime.errors import TrainingError
-from runtime.graph import DEFAULT_DOMAINS, reads_of
+from runtime.graph import reads_of
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.train.emit import Emitter
 from runtime.train.facts import SHAPE_ONLY
 from runtime.train.forward import LOSS, TrainingForward

@@ -32,7 +32,8 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper, version_converter
 
-from runtime.graph import DEFAULT_DOMAINS, reads_of
+from runtime.graph import reads_of
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.train.facts import Facts
 from runtime.train.registry import rule_for
 

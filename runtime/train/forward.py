@@ -17,8 +17,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from runtime.errors import TrainingError
-from runtime.graph import DEFAULT_DOMAINS, FLOATS, Graph, default_opset, reads_of
+from runtime.graph import Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
+from runtime.onnx_kinds import DEFAULT_DOMAINS, FLOATS
 from runtime.stored import with_weights
 from runtime.train.emit import Emitter
 from runtime.train.expand import expand_nodes

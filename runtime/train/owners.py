@@ -35,8 +35,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.graph import DEFAULT_DOMAINS, FLOATS, Graph, copy_initializer, load_graph, reads_of
+from runtime.graph import Graph, copy_initializer, load_graph, reads_of
 from runtime.names import fresh_name
+from runtime.onnx_kinds import DEFAULT_DOMAINS, FLOATS
 from runtime.stored import with_weights
 
 # dynamo's metadata on each node: the modules it ran in, and the FX node it came from

@@ -19,6 +19,7 @@ from onnx import helper
 
 from runtime.devices.ort.sessions import loadable
 from runtime.graph import Graph, reads_of
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.train.backward import SEED, Backward, differentiate
 from runtime.train.forward import LOSS, TrainingForward
 from runtime.train.loss import Loss
@@ -91,7 +92,7 @@ class TrainingGraph:
         source = self.forward.graph.model
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(
             "", self.forward.opset), *(o for o in source.opset_import
-                                       if o.domain not in ("", "ai.onnx"))],
+                                       if o.domain not in DEFAULT_DOMAINS)],
             ir_version=source.ir_version)
         return loadable(model)
 

@@ -17,9 +17,10 @@ from runtime.cost import node_cost
 from runtime.devices import parse_devices
 from runtime.errors import ModelLoadError, PartitionError
 from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE, VIDEO_FRAMES
-from runtime.graph import Graph, least_sizes, load_graph
+from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs, random_feeds
+from runtime.least_sizes import least_sizes
 from runtime.run_sizes import run_sizes
 from tests.support.dags import (
     SAMPLE_NAMES,

@@ -25,7 +25,8 @@ from runtime.devices.backends import defines_function
 from runtime.devices.ort import kept_probes
 from runtime.devices.ort import sessions as accepted  # by module: tests can narrow what it accepts
 from runtime.errors import without_source
-from runtime.graph import DEFAULT_DOMAINS, Graph, Node, subgraphs
+from runtime.graph import Graph, Node, subgraphs
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 
 _CONSTANTS = frozenset({"Constant"})  # folded into initializers at load; no kernel needed
 

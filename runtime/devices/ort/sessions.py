@@ -21,7 +21,8 @@ from onnx import helper
 from runtime.devices.external import serialized
 from runtime.devices.ort.options import new_session, session_options
 from runtime.errors import ProvisionError, first_line
-from runtime.graph import DEFAULT_DOMAINS, holds_half, subgraphs
+from runtime.graph import holds_half, subgraphs
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 
 OLDEST_IR = 7
 

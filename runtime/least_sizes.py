@@ -1,0 +1,147 @@
+"""The sizes a graph reads its inputs at, where its declared shapes leave them free: made
+up 1 (or an image's 224), a network reading more fails every request (`least_sizes`).
+Read off the graph alone, before any run: a Gather's constant indices, a convolution's
+input channels, the sides and frames a vision transformer's position embedding is for."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+
+import onnx
+from onnx import numpy_helper
+
+from runtime.free_dims import VIDEO_FRAMES, Dims, fixed_size
+from runtime.onnx_kinds import DEFAULT_DOMAINS, FLOATS
+from runtime.stored import stored_at
+
+
+def shaped_inputs(graph: onnx.GraphProto) -> Iterator[tuple[onnx.ValueInfoProto, Dims, bool]]:
+    """Each graph input with a tensor shape: its dims and whether it holds floats."""
+    for value in graph.input:
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            yield value, tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                               for d in tensor.shape.dim), tensor.elem_type in FLOATS
+
+
+# ops a convolution's input may pass through from a graph input, its channels on the axis
+# they were (a normalisation: (x - mean) / std; a cast)
+_SAME_AXES = frozenset({"Cast", "Identity", "Sub", "Div", "Mul", "Add", "Neg", "Clip", "Relu"})
+_LEAST_MOST = 1 << 16
+_EXTRA_TOKENS = 8  # besides the patches, before a position embedding: class, distillation
+_PATCH_WALK = 64  # tensors after the patches a position embedding is looked for among
+
+
+def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
+    """Input -> axis -> the least size the graph reads it at:
+    - a Gather at constant indices along it (LayoutLM's dynamo export leaves its boxes'
+      last dimension free, [batch, sequence, s57], and reads it at 0 to 3);
+    - a convolution's input channels, the input read directly, normalised or transposed
+      (optimum names an image's channels too: [batch_size, num_channels, height, width]);
+    - the sides (and a clip's frames) a vision transformer's position embedding is for
+      (`_patch_sizes`): made up 224, SigLIP at 384, or any ViT of another size, failed at
+      the embedding's Add.
+    Made up 1 wide, every request of such a network failed."""
+    sizes = {v.name: [fixed_size(d) for d in dims] for v, dims, _ in shaped_inputs(graph)}
+    ranks = {name: len(dims) for name, dims in sizes.items()}
+    weights = {t.name: t for t in graph.initializer}
+    made_by = {out: node for node in graph.node for out in node.output}
+    least: dict[str, dict[int, int]] = {}
+
+    def need(name: str, axis: int, size: int) -> None:
+        if size <= _LEAST_MOST:  # past it, a made-up input would not fit in memory
+            axes = least.setdefault(name, {})
+            axes[axis] = max(axes.get(axis, 1), size)
+
+    for node in graph.node:
+        if node.op_type not in ("Gather", "Conv") or node.domain not in DEFAULT_DOMAINS or \
+                len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        ints = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        if node.op_type == "Gather" and node.input[0] in ranks and \
+                stored_at(weights[node.input[1]]) is None:
+            indices = numpy_helper.to_array(weights[node.input[1]])
+            if indices.size and indices.dtype.kind in "iu":
+                need(node.input[0], ints.get("axis", 0) % max(ranks[node.input[0]], 1),
+                     max(int(indices.max()) + 1, -int(indices.min())))
+        elif node.op_type == "Conv" and len(weights[node.input[1]].dims) > 1:
+            name, axes = node.input[0], list(range(len(weights[node.input[1]].dims)))
+            for _ in graph.node:  # a walk back, bounded however the graph is made
+                step = made_by.get(name)
+                if name in ranks or step is None:
+                    break
+                read = [t for t in step.input if t and t not in weights]
+                perm = [list(a.ints) for a in step.attribute if a.name == "perm"]
+                if len(read) != 1:
+                    break
+                if step.op_type == "Transpose" and perm and len(perm[0]) == len(axes):
+                    axes = [perm[0][a] for a in axes]
+                elif step.op_type not in _SAME_AXES:
+                    break
+                name = read[0]
+            if name in ranks and len(axes) == ranks[name]:
+                need(name, axes[1], weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
+                patched = _patch_sizes(graph, node, weights, [sizes[name][a] for a in axes[2:]])
+                for axis, size in zip(axes[2:], patched or [], strict=bool(patched)):
+                    need(name, axis, size)
+    return least
+
+
+def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,
+                 weights: Mapping[str, onnx.TensorProto], fixed: list[int | None]
+                 ) -> list[int] | None:
+    """The sizes along a convolution's spatial axes (`fixed`: the input's there, where
+    known) that a vision transformer's position embedding is for: an unpadded convolution
+    into patches of p x p pixels (kernel and stride; a video's tubelets, t frames deep)
+    whose tokens, a few nodes on, meet an Add of a constant [1, N, D] or [N, D] of its
+    width D; N is a square number of patches g x g, times the clip's frames / t, and up
+    to `_EXTRA_TOKENS` more (a class token, a distillation token). An image is g * p a
+    side; a clip of fixed sides is as many frames as N holds, one of free sides
+    `VIDEO_FRAMES` (or its fixed frames) long. (A ViT that interpolates its embedding takes
+    any side; this one too.)"""
+    lists = {a.name: list(a.ints) for a in conv.attribute if a.type == onnx.AttributeProto.INTS}
+    kernel = lists.get("kernel_shape") or list(weights[conv.input[1]].dims[2:])
+    if len(kernel) not in (2, 3) or kernel[-1] != kernel[-2] or lists.get("strides") != kernel \
+            or any(lists.get("pads", ())) or any(d != 1 for d in lists.get("dilations", ())):
+        return None
+    tokens = _embedding_tokens(graph, conv, weights)
+    if tokens is None:
+        return None
+    patch, side = kernel[-1], fixed[-1] if fixed[-1] == fixed[-2] else None
+    for extra in range(min(_EXTRA_TOKENS, tokens - 4) + 1):  # g >= 2: 4 patches at least
+        patches = tokens - extra
+        if len(kernel) == 2:
+            grid = math.isqrt(patches)
+            if grid * grid == patches:
+                return [grid * patch] * 2
+        elif side is not None and side >= patch and patches % (side // patch) ** 2 == 0:
+            return [patches // (side // patch) ** 2 * kernel[0], side, side]
+        elif side is None and (frames := fixed[0] or VIDEO_FRAMES) >= kernel[0]:
+            grid = math.isqrt(patches // (frames // kernel[0]))
+            if grid * grid * (frames // kernel[0]) == patches:
+                return [frames, grid * patch, grid * patch]
+    return None
+
+
+def _embedding_tokens(graph: onnx.GraphProto, conv: onnx.NodeProto,
+                      weights: Mapping[str, onnx.TensorProto]) -> int | None:
+    """N of the first constant [1, N, D] or [N, D] (D: the convolution's width) an Add
+    among the `_PATCH_WALK` tensors after the convolution adds."""
+    width = weights[conv.input[1]].dims[0]
+    read_by: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for tensor in node.input:
+            read_by.setdefault(tensor, []).append(node)
+    tensors, seen = [conv.output[0]], {conv.output[0]}
+    while tensors and len(seen) < _PATCH_WALK:
+        for node in read_by.get(tensors.pop(0), ()):
+            if node.op_type == "Add":
+                for w in (weights[t] for t in node.input if t in weights):
+                    dims = list(w.dims)
+                    if len(dims) in (2, 3) and dims[-1] == width and dims[:-2] in ([], [1]):
+                        return dims[-2]
+            fresh = [t for t in node.output if t not in seen]
+            seen.update(fresh)
+            tensors += fresh
+    return None
