@@ -66,26 +66,79 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 need(node.input[0], ints.get("axis", 0) % max(ranks[node.input[0]], 1),
                      max(int(indices.max()) + 1, -int(indices.min())))
         elif node.op_type == "Conv" and len(weights[node.input[1]].dims) > 1:
-            name, axes = node.input[0], list(range(len(weights[node.input[1]].dims)))
-            for _ in graph.node:  # a walk back, bounded however the graph is made
-                step = made_by.get(name)
-                if name in ranks or step is None:
-                    break
-                read = [t for t in step.input if t and t not in weights]
-                perm = [list(a.ints) for a in step.attribute if a.name == "perm"]
-                if len(read) != 1:
-                    break
-                if step.op_type == "Transpose" and perm and len(perm[0]) == len(axes):
-                    axes = [perm[0][a] for a in axes]
-                elif step.op_type not in _SAME_AXES:
-                    break
-                name = read[0]
-            if name in ranks and len(axes) == ranks[name]:
+            found = _input_axes(node.input[0], len(weights[node.input[1]].dims), made_by,
+                                weights, ranks)
+            if found is None:
+                continue
+            name, axes = found
+            if axes[1] is not None:
                 need(name, axes[1], weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
-                patched = _patch_sizes(graph, node, weights, [sizes[name][a] for a in axes[2:]])
-                for axis, size in zip(axes[2:], patched or [], strict=bool(patched)):
+            spatial = [a for a in axes[2:] if a is not None]
+            if len(spatial) == len(axes) - 2:
+                patched = _patch_sizes(graph, node, weights, [sizes[name][a] for a in spatial])
+                for axis, size in zip(spatial, patched or [], strict=bool(patched)):
                     need(name, axis, size)
     return least
+
+
+def _input_axes(tensor: str, rank: int, made_by: Mapping[str, onnx.NodeProto],
+                weights: Mapping[str, onnx.TensorProto], ranks: Mapping[str, int]
+                ) -> tuple[str, list[int | None]] | None:
+    """The graph input a convolution's input `tensor` (of `rank`) is, normalised,
+    transposed or reshaped, and which of the input's axes each of the tensor's axes is
+    (None: none alone, a batch merged with a video's frames to patch them one by one, as
+    TimeSformer's embedding does)."""
+    axes: list[int | None] = list(range(rank))
+    exact = True  # the ranks agree: no Reshape on the way
+    for _ in made_by:  # a walk back, bounded however the graph is made
+        step = made_by.get(tensor)
+        if tensor in ranks or step is None:
+            break
+        if step.op_type == "Reshape" and (parts := _shape_parts(step, made_by, weights)) \
+                and len(parts) == len(axes):
+            axes, exact = [None if a is None else parts[a] for a in axes], False
+            tensor = step.input[0]
+            continue
+        read = [t for t in step.input if t and t not in weights]
+        perm = [list(a.ints) for a in step.attribute if a.name == "perm"]
+        if len(read) != 1:
+            break
+        if step.op_type == "Transpose" and perm and len(perm[0]) == len(axes):
+            axes = [None if a is None else perm[0][a] for a in axes]
+        elif step.op_type not in _SAME_AXES:
+            break
+        tensor = read[0]
+    if tensor not in ranks or (exact and len(axes) != ranks[tensor]) or \
+            any(a is not None and not 0 <= a < ranks[tensor] for a in axes):
+        return None
+    return tensor, axes
+
+
+def _shape_parts(reshape: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto],
+                 weights: Mapping[str, onnx.TensorProto]) -> list[int | None] | None:
+    """A Reshape's target shape as a Concat of constants and one-element parts: for each
+    element, the axis of the reshaped tensor's own shape it is (a `Shape` slice of it, or a
+    `Gather` from its `Shape` at a constant index), else None (a constant, a product)."""
+    concat = made_by.get(reshape.input[1]) if len(reshape.input) > 1 else None
+    if concat is None or concat.op_type != "Concat":
+        return None
+    parts: list[int | None] = []
+    for part in concat.input:
+        source = made_by.get(part)
+        while source is not None and source.op_type in ("Squeeze", "Unsqueeze", "Cast"):
+            source = made_by.get(source.input[0])
+        ints = {a.name: a.i for a in source.attribute} if source is not None else {}
+        if source is not None and source.op_type == "Shape" and \
+                source.input[0] == reshape.input[0] and ints.get("end") == ints.get("start", 0) + 1:
+            parts.append(ints.get("start", 0))
+        elif source is not None and source.op_type == "Gather" and source.input[1] in weights \
+                and (shape := made_by.get(source.input[0])) is not None and \
+                shape.op_type == "Shape" and shape.input[0] == reshape.input[0] and \
+                not shape.attribute and weights[source.input[1]].dims in ([], [1]):
+            parts.append(int(numpy_helper.to_array(weights[source.input[1]]).reshape(-1)[0]))
+        else:
+            parts += [None] * (math.prod(weights[part].dims) if part in weights else 1)
+    return parts
 
 
 def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,

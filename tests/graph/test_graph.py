@@ -292,14 +292,16 @@ def test_a_videos_free_length_and_sides_are_made_up_at_a_clip_networks_take(
     _runs_as_onnxruntime(capsys, path, requests=2)
 
 
-@pytest.mark.parametrize("layout", ["nchw", "nhwc", "clip of fixed sides", "clip of free sides"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "clip of fixed sides", "clip of free sides",
+                                    "frame by frame, sides sliced", "frame by frame, gathered"])
 def test_a_vision_transformers_free_sides_are_made_up_at_its_position_embeddings_side(
         capsys, tmp_path, layout):
     """SigLIP at 384, or a ViT of any side but 224 (OWL-ViT's and DINOv2's small configs):
     made up 224, the patches outnumbered the position embedding and every request failed
     at its Add. The side is the one its embedding is for, whatever tokens come first; a
     clip's length too, where its sides are fixed (VideoMAE's and ViViT's small configs,
-    made up 16 frames)."""
+    made up 16 frames), and a clip patched frame by frame after a Reshape (TimeSformer's
+    small config, made up 224 a side)."""
     rng = np.random.default_rng()
     patch, grid, extra = (int(n) for n in (rng.integers(2, 9), rng.integers(2, 13),
                                            rng.integers(0, 3)))
@@ -310,9 +312,10 @@ def test_a_vision_transformers_free_sides_are_made_up_at_its_position_embeddings
         "clip of fixed sides": ([1, "s59", "3", str(side), str(side)],
                                 (1, length, 3, side, side), length),
         "clip of free sides": (["n", length, 3, "h", "w"], (1, length, 3, side, side), length),
-    }[layout]
+    }.get(layout, (["n", length, 3, "h", "w"], (1, length, 3, side, side), length))
     assert side != IMAGE_SIDE and length < VIDEO_FRAMES
-    model = vit_stem(dims, patch, grid, extra, frames)
+    model = vit_stem(dims, patch, grid, extra, frames,
+                     frame_by_frame=layout.rpartition(" ")[2] if "frame by" in layout else "")
     assert load_graph(model).tensors["pixels"].shape == shape
     path = str(tmp_path / "vit.onnx")
     onnx.save(model, path)

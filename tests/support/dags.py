@@ -675,16 +675,19 @@ def video_stem(dims: Sequence[int | str | None], frames_first: bool = False, see
 
 
 def vit_stem(dims: Sequence[int | str | None], patch: int, grid: int, extra: int,
-             frames: int = 0, seed: int = 0) -> onnx.ModelProto:
+             frames: int = 0, seed: int = 0, frame_by_frame: str = "") -> onnx.ModelProto:
     """A vision transformer's stem on images of `dims`, [N, C, H, W] or, with 3 channels
     last, [N, H, W, C], or with `frames` on clips of [N, T, C, H, W] (transformers' layout),
     each moved to channels second: 8-wide patches of `patch` pixels (2 frames deep in a
     clip), flattened to tokens, `extra` more (class tokens, here zeros) put in front, and a
     position embedding for `grid` x `grid` patches (by `frames` / 2) added: at any other
-    side, or length, the Add fails."""
+    side, or length, the Add fails. `frame_by_frame` patches a clip's frames one at a
+    time (TimeSformer's), reshaped to [N * T, C, H, W] by a shape joined from the clip's
+    own sides, as a dynamo export slices them ("sliced") or a TorchScript one gathers them
+    ("gathered")."""
     rng = np.random.default_rng(seed)
-    kernel = [2, patch, patch] if frames else [patch, patch]
-    tokens = grid * grid * max(frames // 2, 1) + extra
+    kernel = [2, patch, patch] if frames and not frame_by_frame else [patch, patch]
+    tokens = grid * grid * max(frames // 2 if not frame_by_frame else 1, 1) + extra
     consts = [numpy_helper.from_array(rng.standard_normal((8, 3, *kernel)).astype(
                   np.float32), "patch.w"),
               numpy_helper.from_array(np.array([0, 8, -1], np.int64), "flat"),
@@ -700,7 +703,19 @@ def vit_stem(dims: Sequence[int | str | None], patch: int, grid: int, extra: int
              helper.make_node("Add", ["all_tokens", "position"], ["embedded"], name="embed"),
              helper.make_node("ReduceMean", ["embedded"], ["pooled"], name="pool", axes=[1])]
     perm = [0, 2, 1, 3, 4] if frames else [0, 3, 1, 2] if dims[-1] == 3 else None
-    if perm:
+    if frame_by_frame:
+        consts += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (
+            ("frames_and_channels", [-1, 3]), ("at_height", 3), ("at_width", 4), ("axis0", [0]))]
+        sides = [helper.make_node("Shape", ["pixels"], [f"{s}_slice"], start=a, end=a + 1)
+                 for s, a in (("height", 3), ("width", 4))] if frame_by_frame == "sliced" else [
+            helper.make_node("Shape", ["pixels"], ["clip_shape"]),
+            *(n for s in ("height", "width") for n in (
+                helper.make_node("Gather", ["clip_shape", f"at_{s}"], [f"{s}_scalar"]),
+                helper.make_node("Unsqueeze", [f"{s}_scalar", "axis0"], [f"{s}_slice"])))]
+        nodes[:0] = [*sides, helper.make_node(
+            "Concat", ["frames_and_channels", "height_slice", "width_slice"], ["frame_shape"],
+            axis=0), helper.make_node("Reshape", ["pixels", "frame_shape"], ["channels_second"])]
+    elif perm:
         nodes.insert(0, helper.make_node("Transpose", ["pixels"], ["channels_second"],
                                          name="to_channels_second", perm=perm))
     else:
