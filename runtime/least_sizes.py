@@ -75,7 +75,8 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 need(name, axes[1], weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
             spatial = [a for a in axes[2:] if a is not None]
             if len(spatial) == len(axes) - 2:
-                patched = _patch_sizes(graph, node, weights, [sizes[name][a] for a in spatial])
+                patched = _patch_sizes(graph, node, weights, made_by,
+                                       [sizes[name][a] for a in spatial])
                 for axis, size in zip(spatial, patched or [], strict=bool(patched)):
                     need(name, axis, size)
     return least
@@ -85,33 +86,50 @@ def _input_axes(tensor: str, rank: int, made_by: Mapping[str, onnx.NodeProto],
                 weights: Mapping[str, onnx.TensorProto], ranks: Mapping[str, int]
                 ) -> tuple[str, list[int | None]] | None:
     """The graph input a convolution's input `tensor` (of `rank`) is, normalised,
-    transposed or reshaped, and which of the input's axes each of the tensor's axes is
-    (None: none alone, a batch merged with a video's frames to patch them one by one, as
-    TimeSformer's embedding does)."""
+    transposed, unsqueezed (a spectrogram given one channel, as the audio spectrogram
+    transformer's is) or reshaped, and which of the input's axes each of the tensor's axes
+    is (None: none alone, a batch merged with a video's frames to patch them one by one,
+    as TimeSformer's embedding does, or an axis put in)."""
     axes: list[int | None] = list(range(rank))
-    exact = True  # the ranks agree: no Reshape on the way
+    known: int | None = rank  # the walk's tensor's rank, unknown past a Reshape
     for _ in made_by:  # a walk back, bounded however the graph is made
         step = made_by.get(tensor)
         if tensor in ranks or step is None:
             break
         if step.op_type == "Reshape" and (parts := _shape_parts(step, made_by, weights)) \
                 and len(parts) == len(axes):
-            axes, exact = [None if a is None else parts[a] for a in axes], False
+            axes, known = [None if a is None else parts[a] for a in axes], None
             tensor = step.input[0]
+            continue
+        if step.op_type == "Unsqueeze" and known is not None and (
+                put := _unsqueezed(step, weights, known)) is not None:
+            axes = [None if a is None or a in put else a - sum(p < a for p in put) for a in axes]
+            known, tensor = known - len(put), step.input[0]
             continue
         read = [t for t in step.input if t and t not in weights]
         perm = [list(a.ints) for a in step.attribute if a.name == "perm"]
         if len(read) != 1:
             break
-        if step.op_type == "Transpose" and perm and len(perm[0]) == len(axes):
+        if step.op_type == "Transpose" and perm and len(perm[0]) == known:
             axes = [None if a is None else perm[0][a] for a in axes]
         elif step.op_type not in _SAME_AXES:
             break
         tensor = read[0]
-    if tensor not in ranks or (exact and len(axes) != ranks[tensor]) or \
+    if tensor not in ranks or known not in (None, ranks[tensor]) or \
             any(a is not None and not 0 <= a < ranks[tensor] for a in axes):
         return None
     return tensor, axes
+
+
+def _unsqueezed(node: onnx.NodeProto, weights: Mapping[str, onnx.TensorProto], rank: int
+                ) -> set[int] | None:
+    """The axes an Unsqueeze giving a tensor of `rank` puts in, where constant."""
+    if len(node.input) > 1:
+        put = numpy_helper.to_array(weights[node.input[1]]).reshape(-1).tolist() \
+            if node.input[1] in weights else None
+    else:
+        put = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+    return None if put is None else {int(a) % rank for a in put}
 
 
 def _shape_parts(reshape: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto],
@@ -142,59 +160,111 @@ def _shape_parts(reshape: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto],
 
 
 def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,
-                 weights: Mapping[str, onnx.TensorProto], fixed: list[int | None]
-                 ) -> list[int] | None:
+                 weights: Mapping[str, onnx.TensorProto], made_by: Mapping[str, onnx.NodeProto],
+                 fixed: list[int | None]) -> list[int] | None:
     """The sizes along a convolution's spatial axes (`fixed`: the input's there, where
     known) that a vision transformer's position embedding is for: an unpadded convolution
-    into patches of p x p pixels (kernel and stride; a video's tubelets, t frames deep)
+    into patches of p x p pixels (kernel; a stride of s <= p, overlapping as the audio
+    spectrogram transformer's; a video's tubelets, t frames deep, stride the kernel)
     whose tokens, a few nodes on, meet an Add of a constant [1, N, D] or [N, D] of its
-    width D; N is a square number of patches g x g, times the clip's frames / t, and up
-    to `_EXTRA_TOKENS` more (a class token, a distillation token). An image is g * p a
-    side; a clip of fixed sides is as many frames as N holds, one of free sides
-    `VIDEO_FRAMES` (or its fixed frames) long. (A ViT that interpolates its embedding takes
-    any side; this one too.)"""
+    width D. N is the patches, times the clip's frames / t, and the tokens put in front of
+    them (a class token, a distillation token): counted where they are constants joined
+    to the patches, else up to `_EXTRA_TOKENS` tried. Patches a side of the input's fixed
+    one, else a square g x g, else (the tokens in front counted) the two factors nearest
+    a square, the larger last: (g - 1) * s + p pixels. A clip of fixed sides is as many
+    frames as N holds, one of free sides `VIDEO_FRAMES` (or its fixed frames) long. (A ViT
+    that interpolates its embedding takes any side; this one too.)"""
     lists = {a.name: list(a.ints) for a in conv.attribute if a.type == onnx.AttributeProto.INTS}
     kernel = lists.get("kernel_shape") or list(weights[conv.input[1]].dims[2:])
-    if len(kernel) not in (2, 3) or kernel[-1] != kernel[-2] or lists.get("strides") != kernel \
+    strides = lists.get("strides") or [1] * len(kernel)
+    if len(kernel) not in (2, 3) or kernel[-1] != kernel[-2] or strides[-1] != strides[-2] \
+            or not 0 < strides[-1] <= kernel[-1] or strides[:-2] != kernel[:-2] \
             or any(lists.get("pads", ())) or any(d != 1 for d in lists.get("dilations", ())):
         return None
-    tokens = _embedding_tokens(graph, conv, weights)
-    if tokens is None:
+    found = _embedding_tokens(graph, conv, weights, made_by)
+    if found is None:
         return None
-    patch, side = kernel[-1], fixed[-1] if fixed[-1] == fixed[-2] else None
-    for extra in range(min(_EXTRA_TOKENS, tokens - 4) + 1):  # g >= 2: 4 patches at least
+    tokens, counted = found
+    patch, stride = kernel[-1], strides[-1]
+    if len(kernel) == 2:
+        return _grid_sides(tokens, counted, patch, stride, fixed)
+    if stride != patch:
+        return None
+    side = fixed[-1] if fixed[-1] == fixed[-2] else None
+    for extra in [counted] if counted is not None else range(min(_EXTRA_TOKENS, tokens - 4) + 1):
         patches = tokens - extra
-        if len(kernel) == 2:
-            grid = math.isqrt(patches)
-            if grid * grid == patches:
-                return [grid * patch] * 2
-        elif side is not None and side >= patch and patches % (side // patch) ** 2 == 0:
+        if side is not None and side >= patch and patches % (side // patch) ** 2 == 0:
             return [patches // (side // patch) ** 2 * kernel[0], side, side]
-        elif side is None and (frames := fixed[0] or VIDEO_FRAMES) >= kernel[0]:
+        if side is None and (frames := fixed[0] or VIDEO_FRAMES) >= kernel[0]:
             grid = math.isqrt(patches // (frames // kernel[0]))
             if grid * grid * (frames // kernel[0]) == patches:
                 return [frames, grid * patch, grid * patch]
     return None
 
 
+def _grid_sides(tokens: int, counted: int | None, patch: int, stride: int,
+                fixed: list[int | None]) -> list[int] | None:
+    """An image's two sides for `tokens` (see `_patch_sizes`)."""
+    def side(g: int) -> int:
+        return (g - 1) * stride + patch
+
+    extras = [counted] if counted is not None else range(min(_EXTRA_TOKENS, tokens - 4) + 1)
+    for extra in extras:  # without a count, g >= 2: 4 patches at least
+        patches = tokens - extra
+        for known, axis in ((f, a) for a, f in enumerate(fixed) if f is not None):
+            along = (known - patch) // stride + 1 if known >= patch else 0
+            if along and patches % along == 0 and patches // along >= 1:
+                sides = [known, known]
+                sides[1 - axis] = side(patches // along)
+                return sides
+        grid = math.isqrt(max(patches, 0))
+        if grid and grid * grid == patches:
+            return [side(grid)] * 2
+    if counted is not None and tokens > counted:
+        patches = tokens - counted
+        rows = max(d for d in range(1, math.isqrt(patches) + 1) if patches % d == 0)
+        return [side(rows), side(patches // rows)]
+    return None
+
+
 def _embedding_tokens(graph: onnx.GraphProto, conv: onnx.NodeProto,
-                      weights: Mapping[str, onnx.TensorProto]) -> int | None:
+                      weights: Mapping[str, onnx.TensorProto],
+                      made_by: Mapping[str, onnx.NodeProto]) -> tuple[int, int | None] | None:
     """N of the first constant [1, N, D] or [N, D] (D: the convolution's width) an Add
-    among the `_PATCH_WALK` tensors after the convolution adds."""
+    among the `_PATCH_WALK` tensors after the convolution adds, and how many tokens the
+    way there joined to the patches (a Concat of constant [1, k, D] tokens, expanded to
+    the batch), None where one joined is not such a constant."""
     width = weights[conv.input[1]].dims[0]
     read_by: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for tensor in node.input:
             read_by.setdefault(tensor, []).append(node)
-    tensors, seen = [conv.output[0]], {conv.output[0]}
-    while tensors and len(seen) < _PATCH_WALK:
-        for node in read_by.get(tensors.pop(0), ()):
+    # tensor -> tokens joined on the way to it: None before any Concat, -1 past a Concat
+    # of something other than constant tokens
+    tensors, joined = [conv.output[0]], dict[str, int | None]({conv.output[0]: None})
+
+    def constant_tokens(tensor: str) -> int | None:
+        step = made_by.get(tensor)
+        while step is not None and step.op_type in ("Expand", "Tile", "Identity", "Cast"):
+            tensor, step = step.input[0], made_by.get(step.input[0])
+        dims = list(weights[tensor].dims) if tensor in weights else []
+        return dims[-2] if len(dims) == 3 and dims[0] == 1 and dims[-1] == width else None
+
+    while tensors and len(joined) < _PATCH_WALK:
+        tensor = tensors.pop(0)
+        for node in read_by.get(tensor, ()):
             if node.op_type == "Add":
                 for w in (weights[t] for t in node.input if t in weights):
                     dims = list(w.dims)
                     if len(dims) in (2, 3) and dims[-1] == width and dims[:-2] in ([], [1]):
-                        return dims[-2]
-            fresh = [t for t in node.output if t not in seen]
-            seen.update(fresh)
-            tensors += fresh
+                        count = joined[tensor]
+                        return dims[-2], None if count is None or count < 0 else count
+            count = joined[tensor]
+            if node.op_type == "Concat" and count != -1:
+                more = [constant_tokens(t) for t in node.input if t != tensor]
+                count = -1 if None in more else (count or 0) + sum(m or 0 for m in more)
+            for out in node.output:
+                if out not in joined:
+                    joined[out] = count
+                    tensors.append(out)
     return None

@@ -29,6 +29,7 @@ from tests.support.dags import (
     dag_models,
     random_dag_model,
     reads_of,
+    spectrogram_stem,
     speech_frontend,
     upsampling_detector,
     video_stem,
@@ -318,6 +319,26 @@ def test_a_vision_transformers_free_sides_are_made_up_at_its_position_embeddings
                      frame_by_frame=layout.rpartition(" ")[2] if "frame by" in layout else "")
     assert load_graph(model).tensors["pixels"].shape == shape
     path = str(tmp_path / "vit.onnx")
+    onnx.save(model, path)
+    _runs_as_onnxruntime(capsys, path, requests=2)
+
+
+def test_a_spectrograms_free_sides_are_made_up_at_its_position_embeddings_count(
+        capsys, tmp_path):
+    """The audio spectrogram transformer patches [frames, mel bins] with overlapping
+    patches into a grid that is no square (12 x 101 at AudioSet's 1024 frames of 128 bins)
+    and joins 2 tokens in front: made up [1, 1, 1], every request failed at its Conv. The
+    tokens joined are counted, the patches made into the grid nearest a square."""
+    rng = np.random.default_rng()
+    patch = int(rng.integers(3, 9))
+    stride, rows, extra = int(rng.integers(1, patch + 1)), int(rng.integers(2, 5)), int(
+        rng.integers(1, 3))
+    cols = rows + int(rng.integers(1, 4))  # no square
+    model = spectrogram_stem(patch, stride, rows, cols, extra)
+    frames, mel = load_graph(model).tensors["spectrogram"].shape[1:]
+    grid = sorted(((mel - patch) // stride + 1, (frames - patch) // stride + 1))
+    assert grid[0] * grid[1] == rows * cols and grid[0] >= 2
+    path = str(tmp_path / "spectrogram.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path, requests=2)
 

@@ -726,6 +726,44 @@ def vit_stem(dims: Sequence[int | str | None], patch: int, grid: int, extra: int
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
+def spectrogram_stem(patch: int, stride: int, rows: int, cols: int, extra: int,
+                     seed: int = 0) -> onnx.ModelProto:
+    """The audio spectrogram transformer's stem on [batch, frames, mel bins], both free:
+    the spectrogram given one channel and turned to [N, 1, mel, frames], 8-wide patches of
+    `patch` pixels `stride` apart (overlapping), flattened to tokens, `extra` constant
+    tokens expanded to the batch and joined in front, and a position embedding for
+    `rows` x `cols` patches added: at any other count, the Add fails."""
+    rng = np.random.default_rng(seed)
+    consts = [numpy_helper.from_array(rng.standard_normal((8, 1, patch, patch)).astype(
+                  np.float32), "patch.w"),
+              numpy_helper.from_array(rng.standard_normal((1, extra, 8)).astype(np.float32),
+                                      "tokens"),
+              numpy_helper.from_array(np.array([1], np.int64), "channel"),
+              numpy_helper.from_array(np.array([0, 8, -1], np.int64), "flat"),
+              numpy_helper.from_array(np.array([0], np.int64), "at_batch"),
+              numpy_helper.from_array(np.array([1, 1], np.int64), "one_by_one"),
+              numpy_helper.from_array(rng.standard_normal((1, rows * cols + extra, 8)).astype(
+                  np.float32), "position")]
+    nodes = [helper.make_node("Unsqueeze", ["spectrogram", "channel"], ["one_channel"]),
+             helper.make_node("Transpose", ["one_channel"], ["mel_first"], perm=[0, 1, 3, 2]),
+             helper.make_node("Conv", ["mel_first", "patch.w"], ["patches"],
+                              kernel_shape=[patch, patch], strides=[stride, stride]),
+             helper.make_node("Reshape", ["patches", "flat"], ["flat_patches"]),
+             helper.make_node("Transpose", ["flat_patches"], ["patch_tokens"], perm=[0, 2, 1]),
+             helper.make_node("Shape", ["spectrogram"], ["batch"], start=0, end=1),
+             helper.make_node("Concat", ["batch", "one_by_one"], ["token_shape"], axis=0),
+             helper.make_node("Expand", ["tokens", "token_shape"], ["batch_tokens"]),
+             helper.make_node("Concat", ["batch_tokens", "patch_tokens"], ["all_tokens"], axis=1),
+             helper.make_node("Add", ["all_tokens", "position"], ["embedded"]),
+             helper.make_node("ReduceMean", ["embedded"], ["pooled"], axes=[1])]
+    graph = helper.make_graph(
+        nodes, "spectrogram",
+        [helper.make_tensor_value_info("spectrogram", TensorProto.FLOAT,
+                                       ["batch", "frames", "mel"])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, None)], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 def box_reader(dims: Sequence[int | str | None]) -> onnx.ModelProto:
     """Boxes of `dims` ([batch, boxes, corners]: LayoutLM's, whose dynamo export leaves the
     4 corners free) read at constant indices along the last axis, 3 and -4: a box's width.
