@@ -102,6 +102,9 @@ class InputSpec:
     # (axis, the least size the model reads it at: `least_sizes.least_sizes`): made-up sizes
     # take it
     least: tuple[tuple[int, int], ...] = ()
+    # the one value the model looks for among these integers (BART's classifier reads the
+    # last end-of-sentence token of each row): made-up rows end with it, once
+    ends_with: int | None = None
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set, compare=False, repr=False)
 
     def accepts(self, array: np.ndarray) -> bool:
@@ -141,6 +144,8 @@ class InputSpec:
             out["categories"] = [list(c) for c in self.categories]
         if self.least:
             out["least"] = [list(pair) for pair in self.least]
+        if self.ends_with is not None:
+            out["ends_with"] = self.ends_with
         return out
 
     @classmethod
@@ -153,7 +158,8 @@ class InputSpec:
         return cls(data["name"], np.dtype(data["dtype"]) if data.get("dtype") else None,
                    None if dims is None else tuple(dims), structured, data.get("rows"),
                    tuple(map(tuple, data["categories"])) if data.get("categories") else None,
-                   tuple((int(axis), int(size)) for axis, size in data.get("least") or ()))
+                   tuple((int(axis), int(size)) for axis, size in data.get("least") or ()),
+                   data.get("ends_with"))
 
 
 @dataclass(frozen=True)
@@ -189,9 +195,10 @@ def _np_dtype(elem_type: int) -> str | None:
 
 def input_specs(graph: Graph) -> list[InputSpec]:
     specs = tensor_specs(graph, graph.inputs)
-    rows, categories = value_limits(graph, specs)
+    rows, categories, ends = value_limits(graph, specs)
     return [InputSpec(s.name, s.dtype, s.dims, s.type, rows.get(s.name), categories.get(s.name),
-                      tuple(graph.least.get(s.name, {}).items())) for s in specs]
+                      tuple(graph.least.get(s.name, {}).items()), ends.get(s.name))
+            for s in specs]
 
 
 # ops whose first input's values pass on unchanged (some of them, for a Gather's data)
@@ -199,10 +206,11 @@ _SAME_VALUES = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Squeeze", "
                           "Expand", "Transpose", "Slice", "Split", "Tile", "Gather",
                           "ArrayFeatureExtractor"})
 Categories = tuple[tuple[int | str, ...], ...]
+_IDS = 16  # made-up token ids are below it
 
 
 def value_limits(graph: Graph, specs: list[InputSpec]
-                 ) -> tuple[dict[str, int], dict[str, Categories]]:
+                 ) -> tuple[dict[str, int], dict[str, Categories], dict[str, int]]:
     """What values of each graph input the model takes, from the nodes reading its values
     through ops that pass them on unchanged, in subgraphs too:
     - the rows of the smallest table it indexes, a Gather's data along its axis (class
@@ -210,17 +218,21 @@ def value_limits(graph: Graph, specs: list[InputSpec]
     - when a one-hot encoder reading it refuses what it does not know (`zeros=0`,
       skl2onnx's export of scikit-learn's default), the categories every encoder reading
       it knows: one list for every element, or one per column of the last axis where
-      each column is picked apart (a Gather along it or an ArrayFeatureExtractor)."""
+      each column is picked apart (a Gather along it or an ArrayFeatureExtractor);
+    - the one value within those rows an Equal compares it with, a constant (BART's
+      classifier finds its end-of-sentence tokens so, and fails on a row without one),
+      unless only a Not reads what it finds (RoBERTa's padding mask is `ids != pad`)."""
     from runtime.graph import nested_nodes
+    from runtime.stored import values
 
     readers: dict[str, list[onnx.NodeProto]] = {}
     # ONNX names are unique across nested scopes: one map holds every scope's readers
     for node in nested_nodes(graph.model.graph):
         for t in node.input:
             readers.setdefault(t, []).append(node)
-    limits: tuple[dict[str, int], dict[str, Categories]] = ({}, {})
+    limits: tuple[dict[str, int], dict[str, Categories], dict[str, int]] = ({}, {}, {})
     for spec in specs:
-        rows, known, strict = [], [], False
+        rows, known, strict, sought = [], [], False, set()
         todo: list[tuple[str, int | None]] = [(spec.name, None)]
         seen = {spec.name}
         while todo:
@@ -238,10 +250,17 @@ def value_limits(graph: Graph, specs: list[InputSpec]
                     known.append((column, _attribute(node, "cats_int64s", []) or [
                         c.decode() for c in _attribute(node, "cats_strings", [])]))
                     strict |= _attribute(node, "zeros", 1) == 0
+                elif node.op_type == "Equal" and tensor in node.input and (
+                        other := graph.initializers.get(node.input[node.input[0] == tensor])
+                        ) is not None and int(np.prod(other.dims)) == 1 and not all(
+                        r.op_type == "Not" for r in readers.get(node.output[0], ())):
+                    sought.add(int(values(other).reshape(-1)[0]))  # not `!=` (a padding mask)
         if rows and min(rows) > 0:
             limits[0][spec.name] = min(rows)
         if strict and (categories := _categories(known, spec.dims)):
             limits[1][spec.name] = categories
+        if len(sought) == 1 and 0 <= (value := sought.pop()) < min(rows or [_IDS]):
+            limits[2][spec.name] = value
     return limits
 
 
@@ -540,7 +559,8 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
         elif dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng, spec.rows)
+            feeds[spec.name] = _integers(spec.name.lower(), shape, dtype, rng, spec.rows,
+                                         spec.ends_with)
         elif dtype.kind == "b":  # an array even at shape (): numpy gives a scalar there
             feeds[spec.name] = np.asarray(rng.random(shape) < 0.5)
         else:
@@ -559,17 +579,24 @@ def _categorical(categories: Categories, shape: tuple[int, ...], dtype: np.dtype
 
 
 def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator,
-              rows: int | None = None) -> np.ndarray:
+              rows: int | None = None, ends_with: int | None = None) -> np.ndarray:
     """Integer inputs as text models expect them: masks of ones, segment ids of zero,
     positions counting up, anything else (token ids) small non-negative numbers, below
-    the `rows` of the table they index."""
+    the `rows` of the table they index; a row ending with `ends_with`, once, as a
+    tokenizer ends a sentence."""
     if "mask" in name:
         return np.ones(shape, dtype)
     if "type" in name or "segment" in name:
         return np.zeros(shape, dtype)
     if "position" in name and shape:
         return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
-    return rng.integers(0, min(16, rows or 16), shape).astype(dtype)
+    high = min(_IDS, rows or _IDS)
+    if ends_with is None or not shape or high < 2:
+        return rng.integers(0, high, shape).astype(dtype)
+    ids = rng.integers(0, high - 1, shape)
+    ids[ids >= ends_with] += 1  # every value but `ends_with`
+    ids[..., -1] = ends_with
+    return ids.astype(dtype)
 
 
 def _random_value(kind: ValueType, rng: np.random.Generator) -> object:

@@ -403,6 +403,51 @@ def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, t
     assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0
 
 
+def test_made_up_token_ids_end_each_row_with_the_one_token_the_model_looks_for(
+        no_leftover_threads, tmp_path):
+    """BART's classifier reads the hidden state of each row's last end-of-sentence token
+    (`ids == eos`, NonZero, GatherND, a Reshape to [batch, -1, width], the last): made-up
+    ids held none in most requests and a different count in each row of a batch, and
+    failed. They end each row with it, once, as a tokenizer ends a sentence; a padding
+    mask (`ids != pad`) marks no token."""
+    rng = np.random.default_rng()
+    eos, rows = int(rng.integers(0, 15)), int(rng.integers(16, 40))
+    table = rng.standard_normal((rows, 4)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["hidden"]),
+             helper.make_node("Equal", ["ids", "eos"], ["is_eos"]),
+             helper.make_node("NonZero", ["is_eos"], ["where"]),
+             helper.make_node("Transpose", ["where"], ["at"], perm=[1, 0]),
+             helper.make_node("GatherND", ["hidden", "at"], ["eos_states"]),
+             helper.make_node("Shape", ["ids"], ["batch"], start=0, end=1),
+             helper.make_node("Concat", ["batch", "rest"], ["by_row"], axis=0),
+             helper.make_node("Reshape", ["eos_states", "by_row"], ["per_row"]),
+             helper.make_node("Gather", ["per_row", "last"], ["y"], axis=1),
+             helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+             helper.make_node("Not", ["is_pad"], ["mask"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "eos", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", "t"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, ["n", "t"])],
+        [onnx.numpy_helper.from_array(table, "table"),
+         onnx.numpy_helper.from_array(np.array(eos), "eos"),
+         onnx.numpy_helper.from_array(np.array(eos + 1), "pad"),
+         onnx.numpy_helper.from_array(np.array([-1, 4]), "rest"),
+         onnx.numpy_helper.from_array(np.array(-1), "last")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("eos", model)
+        assert [s.ends_with for s in host.inputs("eos")] == [eos]
+        ids = np.concatenate([f["ids"] for f in _made_up_feeds(host, "eos", 3)])
+        assert (ids[:, -1] == eos).all() and ((ids == eos).sum(axis=1) == 1).all()
+    path, bundle = tmp_path / "eos.onnx", tmp_path / "eos.prism"
+    onnx.save(model, path)
+    assert main(["compile", str(path), "--devices", "cpu:1", "--bind", "t=6", "-o",
+                 str(bundle)]) == 0
+    for source, bind in ((path, ["--bind", "t=6"]), (bundle, [])):
+        assert main(["run", str(source), "--devices", "cpu:1", "--requests", "20", *bind,
+                     "--check"]) == 0
+
+
 def test_made_up_categories_are_ones_the_strict_one_hot_encoders_reading_them_know(
         no_leftover_threads, tmp_path):
     """scikit-learn's OneHotEncoder refuses a category it was not fitted on, and skl2onnx

@@ -795,11 +795,15 @@ END_TOKEN = 2
 
 def end_token_model() -> onnx.ModelProto:
     """ids [batch, tokens] -> where the last end token is (as BART's classifier reads its
-    hidden state there): a model taking only some values, on which made-up ids (zeros,
-    no end token) fail. `end_token_ids` makes ids it takes."""
-    consts = [numpy_helper.from_array(np.array(END_TOKEN, np.int64), "end"),
+    hidden state there): a model taking only some values, on which made-up ids (without
+    the end token, but now and then) fail. The ids are compared one up, past an Add,
+    where made-up values are not drawn to hold it (as they are for BART's comparison:
+    `InputSpec.ends_with`). `end_token_ids` makes ids it takes."""
+    consts = [numpy_helper.from_array(np.array(END_TOKEN + 1, np.int64), "end"),
+              numpy_helper.from_array(np.array(1, np.int64), "one"),
               numpy_helper.from_array(np.array(-1, np.int64), "last")]
-    nodes = [helper.make_node("Equal", ["ids", "end"], ["ends"], name="ends"),
+    nodes = [helper.make_node("Add", ["ids", "one"], ["up"], name="up"),
+             helper.make_node("Equal", ["up", "end"], ["ends"], name="ends"),
              helper.make_node("NonZero", ["ends"], ["where"], name="where"),
              helper.make_node("Gather", ["where", "last"], ["at"], name="at", axis=1)]
     graph = helper.make_graph(
