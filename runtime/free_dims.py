@@ -84,6 +84,13 @@ def _plain(dim: int | str | None) -> TypeGuard[str]:
     return isinstance(dim, str) and bool(dim.strip()) and _computed(dim, {}, 1) is None
 
 
+def image_sides(dims: Dims, floating: bool, least: Mapping[int, int]) -> dict[int, int]:
+    """`image_axes`, a named dimension's least size standing in for it: an image's channels
+    may be free, sized by the convolution reading them."""
+    return image_axes([least.get(a, d) if isinstance(d, str) else d
+                       for a, d in enumerate(dims)], floating)
+
+
 def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
                bindings: Mapping[str, int], default: int = 1) -> dict[str, int]:
     """Named free dimensions' sizes for inputs given as (dims, floating, least: axis ->
@@ -95,11 +102,8 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
     named = collections.Counter(d for dims, _, _ in given for d in set(dims) if d)
     sizes = {name: AUDIO_SAMPLES for dims, floating, _ in given
              if (name := _waveform_length(dims, floating)) and named[name] == 1}
-    # an image's channels may be free, sized by the convolution reading them
     sizes |= {str(dims[a]): size for dims, floating, least in given
-              for a, size in image_axes([least.get(a, d) if isinstance(d, str) else d
-                                         for a, d in enumerate(dims)], floating).items()
-              if dims[a]}
+              for a, size in image_sides(dims, floating, least).items() if dims[a]}
     for dims, _, least in given:
         for a, size in least.items():
             dim = dims[a] if a < len(dims) else None

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 import onnx
 from onnx import numpy_helper
 
-from runtime.free_dims import VIDEO_FRAMES, Dims, fixed_size
+from runtime.free_dims import VIDEO_FRAMES, Dims, fixed_size, image_sides
 from runtime.onnx_kinds import DEFAULT_DOMAINS, FLOATS
 from runtime.stored import stored_at
 
@@ -31,6 +31,12 @@ _SAME_AXES = frozenset({"Cast", "Identity", "Sub", "Div", "Mul", "Add", "Neg", "
 _LEAST_MOST = 1 << 16
 _EXTRA_TOKENS = 8  # besides the patches, before a position embedding: class, distillation
 _PATCH_WALK = 64  # tensors after the patches a position embedding is looked for among
+_WINDOW_WALK = 4096  # tensors after a graph input's first convolution its windows are sized over
+_WINDOWS = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool"})
+# ops whose output is as long as their (first) input along a spatial axis
+_SAME_LENGTH = _SAME_AXES | {"BatchNormalization", "InstanceNormalization", "Dropout", "Sigmoid",
+                             "Tanh", "LeakyRelu", "Elu", "Selu", "PRelu", "HardSigmoid",
+                             "HardSwish", "Softplus", "Mish", "Gelu", "Concat"}
 
 
 def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
@@ -41,12 +47,20 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
       (optimum names an image's channels too: [batch_size, num_channels, height, width]);
     - the sides (and a clip's frames) a vision transformer's position embedding is for
       (`_patch_sizes`): made up 224, SigLIP at 384, or any ViT of another size, failed at
-      the embedding's Add.
+      the embedding's Add;
+    - the length every convolution and pooling window after it fits (`_windows_fit`),
+      along an axis no image or video side (those are made up 224, `free_dims`).
     Made up 1 wide, every request of such a network failed."""
-    sizes = {v.name: [fixed_size(d) for d in dims] for v, dims, _ in shaped_inputs(graph)}
+    shaped = list(shaped_inputs(graph))
+    sizes = {v.name: [fixed_size(d) for d in dims] for v, dims, _ in shaped}
+    declared = {v.name: (dims, floating) for v, dims, floating in shaped}
     ranks = {name: len(dims) for name, dims in sizes.items()}
     weights = {t.name: t for t in graph.initializer}
     made_by = {out: node for node in graph.node for out in node.output}
+    read_by: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for tensor in node.input:
+            read_by.setdefault(tensor, []).append(node)
     least: dict[str, dict[int, int]] = {}
 
     def need(name: str, axis: int, size: int) -> None:
@@ -75,11 +89,89 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 need(name, axes[1], weights[node.input[1]].dims[1] * max(ints.get("group", 1), 1))
             spatial = [a for a in axes[2:] if a is not None]
             if len(spatial) == len(axes) - 2:
-                patched = _patch_sizes(graph, node, weights, made_by,
+                patched = _patch_sizes(node, weights, made_by, read_by,
                                        [sizes[name][a] for a in spatial])
                 for axis, size in zip(spatial, patched or [], strict=bool(patched)):
                     need(name, axis, size)
+            dims, floating = declared[name]
+            sides = image_sides(dims, floating, least.get(name, {}))  # made up 224
+            for j, at in enumerate(axes[2:], start=2):
+                if at is not None and sizes[name][at] is None and at not in sides and \
+                        (fit := _windows_fit(node.input[0], j, read_by, weights)):
+                    need(name, at, fit)
     return least
+
+
+def _windows_fit(tensor: str, axis: int, read_by: Mapping[str, list[onnx.NodeProto]],
+                 weights: Mapping[str, onnx.TensorProto]) -> int | None:
+    """The least length along `axis` of `tensor` at which every convolution and pooling
+    window after it, through ops keeping that axis, fits what reaches it (a keyword
+    spotter's unpadded Conv1d over [batch, 40, frames], made up 1 frame, failed at its
+    first convolution): the least `_fits`, found by doubling and halving."""
+    if _fits(tensor, axis, 1, read_by, weights):
+        return None
+    high = 2
+    while not _fits(tensor, axis, high, read_by, weights):
+        if high > _LEAST_MOST:
+            return None
+        high *= 2
+    low = high // 2  # does not fit
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if _fits(tensor, axis, middle, read_by, weights) else (
+            middle, high)
+    return high
+
+
+def _fits(tensor: str, axis: int, length: int, read_by: Mapping[str, list[onnx.NodeProto]],
+          weights: Mapping[str, onnx.TensorProto]) -> bool:
+    """Does `tensor`, `length` long along `axis`, leave every window after it at least one
+    step to take? Followed through the ops that keep the axis's length (`_SAME_LENGTH`) and
+    the windows themselves, for `_WINDOW_WALK` tensors at most."""
+    lengths, tensors = {tensor: length}, [tensor]
+    while tensors and len(lengths) < _WINDOW_WALK:
+        tensor = tensors.pop()
+        for node in read_by.get(tensor, ()):
+            size = lengths[tensor]
+            if node.op_type in _WINDOWS and node.input[0] == tensor:
+                size = _window_steps(node, axis - 2, size, weights)
+                if size < 1:
+                    return False
+            elif node.op_type not in _SAME_LENGTH or (node.op_type == "Concat" and any(
+                    a.name == "axis" and a.i == axis for a in node.attribute)):
+                continue
+            for out in node.output[:1]:
+                if lengths.get(out, size + 1) > size:  # the least that reaches it
+                    lengths[out] = size
+                    tensors.append(out)
+    return True
+
+
+def _window_steps(node: onnx.NodeProto, i: int, length: int,
+                  weights: Mapping[str, onnx.TensorProto]) -> int:
+    """How many steps a Conv's or pooling's window takes along its `i`-th spatial axis of
+    `length`, as onnxruntime counts them (it refuses a Conv of none)."""
+    lists = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
+    ints = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+    pad = next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
+    kernel = lists.get("kernel_shape") or (list(weights[node.input[1]].dims[2:])
+                                           if len(node.input) > 1 and node.input[1] in weights
+                                           else [])
+    if i >= len(kernel):
+        return length
+    stride = (lists.get("strides") or [1] * len(kernel))[i]
+    if pad in ("SAME_UPPER", "SAME_LOWER"):
+        return -(-length // stride)
+    pads = [0] * 2 * len(kernel) if pad == "VALID" else lists.get("pads") or [0] * 2 * len(
+        kernel)
+    span = (kernel[i] - 1) * (lists.get("dilations") or [1] * len(kernel))[i] + 1
+    room = length + pads[i] + pads[i + len(kernel)] - span
+    if node.op_type == "Conv":
+        return room // stride + 1  # every window inside the input
+    if not ints.get("ceil_mode"):  # the last may overhang it by less than a stride:
+        return int(room / stride) + 1  # onnxruntime divides rounding toward zero
+    steps = -(-room // stride) + 1  # rounding up, no window starts past the input
+    return steps - 1 if (steps - 1) * stride >= length + pads[i] else steps
 
 
 def _input_axes(tensor: str, rank: int, made_by: Mapping[str, onnx.NodeProto],
@@ -159,9 +251,10 @@ def _shape_parts(reshape: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto],
     return parts
 
 
-def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,
-                 weights: Mapping[str, onnx.TensorProto], made_by: Mapping[str, onnx.NodeProto],
-                 fixed: list[int | None]) -> list[int] | None:
+def _patch_sizes(conv: onnx.NodeProto, weights: Mapping[str, onnx.TensorProto],
+                 made_by: Mapping[str, onnx.NodeProto],
+                 read_by: Mapping[str, list[onnx.NodeProto]], fixed: list[int | None]
+                 ) -> list[int] | None:
     """The sizes along a convolution's spatial axes (`fixed`: the input's there, where
     known) that a vision transformer's position embedding is for: an unpadded convolution
     into patches of p x p pixels (kernel; a stride of s <= p, overlapping as the audio
@@ -181,7 +274,7 @@ def _patch_sizes(graph: onnx.GraphProto, conv: onnx.NodeProto,
             or not 0 < strides[-1] <= kernel[-1] or strides[:-2] != kernel[:-2] \
             or any(lists.get("pads", ())) or any(d != 1 for d in lists.get("dilations", ())):
         return None
-    found = _embedding_tokens(graph, conv, weights, made_by)
+    found = _embedding_tokens(conv, weights, made_by, read_by)
     if found is None:
         return None
     tokens, counted = found
@@ -227,18 +320,15 @@ def _grid_sides(tokens: int, counted: int | None, patch: int, stride: int,
     return None
 
 
-def _embedding_tokens(graph: onnx.GraphProto, conv: onnx.NodeProto,
-                      weights: Mapping[str, onnx.TensorProto],
-                      made_by: Mapping[str, onnx.NodeProto]) -> tuple[int, int | None] | None:
+def _embedding_tokens(conv: onnx.NodeProto, weights: Mapping[str, onnx.TensorProto],
+                      made_by: Mapping[str, onnx.NodeProto],
+                      read_by: Mapping[str, list[onnx.NodeProto]]
+                      ) -> tuple[int, int | None] | None:
     """N of the first constant [1, N, D] or [N, D] (D: the convolution's width) an Add
     among the `_PATCH_WALK` tensors after the convolution adds, and how many tokens the
     way there joined to the patches (a Concat of constant [1, k, D] tokens, expanded to
     the batch), None where one joined is not such a constant."""
     width = weights[conv.input[1]].dims[0]
-    read_by: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for tensor in node.input:
-            read_by.setdefault(tensor, []).append(node)
     # tensor -> tokens joined on the way to it: None before any Concat, -1 past a Concat
     # of something other than constant tokens
     tensors, joined = [conv.output[0]], dict[str, int | None]({conv.output[0]: None})

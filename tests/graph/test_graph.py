@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import networkx as nx
@@ -341,6 +342,42 @@ def test_a_spectrograms_free_sides_are_made_up_at_its_position_embeddings_count(
     path = str(tmp_path / "spectrogram.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path, requests=2)
+
+
+def test_a_signals_free_length_is_made_up_as_long_as_its_windows_need():
+    """A keyword spotter's unpadded Conv1d over [batch, features, frames], made up 1 frame
+    long, failed every request at its first convolution. The length is the least at
+    which every window after it (convolutions and a pooling, strided, dilated, padded,
+    rounding up or down) still takes a step: the least onnxruntime runs it at."""
+    rng = np.random.default_rng()
+    k1, s1, d1, k2, s2, k3, pad = (int(rng.integers(lo, hi)) for lo, hi in (
+        (2, 8), (1, 4), (1, 3), (2, 5), (1, 4), (2, 8), (0, 3)))
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[s1], dilations=[d1]),
+         helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[k2], strides=[s2],
+                          ceil_mode=int(rng.integers(0, 2))),
+         helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[pad, pad]),
+         helper.make_node("GlobalAveragePool", ["c2"], ["y"])], "spotter",
+        [helper.make_tensor_value_info("x", f, ["batch", 8, "frames"])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(rng.standard_normal((8, 8, k)).astype(np.float32), name)
+         for name, k in (("w1", k1), ("w2", k3))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    seen = copy.deepcopy(model)  # every window's output, to see it is not empty
+    seen.graph.output.extend(helper.make_tensor_value_info(t, f, None) for t in ("c1", "p1"))
+    session = ort.InferenceSession(seen.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def runs(frames: int) -> bool:
+        try:
+            outputs = session.run(None, {"x": np.zeros((1, 8, frames), np.float32)})
+        except Exception:  # onnxruntime refuses some windows past their input
+            return False
+        return all(o.size for o in outputs)
+
+    least = next(n for n in range(1, 1000) if runs(n))
+    assert load_graph(model).tensors["x"].shape == (1, 8, least)
 
 
 def test_a_rank_five_cache_is_no_video():
