@@ -252,15 +252,16 @@ def value_limits(graph: Graph, specs: list[InputSpec]
                     strict |= _attribute(node, "zeros", 1) == 0
                 elif node.op_type == "Equal" and tensor in node.input and (
                         other := graph.initializers.get(node.input[node.input[0] == tensor])
-                        ) is not None and int(np.prod(other.dims)) == 1 and not all(
+                        ) is not None and int(np.prod(other.dims)) == 1 and \
+                        (value := values(other).reshape(-1)[0]).dtype.kind in "iu" and not all(
                         r.op_type == "Not" for r in readers.get(node.output[0], ())):
-                    sought.add(int(values(other).reshape(-1)[0]))  # not `!=` (a padding mask)
+                    sought.add(int(value))  # not `!=` (a padding mask)
         if rows and min(rows) > 0:
             limits[0][spec.name] = min(rows)
         if strict and (categories := _categories(known, spec.dims)):
             limits[1][spec.name] = categories
-        if len(sought) == 1 and 0 <= (value := sought.pop()) < min(rows or [_IDS]):
-            limits[2][spec.name] = value
+        if len(sought) == 1 and 0 <= (token := sought.pop()) < min(rows or [_IDS]):
+            limits[2][spec.name] = token
     return limits
 
 

@@ -137,8 +137,7 @@ def _fits(tensor: str, axis: int, length: int, read_by: Mapping[str, list[onnx.N
                 size = _window_steps(node, axis - 2, size, weights)
                 if size < 1:
                     return False
-            elif node.op_type not in _SAME_LENGTH or (node.op_type == "Concat" and any(
-                    a.name == "axis" and a.i == axis for a in node.attribute)):
+            elif node.op_type not in _SAME_LENGTH:  # a Concat along it: longer, not shorter
                 continue
             for out in node.output[:1]:
                 if lengths.get(out, size + 1) > size:  # the least that reaches it
@@ -306,7 +305,7 @@ def _grid_sides(tokens: int, counted: int | None, patch: int, stride: int,
         patches = tokens - extra
         for known, axis in ((f, a) for a, f in enumerate(fixed) if f is not None):
             along = (known - patch) // stride + 1 if known >= patch else 0
-            if along and patches % along == 0 and patches // along >= 1:
+            if along and patches > 0 and patches % along == 0:
                 sides = [known, known]
                 sides[1 - axis] = side(patches // along)
                 return sides
@@ -331,7 +330,8 @@ def _embedding_tokens(conv: onnx.NodeProto, weights: Mapping[str, onnx.TensorPro
     width = weights[conv.input[1]].dims[0]
     # tensor -> tokens joined on the way to it: None before any Concat, -1 past a Concat
     # of something other than constant tokens
-    tensors, joined = [conv.output[0]], dict[str, int | None]({conv.output[0]: None})
+    joined: dict[str, int | None] = {conv.output[0]: None}
+    tensors = [conv.output[0]]
 
     def constant_tokens(tensor: str) -> int | None:
         step = made_by.get(tensor)
