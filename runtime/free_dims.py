@@ -97,7 +97,8 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
     the least size the graph reads it at): `bindings`; an image's or a video's made-up
     size (`image_axes`) for a name it has as a side or a length, so every input naming it
     agrees; a waveform's length for a name no other input has (a text model's float mask
-    shares its tokens' length, or its embeddings'); and no name under its least."""
+    shares its tokens' length, or its embeddings'); no name under its least; and a name
+    meaning a sum of others the inputs name (`_SUMS`) their sum."""
     given = [(dims or (), floating, least) for dims, floating, least in inputs]
     named = collections.Counter(d for dims, _, _ in given for d in set(dims) if d)
     sizes = {name: AUDIO_SAMPLES for dims, floating, _ in given
@@ -109,20 +110,30 @@ def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
             dim = dims[a] if a < len(dims) else None
             if _plain(dim):
                 sizes[dim] = max(sizes.get(dim, default), size)
-    return {**sizes, **bindings}
+    sizes |= bindings
+    for total, parts in _SUMS.items():
+        if total in named and total not in bindings and all(
+                p in named for p in parts.split(" + ")):
+            sizes[total] = _computed(parts, sizes, default) or default
+    return sizes
 
 
 def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default: int = 1
                   ) -> tuple[int, ...]:
-    """One input's shape: fixed sizes as they are, named ones from `sizes` (`free_sizes`),
-    a name that is arithmetic over others or a number (`_computed`), an unnamed image side
-    or video length as `image_axes` makes it, any other `default`."""
+    """One input's shape: fixed sizes as they are, named ones from `sizes` (`free_sizes`,
+    where a named image side is), a name that is arithmetic over others or a number
+    (`_computed`), an unnamed image side or video length as `image_axes` makes it, any
+    other `default`."""
     sides = image_axes(dims, floating)
     return tuple(d if isinstance(d, int) else int(sizes[d]) if d is not None and d in sizes
-                 else _computed(d, sizes, default) or sides.get(a, default)
+                 else _computed(d, sizes, default) or (default if d else sides.get(a, default))
                  for a, d in enumerate(dims))
 
 
+# names meaning a sum of others where the inputs name them all: onnxruntime-genai's model
+# builder names an attention mask [batch_size, total_sequence_length] beside a key cache's
+# past_sequence_length and input_ids' sequence_length (Phi-3's, Llama's, Qwen's ONNX)
+_SUMS = {"total_sequence_length": "past_sequence_length + sequence_length"}
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv}
 

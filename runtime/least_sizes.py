@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 import onnx
 from onnx import numpy_helper
 
+from runtime.contrib_types import CONTRIB
 from runtime.free_dims import VIDEO_FRAMES, Dims, fixed_size, image_sides
 from runtime.onnx_kinds import DEFAULT_DOMAINS, FLOATS
 from runtime.stored import stored_at
@@ -99,7 +100,49 @@ def least_sizes(graph: onnx.GraphProto) -> dict[str, dict[int, int]]:
                 if at is not None and sizes[name][at] is None and at not in sides and \
                         (fit := _windows_fit(node.input[0], j, read_by, weights)):
                     need(name, at, fit)
+    for name, axis, size in _cache_heads(graph, made_by, weights, ranks):
+        need(name, axis, size)
     return least
+
+
+def _cache_heads(graph: onnx.GraphProto, made_by: Mapping[str, onnx.NodeProto],
+                 weights: Mapping[str, onnx.TensorProto], ranks: Mapping[str, int]
+                 ) -> Iterator[tuple[str, int, int]]:
+    """(input, axis, size): the head size a GroupQueryAttention's key and value caches
+    ([batch, kv heads, past, head size]) take, which onnxruntime-genai's model builder
+    leaves free (`kv_cache_dim`): the query's width over its heads, a packed one's (key
+    and value in it) over num_heads + 2 * kv_num_heads."""
+    for node in graph.node:
+        if node.op_type != "GroupQueryAttention" or node.domain != CONTRIB or \
+                len(node.input) < 5:
+            continue
+        ints = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        heads = ints.get("num_heads", 0) + (0 if node.input[1] else 2 * ints.get(
+            "kv_num_heads", 0))
+        width = _width(node.input[0], made_by, weights)
+        if heads and width and width % heads == 0:
+            yield from ((cache, 3, width // heads) for cache in node.input[3:5]
+                        if ranks.get(cache) == 4)
+
+
+def _width(tensor: str, made_by: Mapping[str, onnx.NodeProto],
+           weights: Mapping[str, onnx.TensorProto]) -> int | None:
+    """The last dimension of a projection's output: a MatMul's (int4: MatMulNBits') or a
+    Gemm's columns, past a bias added or a cast."""
+    for _ in made_by:  # a walk back, bounded however the graph is made
+        node = made_by.get(tensor)
+        if node is None:
+            return None
+        ints = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        if node.op_type == "MatMulNBits":
+            return ints.get("N")
+        if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights:
+            dims = weights[node.input[1]].dims
+            return dims[0] if ints.get("transB") else dims[-1]
+        if node.op_type not in ("Add", "Cast", "Identity"):
+            return None
+        tensor = node.input[0] if node.input[0] not in weights else node.input[-1]
+    return None
 
 
 def _windows_fit(tensor: str, axis: int, read_by: Mapping[str, list[onnx.NodeProto]],

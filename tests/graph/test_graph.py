@@ -28,6 +28,7 @@ from tests.support.dags import (
     SAMPLES_DIR,
     box_reader,
     dag_models,
+    genai_decoder,
     random_dag_model,
     reads_of,
     spectrogram_stem,
@@ -464,6 +465,29 @@ def test_a_dimension_named_as_a_sum_of_others_is_made_up_as_their_sum(capsys, tm
     onnx.save(model, path)
     assert main(["run", path, "--devices", "cpu:2", "--requests", "3", "--check"]) == 0, \
         capsys.readouterr().err
+
+
+def test_onnxruntime_genai_decoders_are_made_up_at_their_head_size_and_total_length(
+        capsys, tmp_path):
+    """onnxruntime-genai's model builder (the ONNX of Phi-3, Llama, Qwen on the Hugging
+    Face Hub) leaves its caches' head size free (`kv_cache_dim`) and names its mask's
+    length `total_sequence_length`, which must be the caches' and the new tokens': made up
+    1 and 1, every request failed in GroupQueryAttention. The head size is the packed
+    projection's width over its heads, the total the sum, unless bound."""
+    rng = np.random.default_rng()
+    kv_heads = int(rng.integers(1, 3))
+    heads, head_size = kv_heads * int(rng.integers(1, 3)), 8 * int(rng.integers(1, 3))
+    model = genai_decoder(heads, kv_heads, head_size)
+    tensors = load_graph(model).tensors
+    assert tensors["past_key"].shape == (1, kv_heads, 1, head_size)
+    assert tensors["attention_mask"].shape == (1, 2)
+    specs = input_specs(load_graph(model))
+    past, new = (int(n) for n in rng.integers(0, 9, 2))
+    feeds = random_feeds(specs, rng, {"past_sequence_length": past, "sequence_length": new + 1})
+    assert feeds["attention_mask"].shape == (1, past + new + 1)
+    path = str(tmp_path / "decoder.onnx")
+    onnx.save(model, path)
+    _runs_as_onnxruntime(capsys, path)
 
 
 def test_a_dimension_named_by_a_number_is_made_up_as_that_number(capsys, tmp_path):

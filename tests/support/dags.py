@@ -764,6 +764,51 @@ def spectrogram_stem(patch: int, stride: int, rows: int, cols: int, extra: int,
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
+def genai_decoder(heads: int, kv_heads: int, head_size: int, seed: int = 0
+                  ) -> onnx.ModelProto:
+    """One attention layer as onnxruntime-genai's model builder writes a decoder (Phi-3's,
+    Llama's, Qwen's ONNX): a packed query, key and value projection into a
+    GroupQueryAttention over key and value caches [batch_size, kv heads,
+    past_sequence_length, kv_cache_dim], the head size left free, and an attention mask
+    [batch_size, total_sequence_length] that the caches' lengths and the new tokens' sum
+    to, read as the lengths the attention takes. Any other head size, or a mask of any
+    other length, fails."""
+    rng = np.random.default_rng(seed)
+    width, vocab = heads * head_size, 32
+    consts = [numpy_helper.from_array(rng.standard_normal((vocab, width)).astype(np.float32),
+                                      "embed"),
+              numpy_helper.from_array(rng.standard_normal(
+                  (width, (heads + 2 * kv_heads) * head_size)).astype(np.float32), "qkv"),
+              numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+              numpy_helper.from_array(np.array(1, np.int32), "one"),
+              numpy_helper.from_array(np.array(1, np.int64), "at1")]
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["hidden"]),
+             helper.make_node("MatMul", ["hidden", "qkv"], ["packed"]),
+             helper.make_node("ReduceSum", ["attention_mask", "axis1"], ["seen"], keepdims=0),
+             helper.make_node("Cast", ["seen"], ["seen32"], to=TensorProto.INT32),
+             helper.make_node("Sub", ["seen32", "one"], ["seqlens_k"]),
+             helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+             helper.make_node("Gather", ["mask_shape", "at1"], ["total"]),
+             helper.make_node("Cast", ["total"], ["total32"], to=TensorProto.INT32),
+             helper.make_node("GroupQueryAttention",
+                              ["packed", "", "", "past_key", "past_value", "seqlens_k",
+                               "total32"], ["attended", "present_key", "present_value"],
+                              domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads)]
+    cache = ["batch_size", kv_heads, "past_sequence_length", "kv_cache_dim"]
+    graph = helper.make_graph(
+        nodes, "decoder",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64,
+                                       ["batch_size", "sequence_length"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                       ["batch_size", "total_sequence_length"]),
+         helper.make_tensor_value_info("past_key", TensorProto.FLOAT, cache),
+         helper.make_tensor_value_info("past_value", TensorProto.FLOAT, cache)],
+        [helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
+         for t in ("attended", "present_key", "present_value")], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
 def box_reader(dims: Sequence[int | str | None]) -> onnx.ModelProto:
     """Boxes of `dims` ([batch, boxes, corners]: LayoutLM's, whose dynamo export leaves the
     4 corners free) read at constant indices along the last axis, 3 and -4: a box's width.
