@@ -27,13 +27,14 @@ from runtime.contrib_types import contrib_value_infos
 from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
-from runtime.free_dims import free_sizes, made_up_shape
+from runtime.free_dims import free_sizes, image_sides, made_up_shape
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.least_sizes import least_sizes, shaped_inputs
 from runtime.names import fresh_name
 from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.run_sizes import kept_sizes
 from runtime.stored import disowned, external_shells, kept_open, parsed, stored_at
+from runtime.symbolic_sizes import sharpened
 from runtime.units import human_bytes
 
 Dim = int | str | None
@@ -541,6 +542,46 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return known
 
 
+_MADE_UP_MOST = 1 << 30  # bytes of one tensor a made-up image's sides may make
+_SIDE_LEAST = 32  # the side made-up image sides halve to at the least (stride 32)
+
+
+def _bound_within(shapes: onnx.ModelProto, least: dict[str, dict[int, int]],
+                  bindings: Mapping[str, int], default: int
+                  ) -> tuple[dict[str, int], dict[str, onnx.ValueInfoProto]]:
+    """The free dimensions' sizes (`free_sizes`) and the value infos at them. Made-up image
+    sides halve while a tensor at them would pass `_MADE_UP_MOST`, their new sides kept
+    in `least` (so made-up feeds take them): a diffusion UNet or VAE decoder attends over
+    every latent pixel, 10 to 80 GB of scores at 224 a side, and a run there was killed
+    for want of memory."""
+    shaped = list(shaped_inputs(shapes.graph))
+    made_up = [(value.name, axis, str(dims[axis])) for value, dims, floating in shaped
+               for axis in image_sides(dims, floating, least.get(value.name, {}))
+               if isinstance(dims[axis], str) and dims[axis] not in bindings]
+    while True:
+        sizes = free_sizes(((dims, floating, least.get(value.name, {}))
+                            for value, dims, floating in shaped), bindings, default)
+        bound_model = _bound_model(shapes, sizes, default)
+        bound = sharpened(bound_model, _infer(bound_model))
+        side = min((sizes[dim] for _, _, dim in made_up), default=0)
+        if side // 2 < _SIDE_LEAST or _largest_bytes(bound) <= _MADE_UP_MOST:
+            return sizes, bound
+        for name, axis, _ in made_up:
+            least.setdefault(name, {})[axis] = side // 2
+
+
+def _largest_bytes(values: Mapping[str, onnx.ValueInfoProto]) -> int:
+    """The bytes of the largest tensor of known shape among `values`."""
+    largest = 0
+    for value in values.values():
+        elem, dims = _dims(value)
+        dtype = _np_dtype(elem)
+        sized = [d for d in dims or () if isinstance(d, int)]
+        if dims and dtype and len(sized) == len(dims):
+            largest = max(largest, math.prod(sized) * np.dtype(dtype).itemsize)
+    return largest
+
+
 def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int
                  ) -> onnx.ModelProto:
     """A copy of `model` whose inputs have the shapes the graph is costed at, the ones
@@ -643,12 +684,9 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})
     least = least_sizes(model.graph)
-    sizes = free_sizes(((dims, floating, least.get(value.name, {}))
-                        for value, dims, floating in shaped_inputs(model.graph)), bindings,
-                       default_dim)
     shapes = inferable(model)
     declared = _infer(shapes)
-    bound = _infer(_bound_model(shapes, sizes, default_dim))
+    sizes, bound = _bound_within(shapes, least, bindings, default_dim)
     tensors: dict[str, Tensor] = {}
     for init in model.graph.initializer:
         shape = tuple(int(d) for d in init.dims)

@@ -29,6 +29,7 @@ from tests.support.dags import (
     box_reader,
     dag_models,
     genai_decoder,
+    pixel_attention,
     random_dag_model,
     reads_of,
     spectrogram_stem,
@@ -379,6 +380,38 @@ def test_a_signals_free_length_is_made_up_as_long_as_its_windows_need():
 
     least = next(n for n in range(1, 1000) if runs(n))
     assert load_graph(model).tensors["x"].shape == (1, 8, least)
+
+
+def test_sizes_onnx_inference_leaves_unknown_are_found_by_onnxruntimes_symbolic_inference():
+    """A Reshape to a shape computed through arithmetic onnx's inference does not follow
+    left the pixels' count unknown, bound to 1: the scores over h * w pixels were costed,
+    and held, as 1 x 1. onnxruntime's symbolic inference follows it."""
+    h, w = (int(n) for n in np.random.default_rng().integers(2, 40, 2))
+    graph = load_graph(pixel_attention(), bindings={"h": h, "w": w})
+    assert graph.tensors["scores"].shape == (1, h * w, h * w)
+    assert graph.tensors["scores"].dims[1] is not None  # a size found, not declared
+
+
+def test_made_up_image_sides_halve_while_a_tensor_at_them_would_not_fit(
+        capsys, tmp_path, monkeypatch):
+    """Stable Diffusion's VAE decoder attends over every latent pixel: made up 224 a side,
+    10 GB of scores, and the run was killed for want of memory (the UNet: 80 GB). Made-up
+    image sides halve while a tensor at them passes a bound (1 GB; here 64 MB, for a light
+    run): the sides free requests are made up at too."""
+    from runtime import graph as loaded
+
+    monkeypatch.setattr(loaded, "_MADE_UP_MOST", 64 << 20)
+    model = pixel_attention()
+    graph = load_graph(model)
+    assert graph.tensors["image"].shape == (1, 3, 56, 56)  # 224: 10 GB, 112: 630 MB, 56: 39 MB
+    assert graph.tensors["scores"].shape == (1, 56 * 56, 56 * 56)
+    feeds = random_feeds(input_specs(graph), np.random.default_rng())
+    assert feeds["image"].shape == (1, 3, 56, 56)
+    bound = load_graph(model, bindings={"h": 224, "w": 224})  # what is bound, stays
+    assert bound.tensors["image"].shape == (1, 3, 224, 224)
+    path = str(tmp_path / "attention.onnx")
+    onnx.save(model, path)
+    _runs_as_onnxruntime(capsys, path, requests=2)
 
 
 def test_a_rank_five_cache_is_no_video():
@@ -758,9 +791,14 @@ def test_a_sizing_run_that_fails_says_nothing(capfd):
 
 def test_sizes_a_run_found_are_kept_for_the_next_load_of_that_model(monkeypatch, tmp_path):
     """A later load reads the sizes the first load's run found (a detection network's run
-    is most of its load); a model of other weights is run again, as is a damaged entry."""
+    is most of its load); a model of other weights is run again, as is a damaged entry.
+    (onnxruntime's symbolic inference sizes this loop; here, as for ops it does not know,
+    it does not.)"""
     import onnxruntime
 
+    from runtime import graph
+
+    monkeypatch.setattr(graph, "sharpened", lambda model, inferred: inferred)
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
     rng = np.random.default_rng()
     bound, width = {"batch": int(rng.integers(2, 9))}, int(rng.integers(4, 33))

@@ -809,6 +809,36 @@ def genai_decoder(heads: int, kv_heads: int, head_size: int, seed: int = 0
                                                    helper.make_opsetid("com.microsoft", 1)])
 
 
+def pixel_attention(seed: int = 0) -> onnx.ModelProto:
+    """Self-attention over every pixel of an image [n, 3, h, w] (as a diffusion UNet's or
+    VAE decoder's over its latents): scores [n, h * w, h * w], 10 GB at 224 a side. The
+    pixels are flattened by a Reshape to a shape computed through a Div, as TorchScript
+    computes one (`[batch * heads, -1, head size]`), which onnx's shape inference does not
+    follow."""
+    rng = np.random.default_rng(seed)
+    consts = [numpy_helper.from_array(rng.standard_normal((8, 3, 1, 1)).astype(np.float32),
+                                      "w"),
+              *(numpy_helper.from_array(np.array([v], np.int64), n)
+                for n, v in (("at0", 0), ("at2", 2), ("at3", 3), ("eight", 8))),
+              numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["features"]),
+             helper.make_node("Shape", ["features"], ["shape"]),
+             *(helper.make_node("Gather", ["shape", f"at{a}"], [f"d{a}"]) for a in (0, 2, 3)),
+             helper.make_node("Mul", ["d2", "d3"], ["pixels"]),
+             helper.make_node("Div", ["pixels", "one"], ["tokens"]),
+             helper.make_node("Concat", ["d0", "eight", "tokens"], ["flat"], axis=0),
+             helper.make_node("Reshape", ["features", "flat"], ["flattened"]),
+             helper.make_node("Transpose", ["flattened"], ["tokens_first"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["tokens_first", "flattened"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["weights"]),
+             helper.make_node("MatMul", ["weights", "tokens_first"], ["attended"])]
+    graph = helper.make_graph(
+        nodes, "pixel_attention",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+        [helper.make_tensor_value_info("attended", TensorProto.FLOAT, None)], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def box_reader(dims: Sequence[int | str | None]) -> onnx.ModelProto:
     """Boxes of `dims` ([batch, boxes, corners]: LayoutLM's, whose dynamo export leaves the
     4 corners free) read at constant indices along the last axis, 3 and -4: a box's width.

@@ -1,0 +1,105 @@
+"""Sizes onnx's shape inference leaves unknown at bound inputs, from onnxruntime's
+symbolic shape inference.
+
+onnx's inference does not follow a Reshape to a shape computed from `Shape` ops through
+arithmetic it cannot propagate (TorchScript's attention, `[batch * heads, -1, head size]`,
+and many of dynamo's): it names such dimensions `unk__N`, which binding made 1. So a
+UNet's self-attention over 50,176 latent pixels was costed and planned as over one pixel,
+and a run at those sizes was the first to meet its 80 GB of scores (killed for want of
+memory).
+onnxruntime's symbolic inference (what its transformer optimizer uses) follows them; it is
+asked only where onnx's left a dimension unknown, its answers taken only where whole."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+from onnx import helper
+
+from runtime.large import LARGE_INIT, tensor_bytes
+
+BUDGET_SECONDS = 1.0  # symbolic inference's time at most, per load
+_GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def sharpened(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProto]
+              ) -> dict[str, onnx.ValueInfoProto]:
+    """`inferred` (onnx's value infos of `model`, its inputs bound) with the tensors it left
+    of unknown size sized by onnxruntime's symbolic inference, where that sizes them."""
+    unknown = [name for name, value in inferred.items() if not _sized(value)]
+    if not unknown or any(node.attribute and any(a.type in _GRAPHS for a in node.attribute)
+                          for node in model.graph.node):
+        return inferred  # control flow: each body a new inference, which no budget bounds
+    try:
+        out = _symbolic(_weights_as_inputs(model))
+    except Exception:  # best effort, as onnx's: what stays unknown is sized by a run
+        return inferred
+    found = {v.name: v for v in (*out.graph.value_info, *out.graph.output)}
+    return inferred | {name: found[name] for name in unknown
+                       if name in found and _sized(found[name])}
+
+
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`SymbolicShapeInference.infer_shapes`, step by step as it takes them: where some
+    shape stays unknown it saves the model into the working directory and raises, and
+    what it did size is the answer here. Each node's step checks `BUDGET_SECONDS`: on a
+    detection network it took minutes (torchvision's Faster R-CNN, 230 s), on a
+    transformer a hundredth of a second."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
+
+    if (get_opset(model) or 0) < 7:
+        raise ValueError("symbolic inference takes opset 7 and above")
+    inference = SymbolicShapeInference(2**31 - 1, False, False, 0)  # int_max, auto_merge, ...
+    deadline = time.monotonic() + BUDGET_SECONDS
+
+    def bounded(step: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"symbolic inference past {BUDGET_SECONDS} s")
+            return step(*args)
+        return run
+
+    inference.dispatcher_ = {op: bounded(step) for op, step in inference.dispatcher_.items()}
+    inference._onnx_infer_single_node = bounded(inference._onnx_infer_single_node)
+    with _quiet(logging.getLogger("onnxruntime.tools.symbolic_shape_infer")):
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_
+
+
+def _sized(value: onnx.ValueInfoProto) -> bool:
+    tensor = value.type.tensor_type
+    return not value.type.HasField("tensor_type") or (
+        tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim))
+
+
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` (a shell: `large.inferable`) whose large weights are typed inputs:
+    symbolic inference reads every initializer's values, and a shell's hold none."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [t for t in out.graph.initializer if tensor_bytes(t) < LARGE_INIT]
+    moved = [t for t in out.graph.initializer if tensor_bytes(t) >= LARGE_INIT]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in moved)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger):
+    """Its warnings (ops it does not know) are not the user's: they would print at load."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
