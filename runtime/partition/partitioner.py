@@ -62,7 +62,19 @@ def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> Non
         largest = max(able, key=lambda d: d.memory_bytes)
         need = human_bytes(seg.memory(i, i + 1))
         raise PartitionError(f"node {node.name} needs {need}; the largest device has "
-                             f"{human_bytes(largest.memory_bytes)}")
+                             f"{human_bytes(largest.memory_bytes)}{_costed_at(seg.graph)}")
+
+
+def _costed_at(graph: Graph) -> str:
+    """The sizes inputs of free dimensions were costed at (bound, or made up), and how to
+    give others: a node's need grows with them."""
+    free = [(name, info) for name in graph.inputs if (info := graph.tensors.get(name))
+            and info.shape and any(not isinstance(d, int) for d in info.dims or ())]
+    if not free:
+        return ""
+    shown = ", ".join(f"{name} {list(info.shape or ())}" for name, info in free[:4])
+    return (f" (at {shown}{', ...' * (len(free) > 4)}: other sizes with --bind DIM=N, "
+            "or bindings)")
 
 
 def _check_placed_weights(graph: Graph, placement: Placement,

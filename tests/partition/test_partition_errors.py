@@ -5,18 +5,26 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from app.cli import main
 from runtime import HostManager
 from runtime.devices import DeviceConfig, parse_devices, parse_size
 from runtime.errors import DeviceSpecError, PartitionError, PrismError
 from runtime.graph import Graph, load_graph
 from runtime.partition import partition
 from runtime.units import human_bytes
-from tests.support.dags import SAMPLES_DIR, Reference, biggest_node, sample_graph
+from tests.support.dags import (
+    SAMPLES_DIR,
+    Reference,
+    biggest_node,
+    pixel_attention,
+    sample_graph,
+)
 
 NEEDS = re.compile(r"node (\S+) needs ([0-9.]+) MB; the largest device has ([0-9.]+) MB")
 
@@ -51,6 +59,26 @@ def test_node_whose_weights_exceed_every_device(mode):
     need = Reference(graph).memory(["big/matmul"])
     assert need == 4_000_000 + 2 * 4_000  # the weight, its input and its output
     assert match.groups() == ("big/matmul", f"{need / 1e6:.1f}", "2.0")
+
+
+def test_a_node_too_large_at_the_sizes_it_was_costed_at_names_them(capsys, tmp_path):
+    """Attention over every pixel needs its scores' bytes, (h * w)^2 floats: the refusal
+    names the sizes the inputs were costed at, bound or made up, since other sizes change
+    what a node needs."""
+    side = int(np.random.default_rng().integers(160, 225))
+    graph = load_graph(pixel_attention(), bindings={"h": side, "w": side})
+    with pytest.raises(PartitionError) as info:
+        partition(graph, parse_devices("cpu:2"), "balanced")
+    assert str(info.value).endswith(f" (at image [1, 3, {side}, {side}]: other sizes with "
+                                    "--bind DIM=N, or bindings)"), info.value
+    need = re.match(r"node \S+ needs ([0-9.]+) GB; the largest device has", str(info.value))
+    assert need and float(need.group(1)) >= round(side**4 * 4 / 1e9, 1)  # the scores alone
+    path = tmp_path / "attention.onnx"
+    onnx.save(pixel_attention(), path)
+    assert main(["partition", str(path), "--devices", "cpu:2", "--bind", f"h={side}",
+                 "--bind", f"w={side}"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"(at image [1, 3, {side}, {side}]" in err, err
 
 
 def test_largest_device_counts_only_devices_that_run_the_node():
