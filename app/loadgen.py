@@ -27,7 +27,7 @@ from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import PrismError, QueueFullError
 from runtime.graph import Graph
 from runtime.host import HostManager
-from runtime.inputs import InputSpec, input_specs, random_feeds
+from runtime.inputs import InputSpec, input_specs, random_feeds, shapes_text
 
 POOL = 64  # distinct random feed sets per generator
 POOL_BYTES = 256 << 20  # ... fewer when they are large: the pool never holds more than this
@@ -64,8 +64,8 @@ def made_up_hint(feeds: dict, how: str = GIVE_INPUTS) -> str:
     """Where every request failed on made-up inputs, which ones and how to give others
     (`how`: a command's flags): a model may take only some sizes (PP-OCR's recognizer,
     text lines 48 high) or values (silero's VAD, a sample rate of 8000 or 16000)."""
-    shown = ", ".join(f"{k} {list(getattr(v, 'shape', ()))}" for k, v in list(feeds.items())[:4])
-    return f" (on made-up inputs: {shown}{', ...' * (len(feeds) > 4)}; give yours with {how})"
+    shown = shapes_text({k: getattr(v, "shape", ()) for k, v in feeds.items()})
+    return f" (on made-up inputs: {shown}; give yours with {how})"
 
 
 class LoadGenerator:

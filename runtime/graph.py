@@ -576,9 +576,9 @@ def _largest_bytes(values: Mapping[str, onnx.ValueInfoProto]) -> int:
     for value in values.values():
         elem, dims = _dims(value)
         dtype = _np_dtype(elem)
-        sized = [d for d in dims or () if isinstance(d, int)]
-        if dims and dtype and len(sized) == len(dims):
-            largest = max(largest, math.prod(sized) * np.dtype(dtype).itemsize)
+        sized = tuple(d for d in dims or () if isinstance(d, int))
+        if dims and len(sized) == len(dims):
+            largest = max(largest, Tensor(value.name, dtype, sized, dims, elem).nbytes)
     return largest
 
 

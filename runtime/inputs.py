@@ -8,7 +8,7 @@ the bundle's manifest (`InputSpec.from_dict`), one loaded from ONNX from its gra
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -373,6 +373,14 @@ def npz_problem(exc: Exception) -> str:
 def array_text(array: np.ndarray) -> str:
     """An array's dtype and shape, as a spec is described: "float64 [2, 256]"."""
     return f"{array.dtype} [{', '.join(map(str, array.shape))}]"
+
+
+def shapes_text(shapes: Mapping[str, Sequence[int]], most: int | None = 4) -> str:
+    """Inputs and their shapes as messages name them, "ids [1, 8], mask [1, 8]", past
+    `most` of them a ", ..."."""
+    named = list(shapes.items())
+    shown = ", ".join(f"{name} {list(shape)}" for name, shape in named[:most])
+    return shown + ", ..." * (most is not None and len(named) > most)
 
 
 def _shape_ok(dims: tuple[Dim, ...] | None, shape: tuple[int, ...]) -> bool:

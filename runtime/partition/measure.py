@@ -43,6 +43,7 @@ from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import first_line
 from runtime.graph import Graph
 from runtime.heap import give_back
+from runtime.inputs import shapes_text
 from runtime.partition.build import build_plan
 from runtime.partition.plan import Partition, Plan
 from runtime.partition.submodel import held_extract
@@ -157,7 +158,7 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         try:
             taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
-            shown = ", ".join(f"{t} {list(v.shape)}" for t, v in feeds.items())
+            shown = shapes_text({t: v.shape for t, v in feeds.items()}, most=None)
             if all(v is (given or {}).get(t) for t, v in feeds.items()):
                 hint = f"on the inputs given, {shown}"
             else:

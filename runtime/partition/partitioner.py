@@ -17,6 +17,7 @@ from runtime.cost import CostModel
 from runtime.devices.config import DeviceConfig
 from runtime.errors import PartitionError
 from runtime.graph import Graph
+from runtime.inputs import shapes_text
 from runtime.partition.balanced import balanced_mode, optimal_split
 from runtime.partition.bound import lower_bound
 from runtime.partition.build import build_plan
@@ -72,9 +73,8 @@ def _costed_at(graph: Graph) -> str:
             and info.shape and any(not isinstance(d, int) for d in info.dims or ())]
     if not free:
         return ""
-    shown = ", ".join(f"{name} {list(info.shape or ())}" for name, info in free[:4])
-    return (f" (at {shown}{', ...' * (len(free) > 4)}: other sizes with --bind DIM=N, "
-            "or bindings)")
+    shown = shapes_text({name: info.shape or () for name, info in free})
+    return f" (at {shown}: other sizes with --bind DIM=N, or bindings)"
 
 
 def _check_placed_weights(graph: Graph, placement: Placement,
