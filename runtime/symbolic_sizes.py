@@ -13,12 +13,18 @@ asked only where onnx's left a dimension unknown, its answers taken only where w
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import logging
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import onnx
+import onnxruntime
 from onnx import helper
 
 from runtime.large import LARGE_INIT, tensor_bytes
@@ -50,11 +56,10 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     what it did size is the answer here. Each node's step checks `BUDGET_SECONDS`: on a
     detection network it took minutes (torchvision's Faster R-CNN, 230 s), on a
     transformer a hundredth of a second."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
-
-    if (get_opset(model) or 0) < 7:
+    symbolic = _symbolic_module()
+    if (symbolic.get_opset(model) or 0) < 7:
         raise ValueError("symbolic inference takes opset 7 and above")
-    inference = SymbolicShapeInference(2**31 - 1, False, False, 0)  # int_max, auto_merge, ...
+    inference = symbolic.SymbolicShapeInference(2**31 - 1, False, False, 0)  # int_max, ...
     deadline = time.monotonic() + BUDGET_SECONDS
 
     def bounded(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,12 +71,25 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
 
     inference.dispatcher_ = {op: bounded(step) for op, step in inference.dispatcher_.items()}
     inference._onnx_infer_single_node = bounded(inference._onnx_infer_single_node)
-    with _quiet(logging.getLogger("onnxruntime.tools.symbolic_shape_infer")):
+    with _quiet(symbolic.logger):
         inference._preprocess(model)
         while inference.run_:
             inference._infer_impl()
     inference._update_output_from_vi()
     return inference.out_mp_
+
+
+@functools.cache
+def _symbolic_module() -> ModuleType:
+    """onnxruntime's `tools/symbolic_shape_infer.py`, read from its file: imported by its
+    name, it first runs the `onnxruntime.tools` package, which imports torch wherever torch
+    is installed (0.9 s and 180 MB resident in every process that loads such a model)."""
+    path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+    spec = importlib.util.spec_from_file_location("prism_symbolic_shape_infer", path)
+    assert spec is not None and spec.loader is not None, path
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _sized(value: onnx.ValueInfoProto) -> bool:

@@ -4,6 +4,7 @@ Prism's distribution declares, with nothing imported first; or by importing runt
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -32,6 +33,23 @@ sys.modules["torch"] = None  # as if the torch extra were not installed
 import runtime, runtime.host.manager, runtime.partition, runtime.devices.manager
 import app.cli
 from runtime.torch import options  # noqa
+"""
+
+# a network whose sizes onnx's shape inference leaves unknown, so that onnxruntime's
+# symbolic inference sizes them at load (its module sits in a package importing torch)
+SERVE = """
+import json, sys
+import numpy as np
+from runtime.devices import parse_devices
+from runtime.graph import load_graph
+from runtime.host import HostManager
+from runtime.inputs import input_specs, random_feeds
+graph = load_graph(sys.argv[1])
+with HostManager(parse_devices("cpu:2")) as host:
+    host.add_network("m", graph, partition="balanced")
+    host.infer("m", random_feeds(input_specs(graph), np.random.default_rng()))
+print(json.dumps({"torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch"),
+                  "symbolic": "prism_symbolic_shape_infer" in sys.modules}))
 """
 
 
@@ -67,3 +85,13 @@ def test_runtime_imports_without_torch():
     last = done.stderr.strip().splitlines()[-1]
     assert last == "ImportError: runtime.torch needs PyTorch: pip install " \
                    "'prism-runtime[torch]'", done.stderr[-1500:]
+
+
+def test_serving_a_network_never_imports_torch():
+    """Loading, planning and running a network leave torch unimported where it is
+    installed (0.9 s and 180 MB resident a process), symbolic inference included."""
+    assert importlib.util.find_spec("torch") is not None  # the suite installs the extra
+    done = subprocess.run([sys.executable, "-c", SERVE, str(ROOT / "tests/real_models/gpt2.onnx")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"torch": [], "symbolic": True}
