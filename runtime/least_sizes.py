@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import onnx
 from onnx import numpy_helper
@@ -189,31 +190,56 @@ def _fits(tensor: str, axis: int, length: int, read_by: Mapping[str, list[onnx.N
     return True
 
 
-def _window_steps(node: onnx.NodeProto, i: int, length: int,
-                  weights: Mapping[str, onnx.TensorProto]) -> int:
-    """How many steps a Conv's or pooling's window takes along its `i`-th spatial axis of
-    `length`, as onnxruntime counts them (it refuses a Conv of none)."""
+@dataclass(frozen=True)
+class _Window:
+    """A Conv's or pooling's window along each spatial axis."""
+    kernel: list[int]
+    strides: list[int]
+    pads: list[int]  # each axis's start, then each's end
+    dilations: list[int]
+    same: bool  # auto_pad SAME_UPPER or SAME_LOWER
+    ceil: bool
+
+
+def _window(node: onnx.NodeProto, weights: Mapping[str, onnx.TensorProto]) -> _Window | None:
+    """`node`'s window, or None where its attributes do not make one (a length per axis,
+    each at least 1, pads at least 0): a malformed node is for onnx's checker or
+    onnxruntime to name."""
     lists = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
     ints = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
     pad = next((a.s.decode() for a in node.attribute if a.name == "auto_pad"), "NOTSET")
     kernel = lists.get("kernel_shape") or (list(weights[node.input[1]].dims[2:])
                                            if len(node.input) > 1 and node.input[1] in weights
                                            else [])
-    if i >= len(kernel):
+    n = len(kernel)
+    window = _Window(kernel, lists.get("strides") or [1] * n,
+                     [0] * 2 * n if pad == "VALID" else lists.get("pads") or [0] * 2 * n,
+                     lists.get("dilations") or [1] * n, pad in ("SAME_UPPER", "SAME_LOWER"),
+                     bool(ints.get("ceil_mode")))
+    whole = n and len(window.strides) == len(window.dilations) == n and \
+        len(window.pads) == 2 * n and min(kernel + window.strides + window.dilations) >= 1 and \
+        min(window.pads) >= 0
+    return window if whole else None
+
+
+def _window_steps(node: onnx.NodeProto, i: int, length: int,
+                  weights: Mapping[str, onnx.TensorProto]) -> int:
+    """How many steps a Conv's or pooling's window takes along its `i`-th spatial axis of
+    `length`, as onnxruntime counts them (it refuses a Conv of none)."""
+    window = _window(node, weights)
+    if window is None or i >= len(window.kernel):
         return length
-    stride = (lists.get("strides") or [1] * len(kernel))[i]
-    if pad in ("SAME_UPPER", "SAME_LOWER"):
+    stride = window.strides[i]
+    if window.same:
         return -(-length // stride)
-    pads = [0] * 2 * len(kernel) if pad == "VALID" else lists.get("pads") or [0] * 2 * len(
-        kernel)
-    span = (kernel[i] - 1) * (lists.get("dilations") or [1] * len(kernel))[i] + 1
-    room = length + pads[i] + pads[i + len(kernel)] - span
+    span = (window.kernel[i] - 1) * window.dilations[i] + 1
+    room = length + window.pads[i] + window.pads[i + len(window.kernel)] - span
     if node.op_type == "Conv":
         return room // stride + 1  # every window inside the input
-    if not ints.get("ceil_mode"):  # the last may overhang it by less than a stride:
+    if not window.ceil:  # the last may overhang it by less than a stride:
         return int(room / stride) + 1  # onnxruntime divides rounding toward zero
     steps = -(-room // stride) + 1  # rounding up, no window starts past the input
-    return steps - 1 if (steps - 1) * stride >= length + pads[i] else steps
+    return steps - 1 if (steps - 1) * stride >= length + window.pads[i] else steps
 
 
 def _input_axes(tensor: str, rank: int, made_by: Mapping[str, onnx.NodeProto],
@@ -309,12 +335,12 @@ def _patch_sizes(conv: onnx.NodeProto, weights: Mapping[str, onnx.TensorProto],
     a square, the larger last: (g - 1) * s + p pixels. A clip of fixed sides is as many
     frames as N holds, one of free sides `VIDEO_FRAMES` (or its fixed frames) long. (A ViT
     that interpolates its embedding takes any side; this one too.)"""
-    lists = {a.name: list(a.ints) for a in conv.attribute if a.type == onnx.AttributeProto.INTS}
-    kernel = lists.get("kernel_shape") or list(weights[conv.input[1]].dims[2:])
-    strides = lists.get("strides") or [1] * len(kernel)
-    if len(kernel) not in (2, 3) or kernel[-1] != kernel[-2] or strides[-1] != strides[-2] \
-            or not 0 < strides[-1] <= kernel[-1] or strides[:-2] != kernel[:-2] \
-            or any(lists.get("pads", ())) or any(d != 1 for d in lists.get("dilations", ())):
+    window = _window(conv, weights)
+    if window is None or len(window.kernel) not in (2, 3):
+        return None
+    kernel, strides = window.kernel, window.strides
+    if kernel[-1] != kernel[-2] or strides[-1] != strides[-2] or strides[-1] > kernel[-1] \
+            or strides[:-2] != kernel[:-2] or any(window.pads) or max(window.dilations) > 1:
         return None
     found = _embedding_tokens(conv, weights, made_by, read_by)
     if found is None:

@@ -23,6 +23,7 @@ from runtime.host import HostManager
 from runtime.inputs import InputSpec, input_specs, random_feeds
 from runtime.least_sizes import least_sizes
 from runtime.run_sizes import run_sizes
+from tests.cli.test_cli import one_line_error
 from tests.support.dags import (
     SAMPLE_NAMES,
     SAMPLES_DIR,
@@ -380,6 +381,38 @@ def test_a_signals_free_length_is_made_up_as_long_as_its_windows_need():
 
     least = next(n for n in range(1, 1000) if runs(n))
     assert load_graph(model).tensors["x"].shape == (1, 8, least)
+
+
+@pytest.mark.parametrize("shape, op, attributes", [
+    (["batch", 3, 16, 16], "Conv", {"strides": [1]}),  # a patch embedding's, one axis short
+    (["batch", 3, "frames"], "Conv", {"pads": [1]}),
+    (["batch", 3, "frames"], "Conv", {"strides": [0]}),
+    (["batch", 3, "frames"], "MaxPool", {"kernel_shape": [2], "pads": [1]}),
+], ids=["strides", "pads", "stride 0", "pooling pads"])
+def test_a_window_of_malformed_attributes_is_left_for_onnxruntime_to_name(
+        capsys, tmp_path, shape, op, attributes):
+    """Sizing made-up inputs read a window's attributes as whole (a fuzzed convolution's
+    strides, one long for two axes: an IndexError from `prism partition`); onnx's checker
+    passes such a node and onnxruntime names it, in one line."""
+    rng = np.random.default_rng()
+    f = TensorProto.FLOAT
+    weight = numpy_helper.from_array(
+        rng.standard_normal((3, 3, *[3] * (len(shape) - 2))).astype(np.float32), "w")
+    first = helper.make_node("Relu", ["x"], ["h"]) if op == "Conv" else helper.make_node(
+        "Conv", ["x", "w"], ["h"])  # a pooling is sized after a convolution
+    window = helper.make_node(op, ["h", "w"] if op == "Conv" else ["h"], ["c"], name="window",
+                              **attributes)
+    model = helper.make_model(helper.make_graph(
+        [first, window, helper.make_node("Relu", ["c"], ["y"])], "malformed",
+        [helper.make_tensor_value_info("x", f, shape)],
+        [helper.make_tensor_value_info("y", f, None)], [weight]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = str(tmp_path / "malformed.onnx")
+    onnx.save(model, path)
+    assert load_graph(path).tensors["x"].shape[:2] == (1, 3)
+    said = one_line_error(capsys, ["run", path, "--devices", "cpu:1", "--requests", "2"])
+    assert said.startswith("prism: error: ") and "window" in said, said
 
 
 def test_sizes_onnx_inference_leaves_unknown_are_found_by_onnxruntimes_symbolic_inference():
