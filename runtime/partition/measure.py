@@ -107,12 +107,20 @@ def _function(model: onnx.ModelProto | bytes, threads: int, held: Held | None = 
     return OrtFunction(cpu_session(model, threads, held.files if held else None))
 
 
+class _NotLoaded(Exception):
+    """A sub-model not extracted or not loaded: whatever the inputs, no run is made."""
+
+
 def _timed(graph: Graph, part: Partition, threads: int, feeds: dict[str, np.ndarray]
            ) -> tuple[float, dict[str, np.ndarray]]:
     """The partition's sub-model timed on `feeds`; its session and weights are gone when
     this returns, for the heap to give back."""
-    model, held = held_extract(graph, part)
-    return timed_run(_function(model, threads, held), feeds)
+    try:
+        model, held = held_extract(graph, part)
+        function = _function(model, threads, held)
+    except Exception as exc:
+        raise _NotLoaded(first_line(exc)) from exc
+    return timed_run(function, feeds)
 
 
 def run_overhead(threads: int) -> float:
@@ -159,13 +167,15 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
             taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
             shown = shapes_text({t: v.shape for t, v in feeds.items()}, most=None)
-            if all(v is (given or {}).get(t) for t, v in feeds.items()):
-                hint = f"on the inputs given, {shown}"
+            if isinstance(exc, _NotLoaded):
+                hint = ""  # the inputs had no part in it
+            elif all(v is (given or {}).get(t) for t, v in feeds.items()):
+                hint = f" (on the inputs given, {shown})"
             else:
-                hint = (f"on made-up inputs {shown}: the model may take only some sizes or "
+                hint = (f" (on made-up inputs {shown}: the model may take only some sizes or "
                         f"values: give them with --bind DIM=N and --inputs, or bindings and "
-                        f"sample_feeds")
-            log.warning("%s failed, so the roofline stands in for its times: %s (%s)",
+                        f"sample_feeds)")
+            log.warning("%s failed, so the roofline stands in for its times: %s%s",
                         what, first_line(exc), hint)
             return None
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from runtime.cost import CostModel, Timings, kind_of
 from runtime.cost.cache import TimingsCache
@@ -185,6 +185,28 @@ def test_a_network_failing_on_made_up_inputs_is_timed_once_and_says_why(cache, c
                                               "only some sizes or values: give them with "
                                               "--bind DIM=N and --inputs, or bindings and "
                                               "sample_feeds)"), said
+
+
+def test_a_network_onnxruntime_cannot_load_is_not_blamed_on_its_inputs(cache, caplog):
+    """A convolution striding one of its two axes (a malformed node onnx's checker passes)
+    fails to load whatever it is fed: the warning names that, not the made-up inputs."""
+    rng = np.random.default_rng()
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", strides=[1])], "strided",
+        [helper.make_tensor_value_info("x", f, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    graph = load_graph(model)
+    with caplog.at_level(logging.WARNING, logger=measure.__name__):
+        _, plan = plan_network(graph, parse_devices("cpu:1"), costs="measured",
+                               hops=NO_HOPS, cache=cache)
+    assert plan.costs == "model"
+    [said] = [r.getMessage() for r in caplog.records if r.name == measure.__name__]
+    assert "onnxruntime cannot load" in said and "strides" in said, said
+    assert "inputs" not in said, said
 
 
 def _chain(n: int) -> onnx.ModelProto:
