@@ -244,8 +244,10 @@ def value_limits(graph: Graph, specs: list[InputSpec]
                     seen.update(node.output)
                 elif node.op_type == "Gather" and node.input[1:2] == [tensor]:
                     data = graph.tensors.get(node.input[0])
-                    if data is not None and data.shape:
-                        rows.append(data.shape[_attribute(node, "axis", 0)])
+                    axis = _attribute(node, "axis", 0)
+                    if data is not None and data.shape and -len(data.shape) <= axis < len(
+                            data.shape):  # else malformed: for onnxruntime to name
+                        rows.append(data.shape[axis])
                 elif node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
                     known.append((column, _attribute(node, "cats_int64s", []) or [
                         c.decode() for c in _attribute(node, "cats_strings", [])]))
@@ -281,7 +283,7 @@ def _column(graph: Graph, spec: InputSpec, node: onnx.NodeProto) -> int | None:
     index = graph.initializers.get(node.input[1]) if len(node.input) > 1 else None
     along_last = node.op_type == "ArrayFeatureExtractor" or (
         node.op_type == "Gather" and rank > 1 and _attribute(node, "axis", 0) % rank == rank - 1)
-    if not along_last or index is None or not isinstance(width, int):
+    if not along_last or index is None or not isinstance(width, int) or width < 1:
         return None
     picked = values(index).ravel()
     return int(picked[0]) % width if picked.size == 1 else None
@@ -600,7 +602,7 @@ def _integers(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random
     if "position" in name and shape:
         return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
     high = min(_IDS, rows or _IDS)
-    if ends_with is None or not shape or high < 2:
+    if ends_with is None or not shape or not shape[-1] or high < 2:  # rows of no tokens too
         return rng.integers(0, high, shape).astype(dtype)
     ids = rng.integers(0, high - 1, shape)
     ids[ids >= ends_with] += 1  # every value but `ends_with`

@@ -22,7 +22,8 @@ from app.loadgen import LoadGenerator
 from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import PrismError
 from runtime.host import HostManager
-from runtime.inputs import InputSpec
+from runtime.inputs import InputSpec, random_feeds
+from tests.cli.test_cli import one_line_error
 from tests.support.serving import MLP, WAIT, expected, idle, poll
 
 
@@ -403,6 +404,32 @@ def test_made_up_indices_stay_inside_the_table_they_index(no_leftover_threads, t
     assert main(["run", str(path), "--devices", "cpu:1", "--requests", "20", "--check"]) == 0
 
 
+@pytest.mark.parametrize("case", ["axis past the table's rank", "a column of none"])
+def test_indices_into_a_malformed_gather_are_left_for_onnxruntime_to_name(capsys, tmp_path,
+                                                                          case):
+    """Made-up values read a Gather as whole: one of axis 5 into a table of rank 2 raised
+    IndexError, a column picked from an input 0 wide ZeroDivisionError (both fuzzed
+    transformers exports). Such a model is onnxruntime's to refuse, in one line."""
+    rng = np.random.default_rng()
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    if case == "a column of none":
+        node = helper.make_node("Gather", ["boxes", "corner"], ["y"], axis=-1)
+        inputs = [helper.make_tensor_value_info("boxes", i64, ["n", 0])]
+        weights = [onnx.numpy_helper.from_array(np.array(0), "corner")]
+    else:
+        node = helper.make_node("Gather", ["table", "ids"], ["y"], axis=5)
+        inputs = [helper.make_tensor_value_info("ids", i64, ["n"])]
+        weights = [onnx.numpy_helper.from_array(
+            rng.standard_normal((10, 4)).astype(np.float32), "table")]
+    model = helper.make_model(helper.make_graph(
+        [node], "malformed", inputs, [helper.make_tensor_value_info("y", f, None)], weights),
+        opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "malformed.onnx"
+    onnx.save(model, path)
+    said = one_line_error(capsys, ["run", str(path), "--devices", "cpu:1", "--requests", "2"])
+    assert said.startswith("prism: error: "), said
+
+
 def test_made_up_token_ids_end_each_row_with_the_one_token_the_model_looks_for(
         no_leftover_threads, tmp_path):
     """BART's classifier reads the hidden state of each row's last end-of-sentence token
@@ -446,6 +473,13 @@ def test_made_up_token_ids_end_each_row_with_the_one_token_the_model_looks_for(
     for source, bind in ((path, ["--bind", "t=6"]), (bundle, [])):
         assert main(["run", str(source), "--devices", "cpu:1", "--requests", "20", *bind,
                      "--check"]) == 0
+
+
+def test_rows_of_no_tokens_end_with_none():
+    """An end token to close each row with, in rows 0 long (a fuzzed BART's declared
+    ids): no token to put it in, and made-up ids were an IndexError."""
+    spec = InputSpec("input_ids", np.dtype(np.int64), ("batch", 0), ends_with=2)
+    assert random_feeds([spec], np.random.default_rng())["input_ids"].shape == (1, 0)
 
 
 def test_made_up_categories_are_ones_the_strict_one_hot_encoders_reading_them_know(
