@@ -493,6 +493,8 @@ def _outer_reads(graph: onnx.GraphProto) -> list[str]:
 
 
 def _dims(value: onnx.ValueInfoProto) -> tuple[int, tuple[Dim, ...] | None]:
+    """Its element type and dims; a negative size, which shape inference gives a window
+    larger than its input (onnxruntime refuses that node), is an unknown one."""
     t = value.type
     if not t.HasField("tensor_type"):
         return 0, None
@@ -502,7 +504,7 @@ def _dims(value: onnx.ValueInfoProto) -> tuple[int, tuple[Dim, ...] | None]:
     dims: list[Dim] = []
     for d in tt.shape.dim:
         if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
+            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
         else:
             dims.append(d.dim_param or None)
     return tt.elem_type, tuple(dims)

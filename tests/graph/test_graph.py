@@ -415,6 +415,33 @@ def test_a_window_of_malformed_attributes_is_left_for_onnxruntime_to_name(
     assert said.startswith("prism: error: ") and "window" in said, said
 
 
+def test_a_window_larger_than_its_input_costs_no_negative_size(capsys, tmp_path):
+    """onnx's inference gives a convolution whose kernel passes its input a negative
+    output side (a fuzzed MobileViT's: -999,941): costed at it, a node took negative
+    time, and the balanced split indexed past its last node (IndexError). Such a size
+    is unknown, and onnxruntime names the node."""
+    rng = np.random.default_rng()
+    side = int(rng.integers(2, 20))
+    kernel = side + int(rng.integers(2, 10))  # an output side of -1 or less
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("Conv", ["r", "w"], ["c"], name="window"),
+         helper.make_node("Relu", ["c"], ["y"])], "larger",
+        [helper.make_tensor_value_info("x", f, [1, 3, side, side])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(
+            rng.standard_normal((4, 3, kernel, kernel)).astype(np.float32), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = load_graph(model)
+    assert min(graph.tensors["c"].shape) >= 0, graph.tensors["c"].shape
+    assert min(node_cost(graph, n).flops for n in graph.nodes) >= 0
+    path = str(tmp_path / "larger.onnx")
+    onnx.save(model, path)
+    said = one_line_error(capsys, ["run", path, "--devices", "cpu:2", "--requests", "2"])
+    assert said.startswith("prism: error: ") and "Conv" in said, said
+
+
 def test_sizes_onnx_inference_leaves_unknown_are_found_by_onnxruntimes_symbolic_inference():
     """A Reshape to a shape computed through arithmetic onnx's inference does not follow
     left the pixels' count unknown, bound to 1: the scores over h * w pixels were costed,
