@@ -23,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import onnx
 import onnxruntime
 from onnx import helper
@@ -114,10 +115,12 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
 @contextlib.contextmanager
 def _quiet(logger: logging.Logger):
-    """Its warnings (ops it does not know) are not the user's: they would print at load."""
+    """Its warnings (ops it does not know, numpy's at a Slice of step 0) are not the
+    user's: they would print at load."""
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        yield
+        with np.errstate(all="ignore"):
+            yield
     finally:
         logger.setLevel(level)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
+import subprocess
+import sys
 
 import networkx as nx
 import numpy as np
@@ -450,6 +452,26 @@ def test_sizes_onnx_inference_leaves_unknown_are_found_by_onnxruntimes_symbolic_
     graph = load_graph(pixel_attention(), bindings={"h": h, "w": w})
     assert graph.tensors["scores"].shape == (1, h * w, h * w)
     assert graph.tensors["scores"].dims[1] is not None  # a size found, not declared
+
+
+def test_symbolic_inference_prints_nothing_of_its_own(tmp_path):
+    """Its numpy arithmetic warned on stderr ("divide by zero encountered") at a Slice of
+    step 0, above the one line `prism run` says; onnxruntime names that node."""
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Slice", ["x", "start", "end", "axis", "step"], ["y"], name="sliced")],
+        "stepless", [helper.make_tensor_value_info("x", f, ["n", 8])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.array([v]), name) for name, v in
+         (("start", 0), ("end", int(np.random.default_rng().integers(1, 8))), ("axis", 1),
+          ("step", 0))]), opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "stepless.onnx")
+    onnx.save(model, path)
+    done = subprocess.run([sys.executable, "-m", "app.cli", "run", path, "--devices", "cpu:1",
+                           "--requests", "2"], capture_output=True, text=True, timeout=120,
+                          cwd=SAMPLES_DIR.parent)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("prism: error: ") and "sliced" in done.stderr, done.stderr
 
 
 def test_made_up_image_sides_halve_while_a_tensor_at_them_would_not_fit(
