@@ -2,11 +2,13 @@
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    """Decimal units, as `--devices` reads them (mem=2TB); past a thousand PB (a size
+    computed from a corrupt shape), three figures."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"
+    return f"{n:.1f} PB" if abs(n) < 1000 else f"{n:.3g} PB"
 
 
 def human_seconds(seconds: float) -> str:

@@ -14,7 +14,8 @@ from runtime.errors import DeviceSpecError
 # a thousand is far past any real host, and a typo (cpu:99999) is caught at once.
 MAX_DEVICES = 1024
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
-          "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12}
+          "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12,
+          "tib": 1 << 40, "p": 1e15, "pb": 1e15, "pib": 1 << 50}
 _KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
          "flops": "peak_flops", "bw": "mem_bandwidth", "link": "link_bandwidth",
          "ops": "supported_ops", "int8": "int8_ops", "precision": "precisions",

@@ -192,6 +192,15 @@ def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
+@pytest.mark.parametrize("size", ["999", "12.5KB", "1.5MB", "2.1GB", "2TB", "3.5PB", "8.5e28"])
+def test_sizes_read_back_as_they_are_written(size):
+    """Byte counts are shown in the units `--devices` reads, TB and PB included (a 2 TB
+    device showed "2000.0 GB"; a size from a corrupt shape, 29 digits of GB)."""
+    shown = human_bytes(parse_size(size))
+    assert len(shown) <= 12 and (float(shown.split()[0]) < 1000 or shown.endswith("PB")), shown
+    assert parse_size(shown.replace(" ", "")) == pytest.approx(parse_size(size), rel=0.01)
+
+
 def test_parse_size_takes_rates_per_second():
     """parse_size strips a "/s" suffix (bandwidths: link=12GB/s), but its pattern
     never lets "/" through, so the suffix is rejected instead."""
