@@ -166,16 +166,18 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         try:
             taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
+            if isinstance(exc, _NotLoaded):  # no inputs cause it: a node of another backend,
+                # or a model that loading its plan will refuse, in its own one line
+                log.info("%s failed, so the roofline stands in for its times: %s", what, exc)
+                return None
             shown = shapes_text({t: v.shape for t, v in feeds.items()}, most=None)
-            if isinstance(exc, _NotLoaded):
-                hint = ""  # the inputs had no part in it
-            elif all(v is (given or {}).get(t) for t, v in feeds.items()):
-                hint = f" (on the inputs given, {shown})"
+            if all(v is (given or {}).get(t) for t, v in feeds.items()):
+                hint = f"on the inputs given, {shown}"
             else:
-                hint = (f" (on made-up inputs {shown}: the model may take only some sizes or "
+                hint = (f"on made-up inputs {shown}: the model may take only some sizes or "
                         f"values: give them with --bind DIM=N and --inputs, or bindings and "
-                        f"sample_feeds)")
-            log.warning("%s failed, so the roofline stands in for its times: %s%s",
+                        f"sample_feeds")
+            log.warning("%s failed, so the roofline stands in for its times: %s (%s)",
                         what, first_line(exc), hint)
             return None
         finally:

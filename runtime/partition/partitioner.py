@@ -44,12 +44,17 @@ from runtime.partition.validate import validate_plan
 from runtime.units import human_bytes, human_seconds
 
 
-def _check_devices(devices: Sequence[DeviceConfig]) -> None:
+def placed(graph: Graph, devices: Sequence[DeviceConfig],
+           annotations: str | Path | Mapping | Annotations | None = None,
+           fallback: str | None = None) -> Placement:
+    """The devices each node may run on, or the PartitionError saying why a node has none
+    (or the devices are none, or named twice)."""
     if not devices:
         raise PartitionError("no devices given; a plan needs at least one")
     names = [d.name for d in devices]
     if len(set(names)) != len(names):
         raise PartitionError(f"device names repeat: {names}")
+    return place(graph, devices, read_annotations(annotations, fallback))
 
 
 def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> None:
@@ -113,9 +118,8 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
     `costs`: the cost model to plan with (default: the roofline)."""
     if mode not in MODES:
         raise PartitionError(f"unknown partition mode {mode!r}; choose one of {', '.join(MODES)}")
-    _check_devices(devices)
     costs = costs or CostModel.roofline(graph)
-    placement = place(graph, devices, read_annotations(annotations, fallback))
+    placement = placed(graph, devices, annotations, fallback)
     rec = Recorder()
     for node in graph.nodes:
         yield rec.step("place", f"{node.name} ({node.op_type}): {placement.reasons[node.name]}"

@@ -34,6 +34,7 @@ from runtime.partition.measure import (
     refined,
     time_partitions,
 )
+from runtime.partition.partitioner import placed
 from runtime.partition.record import finish, tap
 from runtime.partition.replicas import planned_over
 from runtime.partition.steps import Step
@@ -163,7 +164,8 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
         model = costs
     elif costs == "model":
         model = CostModel.roofline(graph)
-    else:
+    else:  # a node no device runs is said before seconds go into measuring
+        placed(graph, devices, annotations, fallback)
         model, fresh = measured_model(graph, devices, hops, on_progress, cache,
                                       sample_feeds=sample_feeds)
 

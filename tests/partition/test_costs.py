@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.cost import CostModel, Timings, kind_of
 from runtime.cost.cache import TimingsCache
 from runtime.devices import DeviceConfig, parse_devices
-from runtime.errors import InvalidInputError, PrismError
+from runtime.errors import InvalidInputError, PartitionError, PrismError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition import measure, partition
@@ -187,9 +187,10 @@ def test_a_network_failing_on_made_up_inputs_is_timed_once_and_says_why(cache, c
                                               "sample_feeds)"), said
 
 
-def test_a_network_onnxruntime_cannot_load_is_not_blamed_on_its_inputs(cache, caplog):
+def test_a_network_onnxruntime_cannot_load_keeps_the_roofline_quietly(cache, caplog):
     """A convolution striding one of its two axes (a malformed node onnx's checker passes)
-    fails to load whatever it is fed: the warning names that, not the made-up inputs."""
+    fails to load whatever it is fed: its plan's load says so in one line, and the
+    measurement's failure, no warning above it, blames no inputs."""
     rng = np.random.default_rng()
     f = TensorProto.FLOAT
     model = helper.make_model(helper.make_graph(
@@ -200,13 +201,37 @@ def test_a_network_onnxruntime_cannot_load_is_not_blamed_on_its_inputs(cache, ca
         opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     graph = load_graph(model)
-    with caplog.at_level(logging.WARNING, logger=measure.__name__):
+    with caplog.at_level(logging.INFO, logger=measure.__name__):
         _, plan = plan_network(graph, parse_devices("cpu:1"), costs="measured",
                                hops=NO_HOPS, cache=cache)
     assert plan.costs == "model"
-    [said] = [r.getMessage() for r in caplog.records if r.name == measure.__name__]
-    assert "onnxruntime cannot load" in said and "strides" in said, said
-    assert "inputs" not in said, said
+    [record] = [r for r in caplog.records if r.name == measure.__name__]
+    said = record.getMessage()
+    assert record.levelno == logging.INFO, said
+    assert "onnxruntime cannot load" in said and "strides" in said and "inputs" not in said
+    with pytest.raises(PrismError, match=r"cannot load .* strides"), HostManager(
+            parse_devices("cpu:1")) as host:
+        host.add_network("strided", graph, costs="model")
+
+
+def test_a_node_no_device_runs_is_said_before_anything_is_measured(cache, monkeypatch):
+    """Placement fails at once where a node has no device; measuring first spent its
+    seconds on chunks that could not load, and warned about them above the error."""
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"]),
+         helper.make_node("Mystery", ["h"], ["y"], name="mystery", domain="example.ops")],
+        "unrunnable", [helper.make_tensor_value_info("x", f, ["n", 8])],
+        [helper.make_tensor_value_info("y", f, ["n", 8])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.ops", 1)])
+    model.ir_version = 9
+    graph = load_graph(model)
+    timings = []
+    monkeypatch.setattr(planning_module, "measure_nodes", lambda *args: timings.append(args))
+    with pytest.raises(PartitionError, match=r"node mystery .* cannot run on"):
+        plan_network(graph, parse_devices("cpu:2"), costs="measured", hops=NO_HOPS,
+                     cache=cache)
+    assert timings == []
 
 
 def _chain(n: int) -> onnx.ModelProto:
