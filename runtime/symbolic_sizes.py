@@ -37,7 +37,8 @@ _GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 def sharpened(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProto]
               ) -> dict[str, onnx.ValueInfoProto]:
     """`inferred` (onnx's value infos of `model`, its inputs bound) with the tensors it left
-    of unknown size sized by onnxruntime's symbolic inference, where that sizes them."""
+    of unknown size sized by onnxruntime's symbolic inference, where that sizes them.
+    `model` is a throwaway copy: its large weights become inputs."""
     unknown = [name for name, value in inferred.items() if not _sized(value)]
     if not unknown or any(node.attribute and any(a.type in _GRAPHS for a in node.attribute)
                           for node in model.graph.node):
@@ -100,17 +101,16 @@ def _sized(value: onnx.ValueInfoProto) -> bool:
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` (a shell: `large.inferable`) whose large weights are typed inputs:
-    symbolic inference reads every initializer's values, and a shell's hold none."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    kept = [t for t in out.graph.initializer if tensor_bytes(t) < LARGE_INIT]
-    moved = [t for t in out.graph.initializer if tensor_bytes(t) >= LARGE_INIT]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                           for t in moved)
-    return out
+    """`model` (a shell: `large.inferable`), its large weights made typed inputs in place:
+    symbolic inference reads every initializer's values, and a shell's hold none (the
+    inference copies the model it is given: a copy here would be a second)."""
+    kept = [t for t in model.graph.initializer if tensor_bytes(t) < LARGE_INIT]
+    moved = [t for t in model.graph.initializer if tensor_bytes(t) >= LARGE_INIT]
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in moved)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
 
 
 @contextlib.contextmanager
