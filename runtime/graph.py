@@ -28,6 +28,7 @@ from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.free_dims import free_sizes, image_sides, made_up_shape
+from runtime.heap import machine_bytes
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.least_sizes import least_sizes, shaped_inputs
 from runtime.names import fresh_name
@@ -564,10 +565,14 @@ def _bound_within(shapes: onnx.ModelProto, least: dict[str, dict[int, int]],
         sizes = free_sizes(((dims, floating, least.get(value.name, {}))
                             for value, dims, floating in shaped), bindings, default)
         bound_model = _bound_model(shapes, sizes, default)
-        bound = sharpened(bound_model, _infer(bound_model))
         side = min((sizes[dim] for _, _, dim in made_up), default=0)
-        if side // 2 < _SIDE_LEAST or _largest_bytes(bound) <= _MADE_UP_MOST:
-            return sizes, bound
+        halves = side // 2 >= _SIDE_LEAST
+        if not halves or max((t.nbytes for t in _input_tensors(bound_model.graph)),
+                             default=0) <= _MADE_UP_MOST:  # else no inference is needed
+            _check_held(bound_model.graph)
+            bound = sharpened(bound_model, _infer(bound_model))
+            if not halves or _largest_bytes(bound) <= _MADE_UP_MOST:
+                return sizes, bound
         for name, axis, _ in made_up:
             least.setdefault(name, {})[axis] = side // 2
 
@@ -582,6 +587,26 @@ def _largest_bytes(values: Mapping[str, onnx.ValueInfoProto]) -> int:
         if dims and len(sized) == len(dims):
             largest = max(largest, Tensor(value.name, dtype, sized, dims, elem).nbytes)
     return largest
+
+
+def _input_tensors(graph: onnx.GraphProto) -> list[Tensor]:
+    """The graph's inputs of known element type, a free dimension 1 (the least it takes)."""
+    return [Tensor(value.name, dtype, tuple(d if isinstance(d, int) else 1 for d in dims),
+                   tuple(dims), elem) for value, dims, _ in shaped_inputs(graph)
+            if (dtype := _np_dtype(elem := value.type.tensor_type.elem_type))]
+
+
+def _check_held(graph: onnx.GraphProto) -> None:
+    """A request's inputs are held in this process: one past the machine's memory (a size
+    bound by mistake, `--bind batch=10000000`) is refused before shape inference, which
+    at such sizes ran for minutes, until the kernel killed it for want of memory."""
+    memory = machine_bytes()
+    for t in _input_tensors(graph):
+        if memory is not None and t.nbytes > memory:
+            raise DeviceMemoryError(
+                f"input {t.name} at {list(t.shape or ())} needs {human_bytes(t.nbytes)}; this "
+                f"machine has {human_bytes(memory)} (other sizes with --bind DIM=N, or "
+                f"bindings)")
 
 
 def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int
@@ -682,6 +707,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     _drop_empty_trailing_inputs(model.graph)
     _free_negative_dims(model.graph)
     unlist_initializers(model, in_place=True)  # _read's copy
+    _check_held(model.graph)  # as declared, before folding infers its shapes
     report = fold_constants(model) if fold else FoldReport()
     one_reader_each(model.graph)  # as onnxruntime, before a cut can split a QDQ group
     bindings = dict(bindings or {})

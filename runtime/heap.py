@@ -8,6 +8,7 @@ A trim costs microseconds. Elsewhere than glibc there is nothing to trim."""
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from collections.abc import Callable
 
@@ -28,3 +29,11 @@ def give_back() -> None:
     """Return the heap's free pages to the system."""
     if _TRIM is not None:
         _TRIM(0)
+
+
+def machine_bytes() -> int | None:
+    """The machine's physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from app.cli import main
 from runtime.cost import node_cost
 from runtime.devices import parse_devices
-from runtime.errors import ModelLoadError, PartitionError
+from runtime.errors import DeviceMemoryError, ModelLoadError, PartitionError
 from runtime.free_dims import AUDIO_SAMPLES, IMAGE_SIDE, VIDEO_FRAMES
 from runtime.graph import Graph, load_graph
 from runtime.host import HostManager
@@ -494,6 +494,42 @@ def test_made_up_image_sides_halve_while_a_tensor_at_them_would_not_fit(
     path = str(tmp_path / "attention.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path, requests=2)
+
+
+def _conv_of(dims: list) -> onnx.ModelProto:
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["y"], name="conv")], "conv",
+        [helper.make_tensor_value_info("image", f, dims)],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_an_input_larger_than_the_machine_is_refused_before_shapes_are_inferred(capsys,
+                                                                               tmp_path):
+    """A request's inputs are held in this process. A Swin bound to a batch of 10,000,000
+    ran onnx's shape inference for a minute, until the kernel killed it for want of memory;
+    now a bound or declared input past the machine's memory is refused in one line."""
+    from runtime.heap import machine_bytes
+
+    memory = machine_bytes()
+    side = 224 * 224 * 3 * 4  # bytes of one image at the made-up side
+    batch = memory // (side // 16) * int(np.random.default_rng().integers(2, 5))
+    model = _conv_of(["n", 3, "h", "w"])
+    path = str(tmp_path / "conv.onnx")
+    onnx.save(model, path)
+    line = one_line_error(capsys, ["partition", path, "--devices", "cpu:2", "--costs", "model",
+                                   "--bind", f"n={batch}"])
+    assert f"input image at [{batch}, 3, 56, 56] needs " in line  # made-up sides halve first
+    assert "this machine has" in line and "--bind" in line
+    fixed = memory // side + 1
+    with pytest.raises(DeviceMemoryError, match=rf"input image at \[{fixed}, 3, 224, 224\]"):
+        load_graph(_conv_of([fixed, 3, 224, 224]))
+    half = load_graph(model, bindings={"n": memory // side * 2})  # made-up sides halve to fit
+    assert half.tensors["image"].shape[2:] == (56, 56)
 
 
 def test_a_rank_five_cache_is_no_video():
