@@ -57,6 +57,22 @@ def placed(graph: Graph, devices: Sequence[DeviceConfig],
     return place(graph, devices, read_annotations(annotations, fallback))
 
 
+def fitted(graph: Graph, devices: Sequence[DeviceConfig],
+           annotations: str | Path | Mapping | Annotations | None = None,
+           fallback: str | None = None) -> Placement:
+    """`placed`, once each node fits a device it may run on and the weights placement
+    confines fit their devices; else the PartitionError saying which does not."""
+    placement = placed(graph, devices, annotations, fallback)
+    _check_fit(Segments(graph, CostModel.roofline(graph), model_order(graph),
+                        placement.allowed), devices, placement)
+    return placement
+
+
+def _check_fit(seg: Segments, devices: Sequence[DeviceConfig], placement: Placement) -> None:
+    _check_each_node_fits(seg, devices)
+    _check_placed_weights(seg.graph, placement, devices)
+
+
 def _check_each_node_fits(seg: Segments, devices: Sequence[DeviceConfig]) -> None:
     for i, node in enumerate(seg.nodes):
         if any(seg.fits(i, i + 1, d) for d in devices):
@@ -143,8 +159,7 @@ def partition_steps(graph: Graph, devices: Sequence[DeviceConfig], mode: str = "
         order, why = choose_order(graph)
         yield rec.step("order", why, nodes=tuple(order))
         seg = Segments(graph, costs, order, placement.allowed)
-        _check_each_node_fits(seg, ordered)
-        _check_placed_weights(graph, placement, devices)
+        _check_fit(seg, ordered, placement)
         run_mode = memory_mode if mode == "memory" else balanced_mode
         options.append((order, why, seg, _attempt(lambda r: run_mode(seg, ordered, r))))
         if isinstance(options[0][3], PartitionError) and mode == "memory":

@@ -34,7 +34,7 @@ from runtime.partition.measure import (
     refined,
     time_partitions,
 )
-from runtime.partition.partitioner import placed
+from runtime.partition.partitioner import fitted
 from runtime.partition.record import finish, tap
 from runtime.partition.replicas import planned_over
 from runtime.partition.steps import Step
@@ -164,8 +164,9 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
         model = costs
     elif costs == "model":
         model = CostModel.roofline(graph)
-    else:  # a node no device runs is said before seconds go into measuring
-        placed(graph, devices, annotations, fallback)
+    else:  # what no plan could be is said before measuring: a node no device runs, or one
+        # too large for every device (measuring runs it, at that size, on this machine)
+        fitted(graph, _in_room(devices, room_for), annotations, fallback)
         model, fresh = measured_model(graph, devices, hops, on_progress, cache,
                                       sample_feeds=sample_feeds)
 
@@ -177,9 +178,7 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
             if on_step is not None:
                 on_step(step)
 
-        room = [replace(d, memory_bytes=max(1, room_for[d.name]))
-                if room_for.get(d.name, d.memory_bytes) < d.memory_bytes else d for d in some]
-        plan = finish(tap(partition_steps(graph, room, mode, user_map=user_map,
+        plan = finish(tap(partition_steps(graph, _in_room(some, room_for), mode, user_map=user_map,
                                           annotations=annotations, fallback=fallback,
                                           costs=model), keep))
         return steps, replace(plan, devices=list(some))
@@ -193,6 +192,13 @@ def make_plan(graph: Graph, devices: Sequence[DeviceConfig],
         steps, plan, model = _refine(graph, model, steps, plan, planned, on_progress,
                                      sample_feeds)
     return Planned(steps, plan, model, fresh, planned, cache)
+
+
+def _in_room(devices: Sequence[DeviceConfig], room_for: Mapping[str, int]
+             ) -> list[DeviceConfig]:
+    """The devices, each with the memory it has free where that is less than its own."""
+    return [replace(d, memory_bytes=max(1, room_for[d.name]))
+            if room_for.get(d.name, d.memory_bytes) < d.memory_bytes else d for d in devices]
 
 
 def live_costs(graph: Graph, plan: Plan, seconds: Mapping[str, float],

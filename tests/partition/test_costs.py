@@ -214,9 +214,7 @@ def test_a_network_onnxruntime_cannot_load_keeps_the_roofline_quietly(cache, cap
         host.add_network("strided", graph, costs="model")
 
 
-def test_a_node_no_device_runs_is_said_before_anything_is_measured(cache, monkeypatch):
-    """Placement fails at once where a node has no device; measuring first spent its
-    seconds on chunks that could not load, and warned about them above the error."""
+def _unrunnable() -> tuple[onnx.ModelProto, dict[str, int], str]:
     f = TensorProto.FLOAT
     model = helper.make_model(helper.make_graph(
         [helper.make_node("Relu", ["x"], ["h"]),
@@ -224,12 +222,33 @@ def test_a_node_no_device_runs_is_said_before_anything_is_measured(cache, monkey
         "unrunnable", [helper.make_tensor_value_info("x", f, ["n", 8])],
         [helper.make_tensor_value_info("y", f, ["n", 8])]),
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.ops", 1)])
+    return model, {}, r"node mystery .* cannot run on"
+
+
+def _too_wide() -> tuple[onnx.ModelProto, dict[str, int], str]:
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="r0")], "wide",
+        [helper.make_tensor_value_info("x", f, ["n", 1024])],
+        [helper.make_tensor_value_info("y", f, ["n", 1024])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    rows = int(np.random.default_rng().integers(300, 900))  # 1.2-3.7 MB a tensor
+    return model, {"n": rows}, r"node r0 needs .* the largest device has 1\.0 MB"
+
+
+@pytest.mark.parametrize("made", [_unrunnable, _too_wide])
+def test_what_no_plan_could_be_is_said_before_anything_is_measured(made, cache, monkeypatch):
+    """Placement and each node's memory are checked first. Measuring a node no device runs
+    spent its seconds on chunks that could not load, and warned about them above the
+    error; measuring runs each node at the sizes bound, on this machine, and a Swin bound
+    to a batch of 100,000 was measured until the kernel killed it for want of memory."""
+    model, bindings, said = made()
     model.ir_version = 9
-    graph = load_graph(model)
+    graph = load_graph(model, bindings=bindings)
     timings = []
     monkeypatch.setattr(planning_module, "measure_nodes", lambda *args: timings.append(args))
-    with pytest.raises(PartitionError, match=r"node mystery .* cannot run on"):
-        plan_network(graph, parse_devices("cpu:2"), costs="measured", hops=NO_HOPS,
+    with pytest.raises(PartitionError, match=said):
+        plan_network(graph, parse_devices("cpu:2:mem=1MB"), costs="measured", hops=NO_HOPS,
                      cache=cache)
     assert timings == []
 
