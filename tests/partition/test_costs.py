@@ -440,3 +440,27 @@ def test_a_burst_under_load_counts_only_the_runtimes_own_wait():
     assert bounded(100e-6, 400e-6) == pytest.approx(100e-6 + LOAD_WAIT_MAX)
     assert bounded(10e-3, 20e-3) == pytest.approx(10e-3 * (1 + LOAD_SHARE_MAX))
     assert bounded(100e-6, 80e-6) == pytest.approx(80e-6)
+
+
+def test_a_shape_read_costs_no_copy_of_what_it_reads():
+    """Shape and Size read their input's shape alone: a Shape of a batch of 1,000 images
+    was costed 24 ms, as a copy of them. Its input still counts as read for memory."""
+    f = TensorProto.FLOAT
+    rows = int(np.random.default_rng().integers(1000, 5000))
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+         helper.make_node("Shape", ["h"], ["s"], name="shape"),
+         helper.make_node("Size", ["h"], ["n"], name="size")], "shapes",
+        [helper.make_tensor_value_info("x", f, ["rows", 1024])],
+        [helper.make_tensor_value_info(t, TensorProto.INT64, None) for t in ("s", "n")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = load_graph(model, bindings={"rows": rows})
+    device = parse_devices("cpu:1")[0]
+    model_costs = CostModel.roofline(graph)
+    relu = model_costs.node_seconds("relu", device)
+    for name in ("shape", "size"):
+        read = model_costs.costs[name]
+        assert read.bytes_read == graph.tensors["h"].nbytes  # held while it is read
+        seconds = model_costs.node_seconds(name, device)
+        assert seconds == pytest.approx(device.launch_seconds + read.bytes_written /
+                                        device.mem_bandwidth) and seconds < relu / 10
