@@ -532,24 +532,25 @@ def test_an_input_larger_than_the_machine_is_refused_before_shapes_are_inferred(
     assert half.tensors["image"].shape[2:] == (56, 56)
 
 
-def _signed_tokens() -> onnx.ModelProto:
-    """Features [n, 8, h, w] flattened to [n, 8, h * w * sign(h)]: a size computed through
-    an op neither onnx's nor onnxruntime's inference follows, as dynamo's exports compute
-    `h // 4` (Sign, Mod, Div, ...)."""
+def _computed_tokens(one: str) -> onnx.ModelProto:
+    """Features [n, 8, h, w] flattened to [n, 8, h * w * 1], the 1 computed from h by `one`
+    (Sign: as dynamo's exports compute `h // 4`, through Sign, Mod, Not, And; Pow, h^0:
+    an op no inference computes a size with)."""
     consts = [numpy_helper.from_array(np.ones((8, 3, 1, 1), np.float32), "w"),
               *(numpy_helper.from_array(np.array([v], np.int64), name)
-                for name, v in (("at0", 0), ("at2", 2), ("at3", 3), ("eight", 8)))]
+                for name, v in (("at0", 0), ("at2", 2), ("at3", 3), ("eight", 8),
+                                ("zero", 0)))]
     nodes = [helper.make_node("Conv", ["image", "w"], ["features"]),
              helper.make_node("Shape", ["features"], ["shape"]),
              *(helper.make_node("Gather", ["shape", f"at{a}"], [f"d{a}"]) for a in (0, 2, 3)),
              helper.make_node("Mul", ["d2", "d3"], ["pixels"]),
-             helper.make_node("Sign", ["d2"], ["one"]),
+             helper.make_node(one, ["d2", "zero"][:2 if one == "Pow" else 1], ["one"]),
              helper.make_node("Mul", ["pixels", "one"], ["tokens"]),
              helper.make_node("Concat", ["d0", "eight", "tokens"], ["flat_shape"], axis=0),
              helper.make_node("Reshape", ["features", "flat_shape"], ["flat"]),
              helper.make_node("Transpose", ["flat"], ["tokens_first"], perm=[0, 2, 1])]
     model = helper.make_model(helper.make_graph(
-        nodes, "signed_tokens",
+        nodes, "computed_tokens",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, "h", "w"])],
         [helper.make_tensor_value_info("tokens_first", TensorProto.FLOAT, None)], consts),
         opset_imports=[helper.make_opsetid("", 17)])
@@ -557,12 +558,17 @@ def _signed_tokens() -> onnx.ModelProto:
     return model
 
 
-def test_sizes_no_inference_computes_are_found_by_a_run(monkeypatch):
+@pytest.mark.parametrize("one", ["Sign", "Pow"])
+def test_sizes_computed_through_ops_inference_does_not_follow_are_found(one, monkeypatch):
     """Swin's, BEiT's, wav2vec2's dynamo exports (14 of 80 real exports) flatten their
-    patches or frames to a length computed through floor division, which neither onnx's
-    nor onnxruntime's inference follows: bound to 1, their tokens were costed as one, 93-99%
-    of their activations' bytes unseen. A run at the sizes bound sizes them."""
-    model = _signed_tokens()
+    patches or frames to a length computed through floor division (Sign, Mod, Not, And),
+    which neither onnx's nor onnxruntime's inference followed: bound to 1, their tokens
+    were costed as one, 93-99% of their activations' bytes unseen. Symbolic inference now
+    computes those ops on whole numbers; a size still left is found by a run, where the
+    inputs are a request's worth (a batch's is not run)."""
+    from runtime import graph as loaded
+
+    model = _computed_tokens(one)
     rng = np.random.default_rng()
     h, w = (int(v) for v in rng.integers(8, 64, 2))
     graph = load_graph(model, bindings={"h": h, "w": w})
@@ -574,13 +580,11 @@ def test_sizes_no_inference_computes_are_found_by_a_run(monkeypatch):
     outputs = dict(zip([o.name for o in session.get_outputs()],
                        session.run(None, {"image": image}), strict=True))
     assert {t: graph.tensors[t].shape for t in names} == {t: outputs[t].shape for t in names}
-    from runtime import graph as loaded
-
     runs = []
     monkeypatch.setattr(loaded, "kept_sizes", lambda *args: runs.append(args) or {})
     batch = loaded._GUESSES_RUN_MOST // (3 * h * w * 4) + 1  # a batch's worth: not run
-    assert load_graph(model, bindings={"h": h, "w": w, "n": batch}).tensors["flat"].shape == (
-        batch, 8, 1) and runs == []
+    flat = load_graph(model, bindings={"h": h, "w": w, "n": batch}).tensors["flat"].shape
+    assert runs == [] and flat == (batch, 8, h * w if one == "Sign" else 1)
 
 
 def test_a_rank_five_cache_is_no_video():
