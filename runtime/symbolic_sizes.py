@@ -65,6 +65,8 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     for op, compute in _WHOLE_OPS.items():
         inference.dispatcher_.setdefault(op, functools.partial(_on_whole_numbers, inference,
                                                                compute))
+    inference.dispatcher_["GroupQueryAttention"] = functools.partial(
+        _present_as_long_as_total, inference, inference.dispatcher_["GroupQueryAttention"])
     deadline = time.monotonic() + BUDGET_SECONDS
 
     def bounded(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -101,10 +103,30 @@ def _on_whole_numbers(inference: Any, compute: Callable[[list[int]], int],
     values = inference._get_int_or_float_values(node, broadcast=True)
     flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
     fmod = any(a.name == "fmod" and a.i for a in node.attribute)  # C's remainder: not here
-    if flat and not fmod and all(isinstance(v, int | np.integer) or getattr(v, "is_Integer", False)
-                                 for v in flat):
+    if flat and not fmod and all(_whole(v) is not None for v in flat):
         with contextlib.suppress(ZeroDivisionError):
             inference._compute_on_sympy_data(node, lambda vs: compute([int(v) for v in vs]))
+
+
+def _present_as_long_as_total(inference: Any, infer: Callable[[onnx.NodeProto], None],
+                              node: onnx.NodeProto) -> None:
+    """onnxruntime's rule gives a GroupQueryAttention's present caches their past's length,
+    as if one buffer held both; a run makes them max(past, total_sequence_length) long:
+    onnxruntime-genai's decoders, 512 new tokens past 1, have caches of 513, not 1."""
+    infer(node)
+    value = inference._try_get_value(node, 6) if len(node.input) > 6 else None
+    flat = np.asarray(value, dtype=object).ravel()  # a list, an array or a number
+    total = _whole(flat[0]) if value is not None and flat.size == 1 else None
+    for name in node.output[1:3] if total is not None else ():
+        dims = inference.known_vi_[name].type.tensor_type.shape.dim if name else []
+        if len(dims) == 4 and dims[2].HasField("dim_value") and dims[2].dim_value < total:
+            dims[2].dim_value = total
+
+
+def _whole(value: Any) -> int | None:
+    """A known whole number's value (a bound model's size); None for a symbol."""
+    known = isinstance(value, int | np.integer) or getattr(value, "is_Integer", False)
+    return int(value) if known else None
 
 
 @functools.cache

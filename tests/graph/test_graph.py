@@ -696,6 +696,21 @@ def test_onnxruntime_genai_decoders_are_made_up_at_their_head_size_and_total_len
     _runs_as_onnxruntime(capsys, path)
 
 
+def test_a_genai_decoders_present_caches_are_as_long_as_past_and_new_tokens():
+    """onnxruntime's symbolic inference gives GroupQueryAttention's present caches the
+    past's length (one buffer for both); run, they are past + new tokens long: a prefill
+    of 512 tokens past 1 was costed caches of 1."""
+    rng = np.random.default_rng()
+    model = genai_decoder(4, 2, 8)
+    past, new = (int(n) for n in rng.integers(1, 40, 2))
+    graph = load_graph(model, bindings={"past_sequence_length": past, "sequence_length": new})
+    feeds = random_feeds(input_specs(graph), rng, graph.bindings)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ran = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    assert {t: graph.tensors[t].shape for t in ran} == {t: v.shape for t, v in ran.items()}
+    assert ran["present_key"].shape[2] == past + new
+
+
 def test_a_dimension_named_by_a_number_is_made_up_as_that_number(capsys, tmp_path):
     """transformers' exporter names a decode step's cache heads and head size by numbers,
     [1, "2", "s53", "16"], where the new keys it joins them to have 2 and 16 fixed: made up
