@@ -560,7 +560,7 @@ def _computed_tokens(one: str) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("one", ["Sign", "Pow"])
 def test_sizes_computed_through_ops_inference_does_not_follow_are_found(one, monkeypatch):
-    """Swin's, BEiT's, wav2vec2's dynamo exports (14 of 80 real exports) flatten their
+    """Swin's, BEiT's, wav2vec2's dynamo exports (14 of 78 real exports) flatten their
     patches or frames to a length computed through floor division (Sign, Mod, Not, And),
     which neither onnx's nor onnxruntime's inference followed: bound to 1, their tokens
     were costed as one, 93-99% of their activations' bytes unseen. Symbolic inference now
