@@ -65,6 +65,8 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     for op, compute in _WHOLE_OPS.items():
         inference.dispatcher_.setdefault(op, functools.partial(_on_whole_numbers, inference,
                                                                compute))
+    for op in _REDUCES:  # as it sizes ReduceMean's and ReduceSum's
+        inference.dispatcher_.setdefault(op, inference._infer_ReduceMean)
     inference.dispatcher_["GroupQueryAttention"] = functools.partial(
         _present_as_long_as_total, inference, inference.dispatcher_["GroupQueryAttention"])
     deadline = time.monotonic() + BUDGET_SECONDS
@@ -94,6 +96,13 @@ _WHOLE_OPS: dict[str, Callable[[list[int]], int]] = {
     "Sign": lambda v: (v[0] > 0) - (v[0] < 0), "Abs": lambda v: abs(v[0]),
     "Mod": lambda v: v[0] % v[1], "Not": lambda v: int(not v[0]),
     "And": lambda v: int(bool(v[0] and v[1])), "Or": lambda v: int(bool(v[0] or v[1]))}
+
+
+# reductions whose axes became an input at opset 18, which onnxruntime's inference sizes
+# for ReduceMean and ReduceSum alone: SigLIP's and OWL-ViT's ReduceL2 (a norm of their
+# embeddings) was left of no rank, and inference stopped there
+_REDUCES = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMin",
+            "ReduceSumSquare")
 
 
 def _on_whole_numbers(inference: Any, compute: Callable[[list[int]], int],

@@ -532,15 +532,19 @@ def test_an_input_larger_than_the_machine_is_refused_before_shapes_are_inferred(
     assert half.tensors["image"].shape[2:] == (56, 56)
 
 
-def _computed_tokens(one: str) -> onnx.ModelProto:
+def _computed_tokens(one: str, norm: bool = False) -> onnx.ModelProto:
     """Features [n, 8, h, w] flattened to [n, 8, h * w * 1], the 1 computed from h by `one`
     (Sign: as dynamo's exports compute `h // 4`, through Sign, Mod, Not, And; Pow, h^0:
-    an op no inference computes a size with)."""
+    an op no inference computes a size with); `norm`: the features first divided by their
+    ReduceL2 over the channels, as SigLIP's embeddings are."""
     consts = [numpy_helper.from_array(np.ones((8, 3, 1, 1), np.float32), "w"),
               *(numpy_helper.from_array(np.array([v], np.int64), name)
-                for name, v in (("at0", 0), ("at2", 2), ("at3", 3), ("eight", 8),
+                for name, v in (("at0", 0), ("at1", 1), ("at2", 2), ("at3", 3), ("eight", 8),
                                 ("zero", 0)))]
-    nodes = [helper.make_node("Conv", ["image", "w"], ["features"]),
+    normed = [helper.make_node("ReduceL2", ["raw", "at1"], ["norm"]),
+              helper.make_node("Div", ["raw", "norm"], ["features"])]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["raw" if norm else "features"]),
+             *(normed if norm else []),
              helper.make_node("Shape", ["features"], ["shape"]),
              *(helper.make_node("Gather", ["shape", f"at{a}"], [f"d{a}"]) for a in (0, 2, 3)),
              helper.make_node("Mul", ["d2", "d3"], ["pixels"]),
@@ -553,22 +557,23 @@ def _computed_tokens(one: str) -> onnx.ModelProto:
         nodes, "computed_tokens",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, "h", "w"])],
         [helper.make_tensor_value_info("tokens_first", TensorProto.FLOAT, None)], consts),
-        opset_imports=[helper.make_opsetid("", 17)])
+        opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     return model
 
 
-@pytest.mark.parametrize("one", ["Sign", "Pow"])
-def test_sizes_computed_through_ops_inference_does_not_follow_are_found(one, monkeypatch):
+@pytest.mark.parametrize(("one", "norm"), [("Sign", False), ("Sign", True), ("Pow", False)])
+def test_sizes_computed_through_ops_inference_does_not_follow_are_found(one, norm, monkeypatch):
     """Swin's, BEiT's, wav2vec2's dynamo exports (14 of 78 real exports) flatten their
     patches or frames to a length computed through floor division (Sign, Mod, Not, And),
     which neither onnx's nor onnxruntime's inference followed: bound to 1, their tokens
     were costed as one, 93-99% of their activations' bytes unseen. Symbolic inference now
-    computes those ops on whole numbers; a size still left is found by a run, where the
-    inputs are a request's worth (a batch's is not run)."""
+    computes those ops on whole numbers, and sizes every reduction with axes as an input
+    (SigLIP's ReduceL2 stopped it); a size still left is found by a run, where the inputs
+    are a request's worth (a batch's is not run)."""
     from runtime import graph as loaded
 
-    model = _computed_tokens(one)
+    model = _computed_tokens(one, norm)
     rng = np.random.default_rng()
     h, w = (int(v) for v in rng.integers(8, 64, 2))
     graph = load_graph(model, bindings={"h": h, "w": w})
