@@ -569,7 +569,7 @@ def _bound_within(shapes: onnx.ModelProto, least: dict[str, dict[int, int]],
         side = min((sizes[dim] for _, _, dim in made_up), default=0)
         halves = side // 2 >= _SIDE_LEAST
         if not halves or max((t.nbytes for t in _input_tensors(bound_model.graph)),
-                             default=0) <= _MADE_UP_MOST:  # else no inference is needed
+                             default=0) <= _MADE_UP_MOST:  # an input past it halves them now
             _check_held(bound_model.graph)
             bound = sharpened(bound_model, _infer(bound_model))
             if not halves or _largest_bytes(bound) <= _MADE_UP_MOST:

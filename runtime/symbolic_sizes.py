@@ -67,8 +67,9 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
                                                                compute))
     for op in _REDUCES:  # as it sizes ReduceMean's and ReduceSum's
         inference.dispatcher_.setdefault(op, inference._infer_ReduceMean)
-    inference.dispatcher_["GroupQueryAttention"] = functools.partial(
-        _present_as_long_as_total, inference, inference.dispatcher_["GroupQueryAttention"])
+    if gqa := inference.dispatcher_.get("GroupQueryAttention"):
+        inference.dispatcher_["GroupQueryAttention"] = functools.partial(
+            _present_as_long_as_total, inference, gqa)
     deadline = time.monotonic() + BUDGET_SECONDS
 
     def bounded(step: Callable[..., Any]) -> Callable[..., Any]:
