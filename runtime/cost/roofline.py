@@ -30,7 +30,7 @@ class NodeCost:
     weight_bytes: int
     precision: str | None = None  # `float`, `int8`, or None (moves integers)
     folded: bool = False  # computed from weights alone: made once, as its program loads
-    metadata: bool = False  # reads its inputs' shapes alone (Shape, Size): none of their bytes
+    streamed: int | None = None  # the bytes its time is charged for (None: all it moves)
 
     @property
     def bytes_moved(self) -> int:
@@ -44,6 +44,15 @@ def _numel(shape: tuple[int, ...] | None) -> int:
 Shapes = list[tuple[int, ...] | None]
 FlopRule = Callable[[Node, Shapes, Shapes], float]
 FLOP_RULES: dict[str, FlopRule] = {}
+
+# Ops whose time is not their bytes' (what they read still counts where memory is
+# counted): views, whose output onnxruntime aliases to their input (a Reshape of 64 MB
+# took no time where a Neg of it took 3.4 ms), and reads of a shape alone, which write
+# only it (a Shape of a batch of 1,000 images was costed 24 ms, as a copy of them, and
+# measuring, which cuts a network by roofline time, cut the Swin it was in into 5 chunks
+# of 24)
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+SHAPE_OPS = frozenset({"Shape", "Size"})
 
 
 def rule(*ops: str) -> Callable[[FlopRule], FlopRule]:
@@ -123,6 +132,11 @@ def _transcendental(node: Node, ins: Shapes, outs: Shapes) -> float:
     return 4.0 * _numel(outs[0])
 
 
+@rule(*VIEW_OPS, *SHAPE_OPS)
+def _no_arithmetic(node: Node, ins: Shapes, outs: Shapes) -> float:
+    return 0.0
+
+
 def _fallback(node: Node, ins: Shapes, outs: Shapes) -> float:
     """Elementwise ops and anything unknown: one FLOP per output element."""
     return float(sum(_numel(s) for s in outs))
@@ -138,8 +152,9 @@ def node_cost(graph: Graph, node: Node) -> NodeCost:
     size = (lambda t: stored_bytes(graph, t)) if precision == "int8" else graph.tensor_bytes
     read = sum(size(t) for t in node.reads)
     written = sum(graph.tensor_bytes(t) for t in node.writes)
+    streamed = 0 if node.op_type in VIEW_OPS else written if node.op_type in SHAPE_OPS else None
     return NodeCost(flops, read, written, weights, precision,
-                    node.name in graph.constant_nodes, node.op_type in METADATA_OPS)
+                    node.name in graph.constant_nodes, streamed)
 
 
 def graph_costs(graph: Graph) -> dict[str, NodeCost]:
@@ -152,14 +167,10 @@ def device_seconds(cost: NodeCost, device: DeviceConfig) -> float:
     if cost.folded and device.backend not in EVERY_NODE_EVERY_RUN:
         return 0.0
     peak = device.int8_ops if cost.precision == "int8" else device.peak_flops
-    moved = cost.bytes_written if cost.metadata else cost.bytes_moved
+    moved = cost.bytes_moved if cost.streamed is None else cost.streamed
     return max(cost.flops / peak, moved / device.mem_bandwidth) + device.launch_seconds
 
 
-# Ops that read their inputs' shapes, not their values: a Shape of a batch of 1,000 images
-# was costed 24 ms, as a copy of them, and measuring cut the Swin it was in into 5 chunks
-# of 24 (it cuts by roofline time). Their inputs' bytes still count as read for memory.
-METADATA_OPS = frozenset({"Shape", "Size"})
 # Backends that run every node on every run, folding nothing (onnx's reference evaluator).
 EVERY_NODE_EVERY_RUN = frozenset({"reference"})
 # Backends whose tensors live in host memory: a copy out of them has nothing to send.
