@@ -628,7 +628,9 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
                    sizes: Mapping[str, int], default: int, guessed: set[str]) -> None:
     """Node outputs shape inference left without a size, or with one it could not compute
     (`guessed`: bound to `default`): sized by a run (`run_sizes`, kept between loads),
-    unless the model is past 2 GB, which onnxruntime cannot be handed whole. Guessed
+    unless the model is past 2 GB, which onnxruntime cannot be handed whole. Where its
+    known tensors together pass half the machine's memory, it is not run (a run at load
+    could meet the kernel's OOM killer), only typed as onnxruntime loads it. Guessed
     sizes are run for where the inputs are a request's worth (`_GUESSES_RUN_MOST`: a
     Swin bound to a batch of 1,000 took 20 s and 8 GB to run); one the run makes 0 (an
     expert no made-up token was routed to) stays guessed. Symbolic inference stops short
@@ -641,7 +643,11 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
         unknown += sorted(guessed.difference(unknown))
     if not unknown or too_large(model):
         return
-    for t, (dtype, shape) in kept_sizes(_bound_model(model, sizes, default), unknown).items():
+    memory = machine_bytes()
+    held = sum(t.nbytes for t in tensors.values())  # every tensor known, at once: at most
+    runs = memory is None or held <= memory // 2  # else typed as onnxruntime loads it alone
+    for t, (dtype, shape) in kept_sizes(_bound_model(model, sizes, default), unknown,
+                                        runs).items():
         old = tensors.get(t)
         if shape is None or (0 in shape and t in guessed):  # a type alone, or an empty guess
             shape = old.shape if old else None

@@ -68,13 +68,13 @@ def _numeric(ort_type: str) -> np.dtype | None:
     return dtype if dtype.kind in "biuf" else None
 
 
-def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Sizes:
+def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0,
+              runs: bool = True) -> Sizes:
     """(dtype, shape) of each of `names` (top-level node outputs) that holds numbers, in
-    one run of `model`, whose inputs have fixed shapes; where it cannot run, (dtype, None)
-    as onnxruntime types them; {} if onnxruntime cannot load it."""
+    one run of `model`, whose inputs have fixed shapes; where it cannot run (or `runs` is
+    False), (dtype, None) as onnxruntime types them; {} if onnxruntime cannot load it."""
     rng = np.random.default_rng(seed)
     initializers = {t.name for t in model.graph.initializer}
-    feeds = {v.name: _feed(v, rng) for v in model.graph.input if v.name not in initializers}
     probe = with_weights(model)
     known = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
@@ -92,7 +92,9 @@ def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Si
     except Exception:
         return {}
     with contextlib.suppress(Exception):
-        if all(f is not None for f in feeds.values()):
+        feeds = {v.name: _feed(v, rng) for v in model.graph.input
+                 if v.name not in initializers and runs}
+        if runs and all(f is not None for f in feeds.values()):
             values = session.run(list(names), feeds)
             return {n: (v.dtype, v.shape) for n, v in zip(names, values, strict=True)
                     if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
@@ -101,18 +103,18 @@ def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0) -> Si
             if o.name in wanted and (dtype := _numeric(o.type)) is not None}
 
 
-def kept_sizes(model: onnx.ModelProto, names: Sequence[str]) -> Sizes:
+def kept_sizes(model: onnx.ModelProto, names: Sequence[str], runs: bool = True) -> Sizes:
     """`run_sizes`, read from the user's cache when this model (its bytes, weights and all)
     was sized by this onnxruntime before, and kept there when it was not."""
     import onnxruntime as ort
 
     key = hashlib.sha256(model.SerializeToString(deterministic=True))
-    key.update("\n".join(["", *names, ort.__version__, str(FORMAT)]).encode())
+    key.update("\n".join(["", *names, ort.__version__, str(FORMAT), str(runs)]).encode())
     path = cache_dir() / "sizes" / f"{key.hexdigest()[:32]}.json"
     with contextlib.suppress(AttributeError, TypeError, ValueError):  # none kept, or damaged
         return {n: (np.dtype(d), None if s is None else tuple(map(int, s)))
                 for n, (d, s) in read_entry(path).items()}
-    sizes = run_sizes(model, names)
+    sizes = run_sizes(model, names, runs=runs)
     write_entry(path, {n: [d.name, None if s is None else list(s)]
                        for n, (d, s) in sizes.items()})
     return sizes

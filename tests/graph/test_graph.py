@@ -1009,6 +1009,28 @@ def test_sizes_a_run_found_are_kept_for_the_next_load_of_that_model(monkeypatch,
         assert entry.read_text() != damage
 
 
+def test_a_model_too_large_for_half_the_machine_is_typed_not_run_at_load(monkeypatch,
+                                                                          tmp_path):
+    """Sizing runs the whole model at the sizes bound, at load: where its known tensors
+    together pass half the machine's memory it is not run (the kernel's OOM killer), and
+    what it would have sized keeps the type onnxruntime gives it as it loads."""
+    from runtime import graph, run_sizes
+
+    monkeypatch.setattr(graph, "sharpened", lambda model, inferred: inferred)
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng()
+    bound, width = {"batch": int(rng.integers(2, 9))}, int(rng.integers(4, 33))
+    model = _loop_reading_outer_scope(width)
+    sized = load_graph(model, bindings=bound)
+    assert sized.tensors["looped"].shape == (bound["batch"], width)
+    held = sum(t.nbytes for t in sized.tensors.values())
+    monkeypatch.setattr(graph, "machine_bytes", lambda: held)  # the run would need it all
+    fed = []
+    monkeypatch.setattr(run_sizes, "_feed", lambda *args: fed.append(args))
+    looped = load_graph(model, bindings=bound).tensors["looped"]
+    assert (looped.shape, looped.dtype, fed) == (None, "float32", [])
+
+
 def test_a_tensor_typed_by_a_run_alone_crosses_devices():
     """onnx's shape inference leaves an ai.onnx.ml Normalizer's output untyped; the sizing
     run knew its type, but nothing declared it, so a partition reading it could not be
