@@ -67,6 +67,9 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
                                                                compute))
     for op in _REDUCES:  # as it sizes ReduceMean's and ReduceSum's
         inference.dispatcher_.setdefault(op, inference._infer_ReduceMean)
+    inference.dispatcher_["SplitToSequence"] = functools.partial(_split_to_sequence, inference)
+    inference.dispatcher_["Reshape"] = functools.partial(_scalar_kept, inference,
+                                                         inference.dispatcher_["Reshape"])
     if gqa := inference.dispatcher_.get("GroupQueryAttention"):
         inference.dispatcher_["GroupQueryAttention"] = functools.partial(
             _present_as_long_as_total, inference, gqa)
@@ -131,6 +134,45 @@ def _present_as_long_as_total(inference: Any, infer: Callable[[onnx.NodeProto], 
         dims = inference.known_vi_[name].type.tensor_type.shape.dim if name else []
         if len(dims) == 4 and dims[2].HasField("dim_value") and dims[2].dim_value < total:
             dims[2].dim_value = total
+
+
+def _scalar_kept(inference: Any, infer: Callable[[onnx.NodeProto], None],
+                 node: onnx.NodeProto) -> None:
+    """onnxruntime's Reshape passes its input's value on zipped with the target shape's,
+    so a size reshaped to a scalar (shape `[]`, as dynamo's exports make `sym_size` one)
+    came out empty, and the Range up to it stopped inference (timm's DaViT)."""
+    infer(node)
+    value, shape = inference.sympy_data_.get(node.input[0]), inference._try_get_value(node, 1)
+    if isinstance(value, list) and len(value) == 1 and shape is not None and len(shape) == 0:
+        inference.sympy_data_[node.output[0]] = value[0]
+
+
+def _split_to_sequence(inference: Any, node: onnx.NodeProto) -> None:
+    """A SplitToSequence's sequence, its chunks' shape where they are alike. onnxruntime's
+    rule calls an onnx helper gone in onnx 1.23 and writes one output per chunk: 9 of 75
+    timm exports (torch's `split` and `unbind`) stopped inference there, 11-28% of their
+    activations' bytes unseen."""
+    symbolic = _symbolic_module()
+    shape = inference._get_sympy_shape(node, 0)
+    attrs = {a.name: a.i for a in node.attribute}
+    axis = symbolic.handle_negative_axis(attrs.get("axis", 0), len(shape))
+    split = inference._try_get_value(node, 1) if len(node.input) > 1 and node.input[1] else None
+    chunk: int | None = 1  # no split: chunks of 1
+    if split is not None:
+        sizes = {_whole(v) for v in np.ravel(np.asarray(split, dtype=object))}
+        chunk = sizes.pop() if len(sizes) == 1 else None  # chunks as listed, all alike
+        whole = _whole(shape[axis])
+        if np.ndim(split) == 0 and (whole is None or not chunk or whole % chunk):
+            chunk = None  # chunks of `split`, the last the rest
+    if split is None and not attrs.get("keepdims", 1):
+        dims = [*shape[:axis], *shape[axis + 1:]]
+    else:
+        dims = [*shape[:axis], chunk if chunk is not None else
+                inference._new_symbolic_dim_from_output(node, 0, axis), *shape[axis + 1:]]
+    elem = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
+    inference.known_vi_[node.output[0]].CopyFrom(helper.make_value_info(
+        node.output[0], helper.make_sequence_type_proto(helper.make_tensor_type_proto(
+            elem, symbolic.get_shape_from_sympy_shape(dims)))))
 
 
 def _whole(value: Any) -> int | None:

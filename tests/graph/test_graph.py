@@ -592,6 +592,63 @@ def test_sizes_computed_through_ops_inference_does_not_follow_are_found(one, nor
     assert runs == [] and flat == (batch, 8, h * w if one == "Sign" else 1)
 
 
+def test_a_split_into_a_sequence_is_sized_by_symbolic_inference(monkeypatch):
+    """onnxruntime's SplitToSequence rule called an onnx helper gone in onnx 1.23 (and
+    wrote one output per chunk): inference stopped there, and 9 of 75 timm exports had a
+    tenth to a quarter of their activations' bytes costed as one row."""
+    from runtime import graph as loaded
+
+    rng = np.random.default_rng()
+    width, chunk = 8, int(rng.choice([1, 2, 4]))
+    f = TensorProto.FLOAT
+    consts = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+              (("chunk", chunk), ("first", 0), ("at0", [0]), ("width", [chunk]))]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("SplitToSequence", ["x", "chunk"], ["parts"], axis=1),
+         helper.make_node("SequenceAt", ["parts", "first"], ["part"]),
+         helper.make_node("Shape", ["part"], ["shape"]),
+         helper.make_node("Gather", ["shape", "at0"], ["rows"]),
+         helper.make_node("Sign", ["rows"], ["one"]),
+         helper.make_node("Mul", ["rows", "one"], ["counted"]),
+         helper.make_node("Concat", ["counted", "width"], ["reshaped"], axis=0),
+         helper.make_node("Reshape", ["part", "reshaped"], ["y"])], "split",
+        [helper.make_tensor_value_info("x", f, ["n", width])],
+        [helper.make_tensor_value_info("y", f, None)], consts),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    runs = []
+    monkeypatch.setattr(loaded, "kept_sizes", lambda *args: runs.append(args) or {})
+    rows = loaded._GUESSES_RUN_MOST // (width * 4) + int(rng.integers(1, 100))  # not run
+    assert load_graph(model, bindings={"n": rows}).tensors["y"].shape == (rows, chunk)
+    assert not any("y" in names for _, names, _ in runs)  # sized, not guessed
+
+
+def test_a_range_up_to_a_size_reshaped_to_a_scalar_is_sized(monkeypatch):
+    """Dynamo makes a size a scalar by a Reshape to `[]`; onnxruntime's Reshape rule emptied
+    its value, and the Range up to it stopped symbolic inference (timm's DaViT)."""
+    from runtime import graph as loaded
+
+    f = TensorProto.FLOAT
+    consts = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+              (("at0", [0]), ("at1", [1]), ("scalar", np.zeros(0, np.int64)), ("zero", 0),
+               ("one", 1))]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"]),
+         helper.make_node("Gather", ["shape", "at0"], ["rows"]),
+         helper.make_node("Reshape", ["rows", "scalar"], ["count"]),
+         helper.make_node("Range", ["zero", "count", "one"], ["positions"]),
+         helper.make_node("Cast", ["positions"], ["at"], to=f),
+         helper.make_node("Unsqueeze", ["at", "at1"], ["column"]),
+         helper.make_node("Add", ["x", "column"], ["y"])], "positions",
+        [helper.make_tensor_value_info("x", f, ["n", 4])],
+        [helper.make_tensor_value_info("y", f, None)], consts),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    monkeypatch.setattr(loaded, "kept_sizes", lambda *args: {})  # no run sizes it
+    rows = int(np.random.default_rng().integers(2, 10_000))
+    assert load_graph(model, bindings={"n": rows}).tensors["positions"].shape == (rows,)
+
+
 def test_a_rank_five_cache_is_no_video():
     """Stacked keys and values ([2, batch, heads, past, head size]) with 3 or 4 heads."""
     specs = [InputSpec("kv", np.dtype(np.float32), (2, "batch", 4, "past", 64)),
