@@ -93,8 +93,8 @@ def run_sizes(model: onnx.ModelProto, names: Sequence[str], seed: int = 0,
         return {}
     with contextlib.suppress(Exception):
         feeds = {v.name: _feed(v, rng) for v in model.graph.input
-                 if v.name not in initializers and runs}
-        if runs and all(f is not None for f in feeds.values()):
+                 if v.name not in initializers} if runs else None
+        if feeds is not None and all(f is not None for f in feeds.values()):
             values = session.run(list(names), feeds)
             return {n: (v.dtype, v.shape) for n, v in zip(names, values, strict=True)
                     if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
