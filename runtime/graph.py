@@ -625,7 +625,8 @@ def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int
 
 
 def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
-                   sizes: Mapping[str, int], default: int, guessed: set[str]) -> None:
+                   sizes: Mapping[str, int], default: int, guessed: set[str],
+                   others: set[str]) -> None:
     """Node outputs shape inference left without a size, or with one it could not compute
     (`guessed`: bound to `default`): sized by a run (`run_sizes`, kept between loads),
     unless the model is past 2 GB, which onnxruntime cannot be handed whole. Where its
@@ -635,9 +636,10 @@ def _size_unknowns(tensors: dict[str, Tensor], model: onnx.ModelProto,
     Swin bound to a batch of 1,000 took 20 s and 8 GB to run); one the run makes 0 (an
     expert no made-up token was routed to) stays guessed. Symbolic inference stops short
     of ops it has no rule for (14 of 78 real exports, before `symbolic_sizes._WHOLE_OPS`
-    and `_REDUCES`, had their tokens costed as one)."""
-    unknown = [t for node in model.graph.node for t in node.output if t and (
-        t not in tensors or tensors[t].shape is None or tensors[t].dtype is None)]
+    and `_REDUCES`, had their tokens costed as one). `others` are no tensors (a
+    SplitToSequence's sequence): a run does not size them, and they are not run for."""
+    unknown = [t for node in model.graph.node for t in node.output if t and t not in others
+               and (t not in tensors or tensors[t].shape is None or tensors[t].dtype is None)]
     fed = sum(tensors[v.name].nbytes for v in model.graph.input if v.name in tensors)
     if fed <= _GUESSES_RUN_MOST:
         unknown += sorted(guessed.difference(unknown))
@@ -734,6 +736,7 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     sizes, bound = _bound_within(shapes, least, bindings, default_dim)
     tensors: dict[str, Tensor] = {}
     guessed: set[str] = set()  # sized `default_dim` where inference left a size unknown
+    others: set[str] = set()  # no tensor (a sequence, a map): no run sizes it
     for init in model.graph.initializer:
         shape = tuple(int(d) for d in init.dims)
         tensors[init.name] = Tensor(init.name, _np_dtype(init.data_type), shape, shape,
@@ -741,15 +744,18 @@ def load_graph(source: str | Path | bytes | onnx.ModelProto | Graph, *,
     for tname in {*declared, *bound}:
         if tname in tensors:
             continue
-        elem, dims = _dims(declared.get(tname) or bound[tname])
+        value = declared.get(tname) or bound[tname]
+        elem, dims = _dims(value)
         belem, bdims = _dims(bound.get(tname) or declared[tname])
+        if value.type.WhichOneof("value") not in (None, "tensor_type"):
+            others.add(tname)
         elem = elem or belem
         costed = bdims if bdims is not None else dims
         tensors[tname] = Tensor(tname, _np_dtype(elem), _bind(costed, sizes, default_dim), dims,
                                 elem)
         if any(isinstance(d, str) and d not in sizes for d in costed or ()):
             guessed.add(tname)
-    _size_unknowns(tensors, model, sizes, default_dim, guessed)
+    _size_unknowns(tensors, model, sizes, default_dim, guessed, others)
     g = model.graph
     initializers = {t.name: t for t in g.initializer}
     nodes = []
