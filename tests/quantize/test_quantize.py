@@ -785,7 +785,8 @@ def test_a_text_model_quantizes_and_leaves_the_working_directory_as_it_was(
     assert list(work.iterdir()) == []
     quantized = onnx.load(str(out))
     assert node_precisions(load_graph(quantized))["fc1"] == "int8"
-    feeds = {"ids": r.integers(0, 50, (2, 6)), "positions": np.arange(6)[None]}
+    # 32 sentences: int8's error over 2 passed a tenth of the output once in 300 draws
+    feeds = {"ids": r.integers(0, 50, (32, 6)), "positions": np.arange(6)[None]}
     with HostManager(parse_devices("cpu:2")) as host:
         host.add_network("q", quantized, partition="balanced")
         got = host.run("q", feeds).result(timeout=60)["y"]
