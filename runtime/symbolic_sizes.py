@@ -68,6 +68,7 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     for op in _REDUCES:  # as it sizes ReduceMean's and ReduceSum's
         inference.dispatcher_.setdefault(op, inference._infer_ReduceMean)
     inference.dispatcher_["SplitToSequence"] = functools.partial(_split_to_sequence, inference)
+    inference.dispatcher_.setdefault("Col2Im", functools.partial(_col2im, inference))
     inference.dispatcher_["Reshape"] = functools.partial(_scalar_kept, inference,
                                                          inference.dispatcher_["Reshape"])
     if gqa := inference.dispatcher_.get("GroupQueryAttention"):
@@ -173,6 +174,20 @@ def _split_to_sequence(inference: Any, node: onnx.NodeProto) -> None:
     inference.known_vi_[node.output[0]].CopyFrom(helper.make_value_info(
         node.output[0], helper.make_sequence_type_proto(helper.make_tensor_type_proto(
             elem, symbolic.get_shape_from_sympy_shape(dims)))))
+
+
+def _col2im(inference: Any, node: onnx.NodeProto) -> None:
+    """A Col2Im's (torch's `nn.Fold`) image, `[N, C / prod(block), *image_shape]`, which
+    onnxruntime's inference has no rule for: VOLO's batch became a symbol after it."""
+    shape = inference._get_sympy_shape(node, 0)
+    image, block = inference._try_get_value(node, 1), inference._try_get_value(node, 2)
+    if image is None or block is None or len(shape) != 3:
+        return
+    channels = shape[1] // int(np.prod([int(b) for b in np.ravel(block)]))
+    dims = [shape[0], channels, *(int(d) for d in np.ravel(image))]
+    elem = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
+    inference.known_vi_[node.output[0]].CopyFrom(helper.make_tensor_value_info(
+        node.output[0], elem, _symbolic_module().get_shape_from_sympy_shape(dims)))
 
 
 def _whole(value: Any) -> int | None:

@@ -592,6 +592,18 @@ def test_sizes_computed_through_ops_inference_does_not_follow_are_found(one, nor
     assert runs == [] and flat == (batch, 8, h * w if one == "Sign" else 1)
 
 
+def _rows_counted_through_sign(source: str, width: str) -> list[onnx.NodeProto]:
+    """`source` reshaped to `y` [rows, `width`'s value], its rows counted through a Sign, as
+    dynamo counts with floor division: onnx's inference does not follow it, so symbolic
+    inference must, through every op before it. Reads an `at0` ([0]) initializer."""
+    return [helper.make_node("Shape", [source], ["shape"]),
+            helper.make_node("Gather", ["shape", "at0"], ["rows"]),
+            helper.make_node("Sign", ["rows"], ["one"]),
+            helper.make_node("Mul", ["rows", "one"], ["counted"]),
+            helper.make_node("Concat", ["counted", width], ["flat"], axis=0),
+            helper.make_node("Reshape", [source, "flat"], ["y"])]
+
+
 def test_a_split_into_a_sequence_is_sized_by_symbolic_inference(monkeypatch):
     """onnxruntime's SplitToSequence rule called an onnx helper gone in onnx 1.23 (and
     wrote one output per chunk): inference stopped there, and 9 of 75 timm exports had a
@@ -607,12 +619,7 @@ def test_a_split_into_a_sequence_is_sized_by_symbolic_inference(monkeypatch):
     model = helper.make_model(helper.make_graph(
         [helper.make_node("SplitToSequence", ["x", "chunk"], ["parts"], axis=1),
          helper.make_node("SequenceAt", ["parts", "first"], ["part"]),
-         helper.make_node("Shape", ["part"], ["shape"]),
-         helper.make_node("Gather", ["shape", "at0"], ["rows"]),
-         helper.make_node("Sign", ["rows"], ["one"]),
-         helper.make_node("Mul", ["rows", "one"], ["counted"]),
-         helper.make_node("Concat", ["counted", "width"], ["reshaped"], axis=0),
-         helper.make_node("Reshape", ["part", "reshaped"], ["y"])], "split",
+         *_rows_counted_through_sign("part", "width")], "split",
         [helper.make_tensor_value_info("x", f, ["n", width])],
         [helper.make_tensor_value_info("y", f, None)], consts),
         opset_imports=[helper.make_opsetid("", 17)])
@@ -650,6 +657,28 @@ def test_a_range_up_to_a_size_reshaped_to_a_scalar_is_sized(monkeypatch):
     monkeypatch.setattr(loaded, "kept_sizes", lambda *args: {})  # no run sizes it
     rows = int(np.random.default_rng().integers(2, 10_000))
     assert load_graph(model, bindings={"n": rows}).tensors["positions"].shape == (rows,)
+
+
+def test_a_fold_into_an_image_keeps_its_batch(monkeypatch):
+    """onnxruntime's symbolic inference has no rule for Col2Im (torch's `nn.Fold`): the
+    batch after it became a symbol, and timm's VOLO had 49 tensors costed at a batch of 1
+    past 64 MB of inputs (no run sizes them there)."""
+    from runtime import graph as loaded
+
+    f = TensorProto.FLOAT
+    consts = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+              (("image", [4, 4]), ("block", [2, 2]), ("at0", [0]), ("pixels", [32]))]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Col2Im", ["blocks", "image", "block"], ["folded"]),
+         *_rows_counted_through_sign("folded", "pixels")], "fold",
+        [helper.make_tensor_value_info("blocks", f, ["n", 8, 9])],
+        [helper.make_tensor_value_info("y", f, None)], consts),
+        opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    monkeypatch.setattr(loaded, "kept_sizes", lambda *args: {})  # no run sizes it
+    rows = int(np.random.default_rng().integers(2, 10_000))
+    tensors = load_graph(model, bindings={"n": rows}).tensors
+    assert (tensors["folded"].shape, tensors["y"].shape) == ((rows, 2, 4, 4), (rows, 32))
 
 
 def test_a_rank_five_cache_is_no_video():
