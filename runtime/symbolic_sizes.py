@@ -150,8 +150,8 @@ def _scalar_kept(inference: Any, infer: Callable[[onnx.NodeProto], None],
 
 def _split_to_sequence(inference: Any, node: onnx.NodeProto) -> None:
     """A SplitToSequence's sequence, its chunks' shape where they are alike. onnxruntime's
-    rule calls an onnx helper gone in onnx 1.23 and writes one output per chunk: 9 of 75
-    timm exports (torch's `split` and `unbind`) stopped inference there, 11-28% of their
+    rule calls an onnx helper gone in onnx 1.23 and writes one output per chunk: 10 of 75
+    timm exports (torch's `split` and `unbind`) stopped inference there, up to 28% of their
     activations' bytes unseen."""
     symbolic = _symbolic_module()
     shape = inference._get_sympy_shape(node, 0)

@@ -606,8 +606,8 @@ def _rows_counted_through_sign(source: str, width: str) -> list[onnx.NodeProto]:
 
 def test_a_split_into_a_sequence_is_sized_by_symbolic_inference(monkeypatch):
     """onnxruntime's SplitToSequence rule called an onnx helper gone in onnx 1.23 (and
-    wrote one output per chunk): inference stopped there, and 9 of 75 timm exports had a
-    tenth to a quarter of their activations' bytes costed as one row. The sequence itself
+    wrote one output per chunk): inference stopped there, and 10 of 75 timm exports had up
+    to a quarter of their activations' bytes costed as one row. The sequence itself
     made every first load run the model, which cannot size a sequence."""
     from runtime import graph as loaded
 
