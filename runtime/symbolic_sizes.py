@@ -115,9 +115,9 @@ def _on_whole_numbers(inference: Any, compute: Callable[[list[int]], int],
     """The node's value, where its inputs' are whole numbers (a bound model's sizes; not
     symbols): `compute` over them, element by element."""
     values = inference._get_int_or_float_values(node, broadcast=True)
-    flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    flat = [w for value in values for w in _wholes(value)]
     fmod = any(a.name == "fmod" and a.i for a in node.attribute)  # C's remainder: not here
-    if flat and not fmod and all(_whole(v) is not None for v in flat):
+    if flat and not fmod and None not in flat:
         with contextlib.suppress(ZeroDivisionError):
             inference._compute_on_sympy_data(node, lambda vs: compute([int(v) for v in vs]))
 
@@ -129,8 +129,8 @@ def _present_as_long_as_total(inference: Any, infer: Callable[[onnx.NodeProto], 
     onnxruntime-genai's decoders, 512 new tokens past 1, have caches of 513, not 1."""
     infer(node)
     value = inference._try_get_value(node, 6) if len(node.input) > 6 else None
-    flat = np.asarray(value, dtype=object).ravel()  # a list, an array or a number
-    total = _whole(flat[0]) if value is not None and flat.size == 1 else None
+    totals = _wholes(value) if value is not None else []
+    total = totals[0] if len(totals) == 1 else None
     for name in node.output[1:3] if total is not None else ():
         dims = inference.known_vi_[name].type.tensor_type.shape.dim if name else []
         if len(dims) == 4 and dims[2].HasField("dim_value") and dims[2].dim_value < total:
@@ -153,14 +153,13 @@ def _split_to_sequence(inference: Any, node: onnx.NodeProto) -> None:
     rule calls an onnx helper gone in onnx 1.23 and writes one output per chunk: 10 of 75
     timm exports (torch's `split` and `unbind`) stopped inference there, up to 28% of their
     activations' bytes unseen."""
-    symbolic = _symbolic_module()
     shape = inference._get_sympy_shape(node, 0)
     attrs = {a.name: a.i for a in node.attribute}
-    axis = symbolic.handle_negative_axis(attrs.get("axis", 0), len(shape))
+    axis = _symbolic_module().handle_negative_axis(attrs.get("axis", 0), len(shape))
     split = inference._try_get_value(node, 1) if len(node.input) > 1 and node.input[1] else None
     chunk: int | None = 1  # no split: chunks of 1
     if split is not None:
-        sizes = {_whole(v) for v in np.ravel(np.asarray(split, dtype=object))}
+        sizes = set(_wholes(split))
         chunk = sizes.pop() if len(sizes) == 1 else None  # chunks as listed, all alike
         whole = _whole(shape[axis])
         if np.ndim(split) == 0 and (whole is None or not chunk or whole % chunk):
@@ -170,10 +169,7 @@ def _split_to_sequence(inference: Any, node: onnx.NodeProto) -> None:
     else:
         dims = [*shape[:axis], chunk if chunk is not None else
                 inference._new_symbolic_dim_from_output(node, 0, axis), *shape[axis + 1:]]
-    elem = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
-    inference.known_vi_[node.output[0]].CopyFrom(helper.make_value_info(
-        node.output[0], helper.make_sequence_type_proto(helper.make_tensor_type_proto(
-            elem, symbolic.get_shape_from_sympy_shape(dims)))))
+    _type_output(inference, node, dims, sequence=True)
 
 
 def _col2im(inference: Any, node: onnx.NodeProto) -> None:
@@ -185,9 +181,23 @@ def _col2im(inference: Any, node: onnx.NodeProto) -> None:
         return
     channels = shape[1] // int(np.prod([int(b) for b in np.ravel(block)]))
     dims = [shape[0], channels, *(int(d) for d in np.ravel(image))]
+    _type_output(inference, node, dims)
+
+
+def _type_output(inference: Any, node: onnx.NodeProto, dims: list, sequence: bool = False
+                 ) -> None:
+    """The node's output typed as its first input's elements at `dims` (sympy's), or as a
+    sequence of such tensors."""
     elem = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
-    inference.known_vi_[node.output[0]].CopyFrom(helper.make_tensor_value_info(
-        node.output[0], elem, _symbolic_module().get_shape_from_sympy_shape(dims)))
+    tensor = helper.make_tensor_type_proto(elem,
+                                           _symbolic_module().get_shape_from_sympy_shape(dims))
+    inference.known_vi_[node.output[0]].CopyFrom(helper.make_value_info(
+        node.output[0], helper.make_sequence_type_proto(tensor) if sequence else tensor))
+
+
+def _wholes(value: Any) -> list[int | None]:
+    """`_whole` of each element of a list, an array or a number."""
+    return [_whole(v) for v in np.ravel(np.asarray(value, dtype=object))]
 
 
 def _whole(value: Any) -> int | None:
