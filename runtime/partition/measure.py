@@ -10,7 +10,9 @@ fed the values the chunks before it made, and run until `BUDGET` seconds or `MAX
 runs have passed (a first run that takes `SLOW` is the time, nothing run again); its
 median time, less the fixed cost of a run (timed on a one-node model), is shared among
 its nodes in proportion to their roofline times (none to a node computed from weights
-alone, which onnxruntime folds as the session loads). A partition then costs that fixed
+alone, which onnxruntime folds as the session loads). A node the device's kind does not
+run (a fallback device's) is cut out and keeps the roofline; what it makes is made up at
+its bound shape for the chunks after it. A partition then costs that fixed
 cost plus the sum of its nodes, and fusions onnxruntime makes inside a chunk are in its
 time. `refined` closes the loop on a plan: each partition's own sub-model is timed and
 its nodes scaled so they sum to what it measured.
@@ -45,6 +47,7 @@ from runtime.graph import Graph
 from runtime.heap import give_back
 from runtime.inputs import shapes_text
 from runtime.partition.build import build_plan
+from runtime.partition.placement import can_run
 from runtime.partition.plan import Partition, Plan
 from runtime.partition.submodel import held_extract
 from runtime.run_sizes import made_up
@@ -132,15 +135,24 @@ def run_overhead(threads: int) -> float:
     return seconds
 
 
-def _chunks(graph: Graph, model: CostModel, device: DeviceConfig) -> list[list[str]]:
-    """The model order cut into about CHUNKS runs of even roofline time."""
+def _unrun(graph: Graph, device: DeviceConfig) -> frozenset[str]:
+    """The nodes the device's kind cannot run (a fallback device's, in a heterogeneous
+    plan): they are not timed, and what they make is made up for the nodes after them."""
+    return frozenset(n.name for n in graph.nodes if not can_run(device, n, graph))
+
+
+def _chunks(graph: Graph, model: CostModel, device: DeviceConfig, unrun: frozenset[str]
+            ) -> list[list[str]]:
+    """The model order cut into about CHUNKS runs of even roofline time, and again
+    wherever it passes between nodes the device runs and nodes it does not (`unrun`)."""
     names = [n.name for n in graph.nodes]
     times = np.array([model.node_seconds(n, device) for n in names])
     count = min(CHUNKS, len(names))
     edges = np.cumsum(times)
     targets = edges[-1] * np.arange(1, count) / count
-    cuts = sorted({0, *np.searchsorted(edges, targets, side="right").tolist(), len(names)})
-    return [names[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+    cuts = {0, *np.searchsorted(edges, targets, side="right").tolist(), len(names)}
+    cuts.update(i for i in range(1, len(names)) if (names[i] in unrun) != (names[i - 1] in unrun))
+    return [names[a:b] for a, b in itertools.pairwise(sorted(cuts)) if b > a]
 
 
 def _as_partitions(graph: Graph, device: DeviceConfig, groups: Sequence[Sequence[str]]
@@ -152,11 +164,29 @@ def _as_partitions(graph: Graph, device: DeviceConfig, groups: Sequence[Sequence
                       mode="user", order=order).partitions
 
 
+def _made_up_outputs(graph: Graph, part: Partition) -> dict[str, np.ndarray]:
+    """What a partition not run makes, made up at the shapes bound at load."""
+    rng = np.random.default_rng(0)
+    outputs = {}
+    for t in part.outputs:
+        info = graph.tensors.get(t)
+        value = None if info is None or info.dtype is None or info.shape is None else \
+            made_up(np.dtype(info.dtype), info.shape, rng, 0)
+        if value is None:
+            raise _NotLoaded(f"{t}, made by {part.name}'s nodes it does not run, has no "
+                             f"known type and shape to make it up at")
+        outputs[t] = value
+    return outputs
+
+
 def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
                    feeds: dict[str, np.ndarray], on_progress: Progress | None, what: str,
-                   given: Feeds | None) -> dict[str, float] | None:
+                   given: Feeds | None, unrun: frozenset[str] = frozenset()
+                   ) -> dict[str, float] | None:
     """Each partition's median run time, run in plan order on the values before it made;
-    None if one fails to load or run (logged, saying which inputs were made up)."""
+    a partition holding a node of `unrun` is not run, nor timed, and its outputs are
+    made up. None if one fails to load or run (logged; a run failing on the inputs alone
+    as a warning, saying which were made up)."""
     values: dict[str, np.ndarray] = dict(feeds)
     last_read = {t: i for i, p in enumerate(parts) for t in p.inputs}
     seconds: dict[str, float] = {}
@@ -164,11 +194,17 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
         if on_progress is not None:
             on_progress(f"{what} {part.name}", i, len(parts))
         try:
-            taken, outputs = _timed(graph, part, threads, {t: values[t] for t in part.inputs})
+            if unrun.intersection(part.nodes):
+                taken, outputs = None, _made_up_outputs(graph, part)
+            else:
+                taken, outputs = _timed(graph, part, threads,
+                                        {t: values[t] for t in part.inputs})
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
-            if isinstance(exc, _NotLoaded):  # no inputs cause it: a node of another backend,
-                # or a model that loading its plan will refuse, in its own one line
-                log.info("%s failed, so the roofline stands in for its times: %s", what, exc)
+            if isinstance(exc, _NotLoaded) or len(seconds) < i:  # no inputs cause it (a node
+                # of another backend, a model its plan's load refuses in one line), or it ran
+                # on what a node not run made, made up
+                log.info("%s failed, so the roofline stands in for its times: %s", what,
+                         first_line(exc))
                 return None
             shown = shapes_text({t: v.shape for t, v in feeds.items()}, most=None)
             if all(v is (given or {}).get(t) for t, v in feeds.items()):
@@ -182,7 +218,8 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
             return None
         finally:
             give_back()  # the session and its copies of the weights, before the next
-        seconds[part.name] = taken
+        if taken is not None:
+            seconds[part.name] = taken
         values.update(outputs)
         for t in [t for t, last in last_read.items() if last == i]:
             values.pop(t, None)  # no later partition reads it
@@ -199,15 +236,15 @@ def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | No
     if feeds is None or kind_of(device) is None or not graph.nodes:
         return None
     roofline = CostModel.roofline(graph)
-    groups = _chunks(graph, roofline, device)
-    parts = _as_partitions(graph, device, groups)
+    unrun = _unrun(graph, device)
+    parts = _as_partitions(graph, device, _chunks(graph, roofline, device, unrun))
     overhead = run_overhead(device.threads)
     seconds = _time_in_order(graph, parts, device.threads, feeds, on_progress,
-                             f"timing {graph.name} on {kind_of(device)}", given)
+                             f"timing {graph.name} on {kind_of(device)}", given, unrun)
     if seconds is None:
         return None
-    nodes: dict[str, float] = {}
-    for part in parts:
+    nodes: dict[str, float] = {}  # a node the device does not run keeps the roofline
+    for part in (p for p in parts if p.name in seconds):
         shares = np.array([roofline.node_seconds(n, device) for n in part.nodes])
         kernels = max(seconds[part.name] - overhead, 0.0)
         total = shares.sum()
@@ -219,19 +256,23 @@ def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | No
 def time_partitions(graph: Graph, plan: Plan, on_progress: Progress | None = None,
                     given: Feeds | None = None) -> dict[str, float] | None:
     """Each partition's sub-model's median run time on a session like its device's (for
-    partitions on devices of a measured kind; others are left out), or None."""
+    partitions on devices of a measured kind; others are left out, and those holding a
+    node no such device runs are not run), or None."""
     feeds = calibration_feeds(graph, given)
-    if feeds is None:
+    timed = [d for d in plan.devices if kind_of(d)]
+    if feeds is None or not timed:
         return None
+    unrun = _unrun(graph, timed[0])
     threads = {d.name: d.threads for d in plan.devices}
     measured: dict[str, float] = {}
     for count in sorted(set(threads.values())):  # one pass per thread count in the plan
         seconds = _time_in_order(graph, plan.partitions, count, feeds, on_progress,
-                                 f"timing {plan.network}'s partitions", given)
+                                 f"timing {plan.network}'s partitions", given, unrun)
         if seconds is None:
             return None
         measured.update({p.name: seconds[p.name] for p in plan.partitions
-                         if threads[p.device] == count and kind_of(plan.device(p.device))})
+                         if threads[p.device] == count and kind_of(plan.device(p.device))
+                         and p.name in seconds})
     return measured
 
 

@@ -187,6 +187,16 @@ def test_a_network_failing_on_made_up_inputs_is_timed_once_and_says_why(cache, c
                                               "sample_feeds)"), said
 
 
+def _measuring_said(graph, devices: str, cache, caplog) -> logging.LogRecord:
+    """What measuring logged, once, planning `graph` on `devices` that kept the roofline."""
+    with caplog.at_level(logging.INFO, logger=measure.__name__):
+        _, plan = plan_network(graph, parse_devices(devices), costs="measured",
+                               hops=NO_HOPS, cache=cache)
+    assert plan.costs == "model"
+    [record] = [r for r in caplog.records if r.name == measure.__name__]
+    return record
+
+
 def test_a_network_onnxruntime_cannot_load_keeps_the_roofline_quietly(cache, caplog):
     """A convolution striding one of its two axes (a malformed node onnx's checker passes)
     fails to load whatever it is fed: its plan's load says so in one line, and the
@@ -201,17 +211,63 @@ def test_a_network_onnxruntime_cannot_load_keeps_the_roofline_quietly(cache, cap
         opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     graph = load_graph(model)
-    with caplog.at_level(logging.INFO, logger=measure.__name__):
-        _, plan = plan_network(graph, parse_devices("cpu:1"), costs="measured",
-                               hops=NO_HOPS, cache=cache)
-    assert plan.costs == "model"
-    [record] = [r for r in caplog.records if r.name == measure.__name__]
+    record = _measuring_said(graph, "cpu:1", cache, caplog)
     said = record.getMessage()
     assert record.levelno == logging.INFO, said
     assert "onnxruntime cannot load" in said and "strides" in said and "inputs" not in said
     with pytest.raises(PrismError, match=r"cannot load .* strides"), HostManager(
             parse_devices("cpu:1")) as host:
         host.add_network("strided", graph, costs="model")
+
+
+def test_a_network_with_a_node_only_its_fallback_runs_is_measured_around_it(cache):
+    """A Relu on int16, which onnxruntime's CPU has no kernel for, runs on a reference
+    device: the cpu's nodes before and after it are still timed (what it makes is made
+    up for them), and only it keeps the roofline."""
+    rng = np.random.default_rng()
+    f = TensorProto.FLOAT
+    weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), w)
+               for w in ("w1", "w2")]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+         helper.make_node("Cast", ["a"], ["a16"], name="narrow", to=TensorProto.INT16),
+         helper.make_node("Relu", ["a16"], ["r16"], name="relu16"),
+         helper.make_node("Cast", ["r16"], ["r"], name="widen", to=f),
+         helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")], "fallback",
+        [helper.make_tensor_value_info("x", f, ["n", 64])],
+        [helper.make_tensor_value_info("y", f, None)], weights),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    graph = load_graph(model)
+    devices = parse_devices("cpu:1,reference:1")
+    _, plan = plan_network(graph, devices, costs="measured", hops=NO_HOPS, cache=cache)
+    assert plan.costs == "measured"
+    assert [p.device for p in plan.partitions if "relu16" in p.nodes] == ["reference0"]
+    stored = cache.get(graph, kind_of(devices[0]))
+    assert stored is not None and set(stored.nodes) == {"mm1", "narrow", "widen", "mm2"}
+    roofline = CostModel.roofline(graph).node_seconds("mm2", devices[0])
+    assert stored.nodes["mm2"] != roofline, "the node after the fallback's was timed"
+    timed = measure.time_partitions(graph, plan)  # the plan's own partitions, so too
+    assert timed is not None and set(timed) == {p.name for p in plan.partitions
+                                                if p.device == "cpu0"}
+
+
+def test_a_run_on_what_a_fallback_node_made_up_fails_quietly(cache, caplog):
+    """Made-up zeros for a shape that only the fallback computes make the Expand after it
+    fail: the roofline stays, logged at info level, blaming no inputs of the user's."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+         helper.make_node("Cast", ["s"], ["s16"], name="narrow", to=TensorProto.INT16),
+         helper.make_node("Relu", ["s16"], ["r16"], name="relu16"),
+         helper.make_node("Cast", ["r16"], ["r"], name="widen", to=TensorProto.INT64),
+         helper.make_node("Expand", ["x", "r"], ["y"], name="expand")], "shaped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    record = _measuring_said(load_graph(model), "cpu:1,reference:1", cache, caplog)
+    assert record.levelno == logging.INFO and "expand" in record.getMessage().lower()
+    assert "inputs" not in record.getMessage()
 
 
 def _unrunnable() -> tuple[onnx.ModelProto, dict[str, int], str]:
