@@ -309,6 +309,9 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
         if op.domain in DEFAULT_DOMAINS and not 1 <= op.version <= newest:
             raise ModelLoadError(f"{label}: unsupported opset {op.version} of ai.onnx "
                                  f"(this onnx knows 1..{newest})")
+    unmade = _unmade_read(model.graph)
+    if unmade:  # the checker's words for it ("must be topologically sorted") mislead here
+        raise ModelLoadError(f"{label} fails the ONNX checker: {unmade}")
     foreign = _onnxruntime_only(model)
     domains = [node.domain for node in foreign]
     for node in foreign:  # the checker skips a domain it does not know
@@ -339,6 +342,26 @@ def _check(model: onnx.ModelProto, label: str, source: object) -> None:
         for value in shapeless:
             value.type.tensor_type.ClearField("shape")
         model.ir_version = ir_version
+
+
+def _unmade_read(graph: onnx.GraphProto) -> str | None:
+    """Why a node of the (sorted) graph reads a tensor before anything makes it: nothing
+    does (a node dropped), or a node after it does (a cycle), or None. The checker says
+    "must be topologically sorted" for both, which `sort_nodes` has already done."""
+    made = {"", *(v.name for v in graph.input), *(t.name for t in graph.initializer),
+            *(t.values.name for t in graph.sparse_initializer)}
+    maker = {t: n for n in graph.node for t in n.output}
+    for i, node in enumerate(graph.node):
+        for name in reads_of(node):
+            if name in made:
+                continue
+            reader = f"node {node.name or i} ({node.op_type}) reads {name!r}"
+            if name in maker:
+                return (f"{reader}, made by node {maker[name].name or maker[name].op_type}, "
+                        f"which cannot run before it: the graph has a cycle")
+            return f"{reader}, which no node, initializer or graph input makes"
+        made.update(node.output)
+    return None
 
 
 ONNXRUNTIME_ONLY = "prism.onnxruntime-only"  # where the checker sees the ops below

@@ -1204,6 +1204,28 @@ def test_a_model_whose_nodes_are_out_of_order_loads_sorted(name):
         np.testing.assert_allclose(got[out.name], value, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rewire, said", [
+    ({"relu": "dropped"}, r"node relu \(Relu\) reads 'dropped', which no node, initializer "
+                          r"or graph input makes"),
+    ({"add": "r"}, r"node add \(Add\) reads 'r', made by node relu, which cannot run before "
+                   r"it: the graph has a cycle")])
+def test_a_read_nothing_makes_first_is_named_as_such(rewire, said):
+    """A node dropped, or a cycle: the checker said "must be topologically sorted" for
+    both, of a graph Prism had just sorted."""
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Neg", ["r"], ["y"], name="neg")]
+    for node in nodes:
+        if node.name in rewire:
+            node.input[0] = rewire[node.name]
+    model = helper.make_model(helper.make_graph(
+        nodes, "rewired", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelLoadError, match=f"^model fails the ONNX checker: {said}$"):
+        load_graph(model)
+
+
 @pytest.mark.parametrize("indexed", ["linear", "coordinates"])
 def test_a_sparse_initializer_is_read_as_onnxruntime_reads_it(indexed):
     """ONNX's sparse initializers (its values and their indices, linear or one coordinate
