@@ -221,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--record", metavar="FILE.jsonl", help="record every event to a file")
     run.add_argument("--trace", metavar="FILE.json",
                      help="write a Chrome trace of the run (Perfetto, chrome://tracing)")
+    run.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_inputs_arg(run)
     run.add_argument("--rate", type=_number(float, 0, above=True), metavar="R",
                      help="open loop: Poisson arrivals at R requests/s instead of clients")

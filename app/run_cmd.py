@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import threading
 import time
@@ -28,6 +29,7 @@ from runtime.host import HostManager
 from runtime.observe.events import JsonlRecorder
 from runtime.observe.metrics import Metrics, MetricsSnapshot
 from runtime.observe.trace import ChromeTrace
+from runtime.partition import Plan
 from runtime.units import human_bytes, human_seconds
 
 # (rtol, atol) for float32 and wider: room for kernels summing in another order
@@ -208,14 +210,46 @@ def summary_table(snap: MetricsSnapshot, wall: float, stats) -> Table:
     return table
 
 
-def partition_table(snap: MetricsSnapshot) -> Table:
+def partition_table(snap: MetricsSnapshot, plan: Plan) -> Table:
+    """Each partition's run times beside what its plan estimated (`est`: the plan serving
+    at the end, learned from the runs if the host re-planned)."""
     table = Table(title="partitions (run time)", box=box.SIMPLE_HEAD)
-    for col in ("partition", "device", "runs", "p50", "p95", "p99", "queue wait"):
+    for col in ("partition", "device", "runs", "est", "p50", "p95", "p99", "queue wait"):
         table.add_column(col, justify="left" if col in ("partition", "device") else "right")
+    est = _estimates(plan)
     for key, p in sorted(snap.partitions.items()):
-        table.add_row(key, p.device or "-", str(p.count), human_seconds(p.p50),
+        guess = est.get(p.partition)
+        table.add_row(key, p.device or "-", str(p.count),
+                      "-" if guess is None else human_seconds(guess), human_seconds(p.p50),
                       human_seconds(p.p95), human_seconds(p.p99), human_seconds(p.mean_queue_wait))
     return table
+
+
+def _estimates(plan: Plan) -> dict[str, float]:
+    return {p.name: p.est_seconds for p in plan.partitions}
+
+
+def figures(snap: MetricsSnapshot, wall: float, stats: LoadStats, plan: Plan,
+            check: OutputCheck | None) -> dict:
+    """The tables' figures for `--json` (seconds, bytes), and the check's."""
+    lat, est = snap.latency, _estimates(plan)
+    return {
+        "network": plan.network, "costs": plan.costs,
+        "requests": {"done": stats.ok, "failed": stats.failed, "rejected": stats.rejected,
+                     "wall_seconds": wall, "throughput": stats.ok / wall if wall else None,
+                     "p50_seconds": lat.p50, "p95_seconds": lat.p95, "p99_seconds": lat.p99},
+        "partitions": [{"partition": key, "device": p.device, "runs": p.count,
+                        "est_seconds": est.get(p.partition), "p50_seconds": p.p50,
+                        "p95_seconds": p.p95, "p99_seconds": p.p99,
+                        "queue_wait_seconds": p.mean_queue_wait}
+                       for key, p in sorted(snap.partitions.items())],
+        "devices": [{"device": name, "runs": d.runs, "busy_seconds": d.busy_seconds,
+                     "utilisation": d.utilisation, "used_bytes": d.used_bytes,
+                     "total_bytes": d.total_bytes} for name, d in sorted(snap.devices.items())],
+        "check": None if check is None else {
+            "answers": check.compared, "largest_error": check.worst[0],
+            "output": check.worst[1] or None, "mismatch": check.mismatch},
+    }
 
 
 def device_table(snap: MetricsSnapshot) -> Table:
@@ -247,7 +281,7 @@ def _problems(stats: LoadStats, check: OutputCheck | None, recorder) -> list[str
 
 
 def run(args: argparse.Namespace) -> int:
-    console = plain_console()
+    console = plain_console(stderr=args.json)  # stdout holds the JSON alone
     options = load_options(args)
     devices = run_devices(args)
     record = output_file(args.record, "--record") if args.record else None
@@ -283,9 +317,12 @@ def run(args: argparse.Namespace) -> int:
             wall = time.perf_counter() - start
             load.stop()
         metrics.feed(subscription.drain())
-        snap = metrics.snapshot()
-        console.print(Group(summary_table(snap, wall, load.stats), partition_table(snap),
-                            device_table(snap)))
+        snap, plan = metrics.snapshot(), host.plan(name)
+        if args.json:
+            print(json.dumps(figures(snap, wall, load.stats, plan, check), indent=2))
+        else:
+            console.print(Group(summary_table(snap, wall, load.stats),
+                                partition_table(snap, plan), device_table(snap)))
         if trace is not None and trace_path is not None:
             plans = {name: host.plan(name)}
             count = writing(trace_path, "--trace", lambda: trace.write(trace_path, plans))
@@ -296,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
         problems[0] += hint
     if problems:
         raise PrismError("; ".join(problems))
-    if check is not None:
+    if check is not None and not args.json:
         console.print(f"check: every output matches onnxruntime ({check.compared} answers; "
                       f"largest error {check.worst[0]:.3g} in {check.worst[1] or '-'})"
                       + "".join(f"; {t} comes from {op}: its dtype and shape compared only"

@@ -164,6 +164,29 @@ def test_run_check_prints_tables(capsys):
     assert re.search(r"^check:", out, re.MULTILINE)
 
 
+def test_run_json_holds_the_tables_figures_beside_the_plans_estimates(capsys):
+    """`--json` prints the figures alone on stdout; each partition's estimate is its plan's
+    (the suite plans on the roofline, so `prism partition` makes the same plan)."""
+    assert main(["partition", TRANSFORMER, "--devices", "cpu:2", "--json"]) == 0
+    planned = {f"transformer/{p['name']}": p["est_seconds"]
+               for p in json.loads(capsys.readouterr().out)["partitions"]}
+    code = main(["run", TRANSFORMER, "--devices", "cpu:2", "--requests", "40", "--check",
+                 "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    figures = json.loads(out)
+    assert figures["requests"]["done"] == 40 and figures["requests"]["failed"] == 0
+    assert figures["check"]["answers"] == 40 and figures["check"]["mismatch"] is None
+    parts = {p["partition"]: p for p in figures["partitions"]}
+    assert {k: p["est_seconds"] for k, p in parts.items()} == planned
+    assert all(p["runs"] == 40 and p["p50_seconds"] > 0 for p in parts.values()), parts
+    assert sum(d["runs"] for d in figures["devices"]) == 40 * len(parts)
+    assert main(["run", TRANSFORMER, "--devices", "cpu:2", "--requests", "5"]) == 0
+    out = capsys.readouterr().out
+    header = next(line.split() for line in out.splitlines() if "queue wait" in line)
+    assert header[header.index("est") + 1] == "p50", out  # the estimate beside the run
+
+
 def test_run_tables_count_its_requests_not_the_runs_a_first_load_times_its_plan_by(
         capsys, monkeypatch, tmp_path):
     """Measured costs, nothing cached: the first load sends a burst through its plan,
