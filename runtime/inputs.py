@@ -8,7 +8,7 @@ the bundle's manifest (`InputSpec.from_dict`), one loaded from ONNX from its gra
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -510,10 +510,13 @@ class FeedCheck:
     feeds are arrays of a dtype and shape accepted before, and checking those touches
     only a tuple per input (under load, every object touched is a cache miss)."""
 
-    __slots__ = ("agreed", "expected", "network", "shared", "specs", "width")
+    __slots__ = ("admit", "agreed", "expected", "network", "shared", "specs", "width")
 
-    def __init__(self, network: str, specs: list[InputSpec]):
-        self.network, self.specs, self.width = network, specs, len(specs)
+    def __init__(self, network: str, specs: list[InputSpec],
+                 admit: Callable[[dict[str, tuple[int, ...]]], None] | None = None):
+        """`admit(shapes)`: raises where feeds of shapes not seen before may not run (a
+        request needing more memory than the machine has: `request_memory`)."""
+        self.network, self.specs, self.width, self.admit = network, specs, len(specs), admit
         self.expected = tuple((s.name, s.dtype, s.shapes_seen) for s in specs)
         # with a dimension named twice, each input's shape seen before is not enough:
         # the shapes must have been seen together (`agreed`, every input's shape in order)
@@ -533,6 +536,14 @@ class FeedCheck:
                 if not self.shared or tuple(v.shape for v in out.values()) in self.agreed:
                     return out
         out = check_feeds(self.network, self.specs, feeds)
+        if self.admit is not None:
+            shapes = {k: v.shape for k, v in out.items() if type(v) is np.ndarray}
+            try:
+                self.admit(shapes)
+            except PrismError:  # asked again, it is refused again: not a shape seen
+                for spec in self.specs:
+                    spec.shapes_seen.discard(shapes.get(spec.name, ()))
+                raise
         if self.shared and len(self.agreed) < _SHAPES_KEPT and all(
                 type(v) is np.ndarray for v in out.values()):
             self.agreed.add(tuple(v.shape for v in out.values()))

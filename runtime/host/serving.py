@@ -7,11 +7,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from runtime.executor.requests import Request
 from runtime.host.batching import Batcher
 from runtime.inputs import FeedCheck
 from runtime.provision.network import LoadedNetwork
+
+if TYPE_CHECKING:  # a bundle's host plans nothing: no graph, no partitioner imported
+    from runtime.partition.plan import Plan
+    from runtime.request_memory import RequestMemory
 
 # A network's lean path: run(feeds, timeout, priority) -> a finished future, or None to
 # take the general path (runtime/host/lean.py).
@@ -31,9 +36,9 @@ class ServedNetwork:
     `loaded` and `replicas` change only when the host's learner swaps in a re-made plan,
     under the dispatcher's lock (runtime/host/learning.py)."""
 
-    __slots__ = ("accepted", "batcher", "check_feeds", "lean_run", "lean_runs", "loaded", "name",
-                 "removing", "replicas", "run_seconds", "run_spread", "running", "specs",
-                 "timeout")
+    __slots__ = ("accepted", "batcher", "check_feeds", "lean_run", "lean_runs", "loaded",
+                 "memory", "name", "removing", "replicas", "run_seconds", "run_spread",
+                 "running", "specs", "timeout")
 
     def __init__(self, loaded: LoadedNetwork, timeout: float,
                  batcher: Callable[[LoadedNetwork], Batcher],
@@ -42,7 +47,8 @@ class ServedNetwork:
         makes its batcher when it batches, `lean_path` its lean path if it has one."""
         self.loaded, self.name, self.timeout = loaded, loaded.name, timeout
         self.specs, self.replicas = loaded.specs, loaded.replicas
-        self.check_feeds = FeedCheck(loaded.name, loaded.specs).check
+        self.memory: tuple[Plan, RequestMemory | None] | None = None  # made when first asked
+        self.check_feeds = FeedCheck(loaded.name, loaded.specs, self.admit).check
         self.accepted: deque[None] = deque()
         self.lean_runs: deque[None] = deque()
         self.running: set[Request] = set()
@@ -51,6 +57,22 @@ class ServedNetwork:
         self.run_seconds = self.run_spread = 0.0
         self.batcher = batcher(loaded) if loaded.batching is not None else None
         self.lean_run = lean_path(self)
+
+    def admit(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Refuses feeds of shapes not seen before whose activations, over the partitions of
+        the plan serving, need more than the machine's memory (a bundle's graph, loaded
+        only when asked, is not read for it)."""
+        loaded = self.loaded
+        if self.memory is None or self.memory[0] is not loaded.plan:
+            graph = loaded.graph_source
+            if graph is None or callable(graph):
+                self.memory = (loaded.plan, None)
+            else:
+                from runtime.request_memory import RequestMemory
+                self.memory = (loaded.plan, RequestMemory.of(
+                    graph, [p.nodes for p in loaded.plan.partitions]))
+        if self.memory[1] is not None:
+            self.memory[1].admit(self.name, shapes)
 
     def ran(self, seconds: float) -> None:
         """A queued request ran `seconds`, start to end (under the dispatcher's lock)."""

@@ -1,0 +1,147 @@
+"""What one request's activations need at the sizes it comes with, so that a request past
+the machine's memory is refused in one line before it runs, and the process serving every
+other request is not killed for want of memory: wav2vec2 given 100,000 samples of audio
+held 7.6 GB, its attention growing with their square.
+
+    memory = RequestMemory.of(graph, parts)     # None: no size a request may choose
+    memory.admit(network, {input: shape})       # InvalidInputError past the machine
+
+Each activation's dims as inference left them (`Tensor.dims`: the inputs' named sizes and
+expressions of them, as `((n//10)) - 1`) are computed at the request's sizes; a dim naming
+anything else keeps its size at load. Their bytes, live over each partition's node order
+as the memory plan counts them (`live_intervals`, `held_bytes`), peak at what each needs;
+the sum is the request's. onnxruntime holds more than that (wav2vec2 at 100,000 samples,
+alone: 4.0 GB where its activations peak at 2.2 GB), so a request refused could not have
+run, and one near the machine's memory may still meet the kernel's OOM killer.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import CodeType
+
+import numpy as np
+
+from runtime.errors import InvalidInputError
+from runtime.graph import Graph
+from runtime.heap import machine_bytes
+from runtime.inputs import shapes_text
+from runtime.partition.liveness import live_intervals
+from runtime.precision import held_bytes
+from runtime.units import human_bytes
+
+Dim = int | CodeType  # a size, or an expression of the inputs' named sizes
+_ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Constant,
+               ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.USub)
+_VERDICTS_KEPT = 4096  # request sizes whose need is remembered
+
+
+def _dim(dim: object, bound: int, named: Mapping[str, object]) -> Dim:
+    """`dim` compiled where it is arithmetic on the inputs' named sizes, else `bound`."""
+    if not isinstance(dim, str):
+        return bound
+    try:
+        tree = ast.parse(dim, mode="eval")
+    except SyntaxError:
+        return bound
+    if all(isinstance(n, _ARITHMETIC) and (not isinstance(n, ast.Name) or n.id in named)
+           and (not isinstance(n, ast.Constant) or type(n.value) is int)
+           for n in ast.walk(tree)):
+        return compile(tree, dim, "eval")
+    return bound
+
+
+@dataclass(frozen=True, eq=False)
+class RequestMemory:
+    """The activations of one network: per tensor its dims, its bytes per element and the
+    steps it is alive, in the order its partition runs its nodes; `limit`: the bytes a
+    request may need (the machine's memory)."""
+
+    axes: Mapping[str, tuple[str, int]]  # named size -> (input, axis)
+    bound: Mapping[str, int]  # named size -> its size at load (an input left out keeps it)
+    names: tuple[str, ...]
+    dims: tuple[tuple[Dim, ...], ...]
+    itemsizes: np.ndarray
+    starts: np.ndarray  # steps of every partition, one after the other
+    stops: np.ndarray
+    parts: tuple[tuple[int, int], ...]  # each partition's first step and the one after it
+    limit: int
+    verdicts: dict[tuple[int, ...], float] = field(default_factory=dict)  # sizes -> bytes
+
+    @classmethod
+    def of(cls, graph: Graph, parts: Sequence[Sequence[str]] = (), limit: int | None = None
+           ) -> RequestMemory | None:
+        """`parts`: each partition's nodes, in its order (default: the graph as one). None
+        where no input has a named size, or the machine does not say its memory."""
+        axes = {d: (name, axis) for name in graph.inputs if name in graph.tensors
+                for axis, d in enumerate(graph.tensors[name].dims or ()) if isinstance(d, str)}
+        limit = limit or machine_bytes()
+        if not axes or limit is None or not graph.nodes:
+            return None
+        names, dims, itemsizes, spans, ranges, first = [], [], [], [], [], 0
+        for part in parts or [[n.name for n in graph.nodes]]:
+            for t, (start, stop) in live_intervals(graph, [graph.node(n) for n in part]).items():
+                info = graph.tensors.get(t)
+                if info is None or info.shape is None or not (held := held_bytes(graph, t)):
+                    continue
+                declared = info.dims if info.dims and len(info.dims) == len(info.shape) \
+                    else info.shape  # a rank inference did not know: its size at load
+                names.append(t)
+                dims.append(tuple(_dim(d, b, axes)
+                                  for d, b in zip(declared, info.shape, strict=True)))
+                itemsizes.append(held / max(math.prod(info.shape), 1))
+                spans.append((first + start, first + stop))
+            ranges.append((first, first + len(part)))
+            first += len(part)
+        steps = np.array(spans, dtype=np.int64).reshape(-1, 2)
+        bound = {d: shape[axis] for d, (name, axis) in axes.items()
+                 if (shape := graph.tensors[name].shape) is not None}
+        return cls(axes, bound, tuple(names), tuple(dims), np.array(itemsizes), steps[:, 0],
+                   steps[:, 1], tuple(ranges), limit)
+
+    def sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        """The named sizes a request's shapes give (those it leaves out, their size at
+        load)."""
+        return {**self.bound, **{d: shapes[name][axis] for d, (name, axis) in self.axes.items()
+                                 if name in shapes and axis < len(shapes[name])}}
+
+    def tensor_bytes(self, sizes: Mapping[str, int]) -> np.ndarray:
+        """Each tensor's bytes at those sizes."""
+        named: dict[str, object] = {"__builtins__": {}}  # arithmetic alone: `_dim`
+        shapes: dict[tuple[Dim, ...], float] = {}  # many tensors share one shape
+        for dims in self.dims:
+            if dims not in shapes:
+                shapes[dims] = math.prod(max(d if isinstance(d, int) else
+                                             eval(d, named, sizes), 0) for d in dims)
+        return np.array([shapes[d] for d in self.dims], dtype=np.float64) * self.itemsizes
+
+    def needed(self, sizes: Mapping[str, int]) -> float:
+        """The bytes the activations hold at those sizes: each partition's peak, summed
+        (each session keeps the memory its peak took, as onnxruntime's arena does)."""
+        held = self.tensor_bytes(sizes)
+        live = np.zeros(self.parts[-1][1] + 1)
+        np.add.at(live, self.starts, held)
+        np.add.at(live, self.stops + 1, -held)
+        live = np.cumsum(live)
+        return float(sum(live[a:b].max(initial=0.0) for a, b in self.parts))
+
+    def admit(self, network: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """InvalidInputError where a request of these shapes needs more than `limit`."""
+        sizes = self.sizes(shapes)
+        key = tuple(sizes.values())
+        need = self.verdicts.get(key)
+        if need is None:
+            need = self.needed(sizes)
+            if len(self.verdicts) < _VERDICTS_KEPT:
+                self.verdicts[key] = need
+        if need <= self.limit:
+            return
+        held = self.tensor_bytes(sizes)
+        largest = int(held.argmax())
+        raise InvalidInputError(
+            f"a request to {network} at {shapes_text(shapes)} needs about "
+            f"{human_bytes(int(need))} of activations ({self.names[largest]} alone "
+            f"{human_bytes(int(held[largest]))}); this machine has {human_bytes(self.limit)}")

@@ -1,0 +1,73 @@
+"""A request whose sizes make activations past the machine's memory is refused in one line
+before it runs, and the host serves the next as before; what a request needs follows its
+sizes through the expressions inference left in each tensor's dims."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from runtime.devices import parse_devices
+from runtime.errors import InvalidInputError
+from runtime.graph import load_graph
+from runtime.heap import machine_bytes
+from runtime.host import HostManager
+from runtime.partition.liveness import peak_activation_bytes
+from runtime.request_memory import RequestMemory
+from tests.support.dags import SAMPLES_DIR
+from tests.support.serving import WAIT
+
+
+def _outer() -> onnx.ModelProto:
+    """Every pair of a clip's samples, summed over one side: activations grow with the
+    square of its length, as attention over frames of audio does."""
+    f = TensorProto.FLOAT
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["xt"], name="column"),
+         helper.make_node("MatMul", ["xt", "x"], ["pairs"], name="pairs"),
+         helper.make_node("ReduceSum", ["pairs", "axes"], ["y"], name="sum", keepdims=0)],
+        "outer", [helper.make_tensor_value_info("x", f, [1, "n"])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on():
+    memory = machine_bytes()
+    assert memory is not None
+    long = int(np.sqrt(memory / 4)) * 2  # its pairs alone: four times the machine
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("outer", _outer())
+        for _ in range(2):  # refused again: a shape refused is no shape seen
+            with pytest.raises(InvalidInputError) as refused:
+                host.infer("outer", {"x": np.zeros((1, long), np.float32)})
+            said = str(refused.value)
+            assert "\n" not in said and f"x [1, {long}]" in said, said
+            assert "pairs alone" in said and "this machine has" in said, said
+        x = rng.standard_normal((1, int(rng.integers(2, 300)))).astype(np.float32)
+        np.testing.assert_allclose(host.run("outer", {"x": x}).result(timeout=WAIT)["y"],
+                                   (x.T @ x).sum(0), rtol=1e-4, atol=1e-4)
+
+
+def test_what_a_request_needs_follows_its_sizes():
+    graph = load_graph(_outer())
+    memory = RequestMemory.of(graph, limit=1 << 40)
+    assert memory is not None
+    n = int(np.random.default_rng().integers(1_000, 100_000))
+    ratio = memory.needed({"n": 2 * n}) / memory.needed({"n": n})
+    assert ratio == pytest.approx(4, rel=1e-3)  # the pairs, n squared, outweigh the rest
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES_DIR.glob("*.onnx")), ids=lambda p: p.stem)
+def test_at_the_sizes_bound_at_load_a_request_needs_what_the_plan_counts(path):
+    graph = load_graph(path)
+    memory = RequestMemory.of(graph, limit=1 << 40)
+    if memory is None:  # every size fixed: no request chooses one
+        assert not any(isinstance(d, str) for n in graph.inputs
+                       for d in graph.tensors[n].dims or ())
+        return
+    assert memory.needed(memory.bound) == pytest.approx(
+        peak_activation_bytes(graph, graph.nodes))
