@@ -64,6 +64,7 @@ class RequestMemory:
     bound: Mapping[str, int]  # named size -> its size at load (an input left out keeps it)
     names: tuple[str, ...]
     dims: tuple[tuple[Dim, ...], ...]
+    shapes: tuple[tuple[int, ...], ...]  # at load: where its dims cannot be computed
     itemsizes: np.ndarray
     starts: np.ndarray  # steps of every partition, one after the other
     stops: np.ndarray
@@ -81,7 +82,7 @@ class RequestMemory:
         limit = limit or machine_bytes()
         if not axes or limit is None or not graph.nodes:
             return None
-        names, dims, itemsizes, spans, ranges, first = [], [], [], [], [], 0
+        names, dims, shapes, itemsizes, spans, ranges, first = [], [], [], [], [], [], 0
         for part in parts or [[n.name for n in graph.nodes]]:
             for t, (start, stop) in live_intervals(graph, [graph.node(n) for n in part]).items():
                 info = graph.tensors.get(t)
@@ -92,6 +93,7 @@ class RequestMemory:
                 names.append(t)
                 dims.append(tuple(_dim(d, b, axes)
                                   for d, b in zip(declared, info.shape, strict=True)))
+                shapes.append(tuple(info.shape))
                 itemsizes.append(held / max(math.prod(info.shape), 1))
                 spans.append((first + start, first + stop))
             ranges.append((first, first + len(part)))
@@ -99,8 +101,8 @@ class RequestMemory:
         steps = np.array(spans, dtype=np.int64).reshape(-1, 2)
         bound = {d: shape[axis] for d, (name, axis) in axes.items()
                  if (shape := graph.tensors[name].shape) is not None}
-        return cls(axes, bound, tuple(names), tuple(dims), np.array(itemsizes), steps[:, 0],
-                   steps[:, 1], tuple(ranges), limit)
+        return cls(axes, bound, tuple(names), tuple(dims), tuple(shapes), np.array(itemsizes),
+                   steps[:, 0], steps[:, 1], tuple(ranges), limit)
 
     def sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
         """The named sizes a request's shapes give (those it leaves out, their size at
@@ -111,12 +113,15 @@ class RequestMemory:
     def tensor_bytes(self, sizes: Mapping[str, int]) -> np.ndarray:
         """Each tensor's bytes at those sizes."""
         named: dict[str, object] = {"__builtins__": {}}  # arithmetic alone: `_dim`
-        shapes: dict[tuple[Dim, ...], float] = {}  # many tensors share one shape
-        for dims in self.dims:
-            if dims not in shapes:
-                shapes[dims] = math.prod(max(d if isinstance(d, int) else
-                                             eval(d, named, sizes), 0) for d in dims)
-        return np.array([shapes[d] for d in self.dims], dtype=np.float64) * self.itemsizes
+        counts: dict[tuple[Dim, ...], float] = {}  # many tensors share one shape
+        for dims, shape in zip(self.dims, self.shapes, strict=True):
+            if dims not in counts:
+                try:
+                    counts[dims] = math.prod(max(d if isinstance(d, int) else
+                                                 eval(d, named, sizes), 0) for d in dims)
+                except ArithmeticError:  # a size dividing by one that is 0 here
+                    counts[dims] = math.prod(shape)
+        return np.array([counts[d] for d in self.dims], dtype=np.float64) * self.itemsizes
 
     def needed(self, sizes: Mapping[str, int]) -> float:
         """The bytes the activations hold at those sizes: each partition's peak, summed

@@ -15,7 +15,7 @@ from runtime.errors import InvalidInputError
 from runtime.graph import load_graph
 from runtime.host import HostManager
 from runtime.partition.liveness import peak_activation_bytes
-from runtime.request_memory import RequestMemory
+from runtime.request_memory import RequestMemory, _dim
 from tests.support.dags import SAMPLES_DIR
 from tests.support.serving import WAIT
 
@@ -71,3 +71,14 @@ def test_at_the_sizes_bound_at_load_a_request_needs_what_the_plan_counts(path):
         return
     assert memory.needed(memory.bound) == pytest.approx(
         peak_activation_bytes(graph, graph.nodes))
+
+
+def test_a_size_that_cannot_be_computed_at_a_requests_sizes_keeps_its_size_at_load():
+    """`n // (m - 1)` at m = 1: that tensor counts as at load, and nothing is raised."""
+    memory = RequestMemory(
+        axes={"m": ("x", 0), "n": ("x", 1)}, bound={"m": 2, "n": 6}, names=("t",),
+        dims=((_dim("n // (m - 1)", 6, {"m": 0, "n": 0}), 3),), shapes=((6, 3),),
+        itemsizes=np.array([4.0]), starts=np.array([0]), stops=np.array([0]),
+        parts=((0, 1),), limit=1 << 40)
+    assert memory.needed({"m": 3, "n": 10}) == 5 * 3 * 4
+    assert memory.needed({"m": 1, "n": 10}) == 6 * 3 * 4
