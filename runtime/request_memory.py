@@ -29,7 +29,7 @@ from runtime.errors import InvalidInputError
 from runtime.graph import Graph
 from runtime.heap import machine_bytes
 from runtime.inputs import shapes_text
-from runtime.partition.liveness import live_intervals
+from runtime.partition.liveness import live_bytes, live_intervals
 from runtime.precision import held_bytes
 from runtime.units import human_bytes
 
@@ -66,8 +66,7 @@ class RequestMemory:
     dims: tuple[tuple[Dim, ...], ...]
     shapes: tuple[tuple[int, ...], ...]  # at load: where its dims cannot be computed
     itemsizes: np.ndarray
-    starts: np.ndarray  # steps of every partition, one after the other
-    stops: np.ndarray
+    spans: np.ndarray  # (first, last) step alive, partitions' steps one after another
     parts: tuple[tuple[int, int], ...]  # each partition's first step and the one after it
     limit: int
     verdicts: dict[tuple[int, ...], float] = field(default_factory=dict)  # sizes -> bytes
@@ -98,11 +97,10 @@ class RequestMemory:
                 spans.append((first + start, first + stop))
             ranges.append((first, first + len(part)))
             first += len(part)
-        steps = np.array(spans, dtype=np.int64).reshape(-1, 2)
         bound = {d: shape[axis] for d, (name, axis) in axes.items()
                  if (shape := graph.tensors[name].shape) is not None}
         return cls(axes, bound, tuple(names), tuple(dims), tuple(shapes), np.array(itemsizes),
-                   steps[:, 0], steps[:, 1], tuple(ranges), limit)
+                   np.array(spans, dtype=np.int64).reshape(-1, 2), tuple(ranges), limit)
 
     def sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
         """The named sizes a request's shapes give (those it leaves out, their size at
@@ -126,11 +124,7 @@ class RequestMemory:
     def needed(self, sizes: Mapping[str, int]) -> float:
         """The bytes the activations hold at those sizes: each partition's peak, summed
         (each session keeps the memory its peak took, as onnxruntime's arena does)."""
-        held = self.tensor_bytes(sizes)
-        live = np.zeros(self.parts[-1][1] + 1)
-        np.add.at(live, self.starts, held)
-        np.add.at(live, self.stops + 1, -held)
-        live = np.cumsum(live)
+        live = live_bytes(self.spans, self.tensor_bytes(sizes), self.parts[-1][1])
         return float(sum(live[a:b].max(initial=0.0) for a, b in self.parts))
 
     def admit(self, network: str, shapes: Mapping[str, tuple[int, ...]]) -> None:

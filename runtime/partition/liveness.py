@@ -51,15 +51,22 @@ def live_intervals(graph: Graph, nodes: Sequence[Node]) -> dict[str, tuple[int, 
     return {t: (s, e) for t, (s, e) in spans.items()}
 
 
+def live_bytes(spans: Sequence[tuple[int, int]] | np.ndarray, sizes: Sequence[float] | np.ndarray,
+               steps: int) -> np.ndarray:
+    """The bytes live at each of `steps` steps, each of `sizes` held from the first to the
+    last step of its span."""
+    held = np.asarray(sizes)
+    live = np.zeros(steps + 1, dtype=held.dtype if held.size else np.int64)
+    at = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    np.add.at(live, at[:, 0], held)
+    np.add.at(live, at[:, 1] + 1, -held)
+    return np.cumsum(live[:steps])
+
+
 def peak_activation_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
-    if not nodes:
-        return 0
-    diff = np.zeros(len(nodes) + 1, dtype=np.int64)
-    for t, (start, stop) in live_intervals(graph, nodes).items():
-        size = held_bytes(graph, t)
-        diff[start] += size
-        diff[stop + 1] -= size
-    return int(np.cumsum(diff).max())
+    spans = live_intervals(graph, nodes)
+    return int(live_bytes(list(spans.values()), [held_bytes(graph, t) for t in spans],
+                          len(nodes)).max(initial=0))
 
 
 def weight_names(graph: Graph, nodes: Sequence[Node]) -> list[str]:

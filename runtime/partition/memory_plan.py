@@ -33,11 +33,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-import numpy as np
-
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
-from runtime.partition.liveness import live_intervals
+from runtime.partition.liveness import live_bytes, live_intervals
 from runtime.precision import held_bytes
 
 
@@ -160,13 +158,8 @@ def _assign_offsets(spans: dict[str, tuple[int, int, int]], alignment: int) -> d
 
 
 def _peak(spans: dict[str, tuple[int, int, int]], steps: int) -> int:
-    if not spans or steps == 0:
-        return 0
-    diff = np.zeros(steps + 1, dtype=np.int64)
-    for size, start, end in spans.values():
-        diff[start] += size
-        diff[end + 1] -= size
-    return int(np.cumsum(diff).max())
+    return int(live_bytes([(start, end) for _, start, end in spans.values()],
+                          [size for size, _, _ in spans.values()], steps).max(initial=0))
 
 
 def _timeline(partitions: Sequence[Placed], graph: Graph, device: str):

@@ -78,7 +78,7 @@ def test_a_size_that_cannot_be_computed_at_a_requests_sizes_keeps_its_size_at_lo
     memory = RequestMemory(
         axes={"m": ("x", 0), "n": ("x", 1)}, bound={"m": 2, "n": 6}, names=("t",),
         dims=((_dim("n // (m - 1)", 6, {"m": 0, "n": 0}), 3),), shapes=((6, 3),),
-        itemsizes=np.array([4.0]), starts=np.array([0]), stops=np.array([0]),
-        parts=((0, 1),), limit=1 << 40)
+        itemsizes=np.array([4.0]), spans=np.array([[0, 0]]), parts=((0, 1),),
+        limit=1 << 40)
     assert memory.needed({"m": 3, "n": 10}) == 5 * 3 * 4
     assert memory.needed({"m": 1, "n": 10}) == 6 * 3 * 4
