@@ -92,7 +92,11 @@ def partition_rows(plan: Plan | None, network: str, metrics: MetricsSnapshot,
     under `network`."""
     if plan is None:
         return []
-    stats = {s.partition: s for s in metrics.partitions.values() if s.network == network}
+    own = {(p.name, p.device) for p in plan.partitions}
+    stats = {}  # a partition that ran on several devices (replicas): the plan's own device's
+    for ran in sorted((s for s in metrics.partitions.values() if s.network == network),
+                      key=lambda s: (s.partition, s.device) in own):
+        stats[ran.partition] = ran
     measured = [s for s in stats.values() if s.count]
     slowest = max(measured, key=lambda s: s.p50).partition if measured else None
     rows = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +72,8 @@ class MetricsSnapshot:
     latency: Percentiles = Percentiles()
     queue_wait: Percentiles = Percentiles()
     batch_sizes: Percentiles = Percentiles()
+    # "network/partition"; "network/partition@device" for one that ran on several devices
+    # (its replicas, or a plan re-made onto another)
     partitions: dict[str, PartitionStats] = field(default_factory=dict)
     devices: dict[str, DeviceUsage] = field(default_factory=dict)
     queue_depth: list[tuple[float, int]] = field(default_factory=list)
@@ -141,7 +143,7 @@ class Metrics:
         # requests whose queue_wait/batch_size came from request.started, so that
         # request.finished does not count them twice
         self._started: set[tuple[Any, Any]] = set()
-        self._parts: dict[str, _Part] = {}
+        self._parts: dict[tuple[Any, Any, str | None], _Part] = {}  # (network, partition, device)
         self._devs: dict[str, _Dev] = {}
         self._running: dict[tuple[Any, Any], dict[Any, tuple[str, float]]] = {}
         self._depth: deque[tuple[float, int]] = deque()
@@ -238,11 +240,10 @@ class Metrics:
             running.pop(part, None)
             if not running:
                 del self._running[(net, req)]
-        key = f"{net}/{part}"
-        p = self._parts.get(key)
+        p = self._parts.get((net, part, device))
         if p is None:
-            p = self._parts[key] = _Part(net, part, device, _Reservoir(self.samples))
-        p.device = device
+            p = self._parts[(net, part, device)] = _Part(net, part, device,
+                                                        _Reservoir(self.samples))
         rs = ev.get("run_seconds")
         p.runs.add(rs)
         if (qw := ev.get("queue_wait")) is not None:
@@ -306,8 +307,10 @@ class Metrics:
             devices[name] = DeviceUsage(name, dev.runs, dev.busy, util, dev.used, dev.total,
                                         queued.get(name, 0))
         partitions = {}
-        for key, p in self._parts.items():
+        places = Counter((net, part) for net, part, _ in self._parts)
+        for (net, part, ran_on), p in self._parts.items():
             s = p.runs.summary()
+            key = f"{net}/{part}" if places[(net, part)] == 1 else f"{net}/{part}@{ran_on}"
             partitions[key] = PartitionStats(p.network, p.partition, p.device, s.count, s.p50,
                                              s.p95, s.p99, s.last, s.mean,
                                              p.wait_sum / p.wait_n if p.wait_n else 0.0)
@@ -327,8 +330,3 @@ class Metrics:
             lost_events=self._lost,
         )
 
-
-def slowest_partition(snapshot: MetricsSnapshot) -> str | None:
-    """Key ("network/partition") of the partition with the highest median run time."""
-    runs = [(p.p50, key) for key, p in snapshot.partitions.items() if p.count]
-    return max(runs)[1] if runs else None

@@ -187,6 +187,26 @@ def test_run_json_holds_the_tables_figures_beside_the_plans_estimates(capsys):
     assert header[header.index("est") + 1] == "p50", out  # the estimate beside the run
 
 
+def test_run_with_replicas_gives_each_replicas_runs_on_its_own_device(capsys):
+    """Two replicas of a plan: each partition has a row per device that ran it,
+    those devices are where the host placed it, and the rows' runs add up to the
+    requests."""
+    code = main(["run", TRANSFORMER, "--devices", "cpu:4", "--replicas", "2", "--requests",
+                 "60", "--concurrency", "8", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = json.loads(out)["partitions"]
+    by_partition: dict[str, dict[str, int]] = {}
+    for row in rows:
+        name, _, device = row["partition"].removeprefix("transformer/").partition("@")
+        assert device == row["device"], row
+        by_partition.setdefault(name, {})[device] = row["runs"]
+    assert by_partition and all(len(d) == 2 for d in by_partition.values()), rows
+    assert all(sum(d.values()) == 60 for d in by_partition.values()), rows
+    devices = [d for ran in by_partition.values() for d in ran]
+    assert len(set(devices)) == len(devices)  # no device runs two of them
+
+
 def test_run_tables_count_its_requests_not_the_runs_a_first_load_times_its_plan_by(
         capsys, monkeypatch, tmp_path):
     """Measured costs, nothing cached: the first load sends a burst through its plan,

@@ -1,7 +1,7 @@
 """Metrics from the event stream (runtime/observe/metrics.py), checked against streams made
 here with known figures: latency, queue wait and batch percentiles, throughput and its
 series, per partition and per device figures, utilisation, queue depth, errors and lost
-events, the slowest partition, and a replayed recording giving the same snapshot."""
+events, a partition run on several devices, and a replayed recording giving the same snapshot."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from runtime.observe.events import Event, read_jsonl, write_jsonl
-from runtime.observe.metrics import Metrics, MetricsSnapshot, Percentiles, slowest_partition
+from runtime.observe.metrics import Metrics, MetricsSnapshot, Percentiles
 
 T0 = 1000.0
 GAP = 0.2  # between request arrivals: no two requests' runs overlap (latency <= 100 ms)
@@ -74,7 +74,7 @@ def pct(values) -> tuple[float, float, float]:
 def test_empty():
     snap = Metrics().snapshot(now=5.0)
     assert snap == MetricsSnapshot(5.0)
-    assert snap.latency == Percentiles() and slowest_partition(snap) is None
+    assert snap.latency == Percentiles() and not snap.partitions
 
 
 def test_latency_queue_wait_batch_percentiles():
@@ -229,13 +229,26 @@ def test_errors_and_lost():
     assert snap.errors[-1] == "net request 99: queue full"
 
 
-def test_slowest_partition():
+def test_a_partition_run_on_several_devices_has_figures_for_each():
+    """Replicas of a plan run one partition on several devices: each device's runs are
+    its own row (a merged one named whichever device ran last)."""
+    rng = np.random.default_rng()
+    runs = [(str(rng.choice(["cpu0", "cpu2"])), float(rng.random())) for _ in range(50)]
     m = Metrics()
     m.feed([Event("partition.run.finished", 1.0 + i, {"network": "n", "request": i,
-                                                      "partition": p, "device": "cpu",
-                                                      "run_seconds": rs})
-            for i, (p, rs) in enumerate([("a", 0.1), ("b", 0.3), ("c", 0.2), ("b", 0.3)])])
-    assert slowest_partition(m.snapshot(now=5.0)) == "n/b"
+                                                      "partition": "p0", "device": device,
+                                                      "run_seconds": seconds})
+            for i, (device, seconds) in enumerate([*runs, ("cpu0", 0.5), ("cpu2", 0.5)])])
+    m.feed([Event("partition.run.finished", 60.0, {"network": "n", "request": 0,
+                                                   "partition": "p1", "device": "cpu1",
+                                                   "run_seconds": 0.1})])
+    snap = m.snapshot(now=61.0)
+    assert set(snap.partitions) == {"n/p0@cpu0", "n/p0@cpu2", "n/p1"}
+    for device in ("cpu0", "cpu2"):
+        mine = [s for d, s in [*runs, (device, 0.5)] if d == device]
+        p = snap.partitions[f"n/p0@{device}"]
+        assert (p.partition, p.device, p.count) == ("p0", device, len(mine))
+        assert p.p50 == pytest.approx(float(np.median(mine)))
 
 
 def test_replay_gives_identical_snapshot(tmp_path):

@@ -192,6 +192,19 @@ def test_partition_rows_measure_the_running_network_only(source: Scripted) -> No
         assert (r.runs, r.p50, r.slowest) == (0, 0.0, False)
 
 
+def test_a_replicated_partitions_row_is_its_plans_own_device(source: Scripted) -> None:
+    """A replica runs the same partition on another device: the row keeps the plan's
+    device and that device's figures, whichever device ran last."""
+    first = source.current.partitions[0]
+    for i, (device, seconds) in enumerate([(first.device, 0.002), ("twin", 0.5),
+                                           (first.device, 0.004), ("twin", 0.7)]):
+        source.publish("partition.run.finished", 1, network="cnn", request=i,
+                       partition=first.name, device=device, queue_wait=0, run_seconds=seconds)
+    row = DashboardModel(source).poll().partitions[0]
+    assert (row.name, row.device, row.runs, row.p50) == (
+        first.name, first.device, 2, pytest.approx(0.003))
+
+
 # -- series and totals ---------------------------------------------------------------------
 
 
