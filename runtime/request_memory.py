@@ -3,8 +3,10 @@ the machine's memory is refused in one line before it runs, and the process serv
 other request is not killed for want of memory: wav2vec2 given 100,000 samples of audio
 held 7.6 GB, its attention growing with their square.
 
-    memory = RequestMemory.of(graph, parts)     # None: no size a request may choose
+    memory = request_memory(graph, parts)       # runtime/partition/liveness.py; None:
+                                                # no size a request may choose
     memory.admit(network, {input: shape})       # InvalidInputError past the machine
+    memory = RequestMemory.from_dict(memory.to_dict())   # as a bundle keeps it
 
 Each activation's dims as inference left them (`Tensor.dims`: the inputs' named sizes and
 expressions of them, as `((n//10)) - 1`) are computed at the request's sizes; a dim naming
@@ -22,15 +24,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
+from typing import Any
 
 import numpy as np
 
 from runtime.errors import InvalidInputError
-from runtime.graph import Graph
 from runtime.heap import machine_bytes
 from runtime.inputs import shapes_text
-from runtime.partition.liveness import live_bytes, live_intervals
-from runtime.precision import held_bytes
 from runtime.units import human_bytes
 
 Dim = int | CodeType  # a size, or an expression of the inputs' named sizes
@@ -39,7 +39,7 @@ _ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.C
 _VERDICTS_KEPT = 4096  # request sizes whose need is remembered
 
 
-def _dim(dim: object, bound: int, named: Mapping[str, object]) -> Dim:
+def compiled_dim(dim: object, bound: int, named: Mapping[str, object]) -> Dim:
     """`dim` compiled where it is arithmetic on the inputs' named sizes, else `bound`."""
     if not isinstance(dim, str):
         return bound
@@ -52,6 +52,18 @@ def _dim(dim: object, bound: int, named: Mapping[str, object]) -> Dim:
            for n in ast.walk(tree)):
         return compile(tree, dim, "eval")
     return bound
+
+
+def live_bytes(spans: Sequence[tuple[int, int]] | np.ndarray, sizes: Sequence[float] | np.ndarray,
+               steps: int) -> np.ndarray:
+    """The bytes live at each of `steps` steps, each of `sizes` held from the first to the
+    last step of its span (the plan's peaks and each device's memory plan count so too)."""
+    held = np.asarray(sizes)
+    live = np.zeros(steps + 1, dtype=held.dtype if held.size else np.int64)
+    at = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    np.add.at(live, at[:, 0], held)
+    np.add.at(live, at[:, 1] + 1, -held)
+    return np.cumsum(live[:steps])
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,35 +84,32 @@ class RequestMemory:
     verdicts: dict[tuple[int, ...], float] = field(default_factory=dict)  # sizes -> bytes
 
     @classmethod
-    def of(cls, graph: Graph, parts: Sequence[Sequence[str]] = (), limit: int | None = None
-           ) -> RequestMemory | None:
-        """`parts`: each partition's nodes, in its order (default: the graph as one). None
-        where no input has a named size, or the machine does not say its memory."""
-        axes = {d: (name, axis) for name in graph.inputs if name in graph.tensors
-                for axis, d in enumerate(graph.tensors[name].dims or ()) if isinstance(d, str)}
+    def from_dict(cls, data: Mapping[str, Any], limit: int | None = None
+                  ) -> RequestMemory | None:
+        """As `to_dict` wrote it (a bundle's `request_memory.json`); `limit`: default the
+        machine's memory here. None where the machine does not say its memory."""
         limit = limit or machine_bytes()
-        if not axes or limit is None or not graph.nodes:
+        if limit is None:
             return None
-        names, dims, shapes, itemsizes, spans, ranges, first = [], [], [], [], [], [], 0
-        for part in parts or [[n.name for n in graph.nodes]]:
-            for t, (start, stop) in live_intervals(graph, [graph.node(n) for n in part]).items():
-                info = graph.tensors.get(t)
-                if info is None or info.shape is None or not (held := held_bytes(graph, t)):
-                    continue
-                declared = info.dims if info.dims and len(info.dims) == len(info.shape) \
-                    else info.shape  # a rank inference did not know: its size at load
-                names.append(t)
-                dims.append(tuple(_dim(d, b, axes)
-                                  for d, b in zip(declared, info.shape, strict=True)))
-                shapes.append(tuple(info.shape))
-                itemsizes.append(held / max(math.prod(info.shape), 1))
-                spans.append((first + start, first + stop))
-            ranges.append((first, first + len(part)))
-            first += len(part)
-        bound = {d: shape[axis] for d, (name, axis) in axes.items()
-                 if (shape := graph.tensors[name].shape) is not None}
-        return cls(axes, bound, tuple(names), tuple(dims), tuple(shapes), np.array(itemsizes),
-                   np.array(spans, dtype=np.int64).reshape(-1, 2), tuple(ranges), limit)
+        axes = {d: (name, int(axis)) for d, (name, axis) in data["axes"].items()}
+        shapes = tuple(tuple(int(d) for d in shape) for shape in data["shapes"])
+        return cls(axes, {d: int(n) for d, n in data["bound"].items()}, tuple(data["names"]),
+                   tuple(tuple(compiled_dim(d, b, axes) for d, b in zip(dims, shape, strict=True))
+                         for dims, shape in zip(data["dims"], shapes, strict=True)),
+                   shapes, np.array(data["itemsizes"], dtype=np.float64),
+                   np.array(data["spans"], dtype=np.int64).reshape(-1, 2),
+                   tuple((int(a), int(b)) for a, b in data["parts"]), limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: each dim a size or its expression's text (`limit` left out: the
+        machine that reads it says its own)."""
+        return {"axes": {d: list(at) for d, at in self.axes.items()}, "bound": dict(self.bound),
+                "names": list(self.names),
+                "dims": [[d if isinstance(d, int) else d.co_filename for d in dims]
+                         for dims in self.dims],
+                "shapes": [list(shape) for shape in self.shapes],
+                "itemsizes": self.itemsizes.tolist(), "spans": self.spans.tolist(),
+                "parts": [list(part) for part in self.parts]}
 
     def sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
         """The named sizes a request's shapes give (those it leaves out, their size at

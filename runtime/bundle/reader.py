@@ -32,6 +32,7 @@ FORMAT = "prism-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
+REQUEST_MEMORY = "request_memory.json"  # absent: fixed sizes, or a bundle older than it
 EXTERNAL_LOCATION = WEIGHTS  # what sub-models name as their external data file
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
 MAX_RANK, MAX_ELEMENTS = 32, 1 << 40  # the most a declared input may ask of an array

@@ -26,6 +26,7 @@ from runtime.bundle.reader import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    REQUEST_MEMORY,
     WEIGHTS,
     read_bundle,
 )
@@ -36,6 +37,7 @@ from runtime.devices.ort.sessions import stamped, supported_ir_version
 from runtime.errors import BundleError, first_line
 from runtime.graph import Graph, holds_half, load_graph
 from runtime.inputs import bound_to_feeds, input_specs
+from runtime.partition.liveness import request_memory
 from runtime.partition.measure import Feeds
 from runtime.partition.memory_plan import memory_plans, memory_plans_dict
 from runtime.partition.plan import Plan
@@ -234,6 +236,9 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
     text = [(MANIFEST, manifest), ("plan.json", plan.to_dict()),
             ("memory.json", memory_plans_dict(memory_plans(plan, graph))),
             ("steps.json", [s.to_dict() for s in steps])]
+    needs = request_memory(graph, [p.nodes for p in plan.partitions], limit=1)
+    if needs is not None:
+        text.append((REQUEST_MEMORY, needs.to_dict()))
     members = [(name, json.dumps(data, indent=1).encode()) for name, data in text] + [
         ("network.onnx", network.SerializeToString()), *members]
     path = Path(path)

@@ -60,17 +60,11 @@ class ServedNetwork:
 
     def admit(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """Refuses feeds of shapes not seen before whose activations, over the partitions of
-        the plan serving, need more than the machine's memory (a bundle's graph, loaded
-        only when asked, is not read for it)."""
+        the plan serving, need more than the machine's memory (a bundle's as it was
+        compiled: its graph is loaded only when asked)."""
         loaded = self.loaded
         if self.memory is None or self.memory[0] is not loaded.plan:
-            graph = loaded.graph_source
-            if graph is None or callable(graph):
-                self.memory = (loaded.plan, None)
-            else:
-                from runtime.request_memory import RequestMemory
-                self.memory = (loaded.plan, RequestMemory.of(
-                    graph, [p.nodes for p in loaded.plan.partitions]))
+            self.memory = (loaded.plan, _request_memory(loaded))
         if self.memory[1] is not None:
             self.memory[1].admit(self.name, shapes)
 
@@ -89,3 +83,13 @@ class ServedNetwork:
     def in_flight(self) -> int:
         """Requests accepted and not yet ended, lean runs included."""
         return len(self.accepted) + len(self.lean_runs)
+
+
+def _request_memory(loaded: LoadedNetwork) -> RequestMemory | None:
+    graph = loaded.graph_source
+    if loaded.bundle is not None:
+        return loaded.bundle.request_memory()
+    if graph is None or callable(graph):
+        return None
+    from runtime.partition.liveness import request_memory
+    return request_memory(graph, [p.nodes for p in loaded.plan.partitions])

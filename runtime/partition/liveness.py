@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Sequence
 
 import numpy as np
 
 from runtime.graph import Graph, Node
+from runtime.heap import machine_bytes
 from runtime.precision import held_bytes
+from runtime.request_memory import RequestMemory, compiled_dim, live_bytes
 
 
 def held_as_weight(graph: Graph, tensor: str, inside: Container[str]) -> bool:
@@ -49,18 +52,6 @@ def live_intervals(graph: Graph, nodes: Sequence[Node]) -> dict[str, tuple[int, 
             elif not graph.is_constant(t) or any(c in inside for c in graph.consumers.get(t, ())):
                 spans[t] = [step, step]
     return {t: (s, e) for t, (s, e) in spans.items()}
-
-
-def live_bytes(spans: Sequence[tuple[int, int]] | np.ndarray, sizes: Sequence[float] | np.ndarray,
-               steps: int) -> np.ndarray:
-    """The bytes live at each of `steps` steps, each of `sizes` held from the first to the
-    last step of its span."""
-    held = np.asarray(sizes)
-    live = np.zeros(steps + 1, dtype=held.dtype if held.size else np.int64)
-    at = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-    np.add.at(live, at[:, 0], held)
-    np.add.at(live, at[:, 1] + 1, -held)
-    return np.cumsum(live[:steps])
 
 
 def peak_activation_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
@@ -172,3 +163,37 @@ def _columns(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """(position, id) pairs, in position order, as two arrays."""
     array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     return array[:, 0].copy(), array[:, 1].copy()
+
+
+def request_memory(graph: Graph, parts: Sequence[Sequence[str]] = (), limit: int | None = None
+                   ) -> RequestMemory | None:
+    """What a request's activations need at its sizes, over `parts` (each partition's
+    nodes, in its order; default: the graph as one) run as the memory plan counts them;
+    `limit`: default the machine's memory. None where no input has a named size, or the
+    machine does not say its memory."""
+    axes = {d: (name, axis) for name in graph.inputs if name in graph.tensors
+            for axis, d in enumerate(graph.tensors[name].dims or ()) if isinstance(d, str)}
+    limit = limit or machine_bytes()
+    if not axes or limit is None or not graph.nodes:
+        return None
+    names, dims, shapes, itemsizes, spans, ranges, first = [], [], [], [], [], [], 0
+    for part in parts or [[n.name for n in graph.nodes]]:
+        for t, (start, stop) in live_intervals(graph, [graph.node(n) for n in part]).items():
+            info = graph.tensors.get(t)
+            if info is None or info.shape is None or not (held := held_bytes(graph, t)):
+                continue
+            declared = info.dims if info.dims and len(info.dims) == len(info.shape) \
+                else info.shape  # a rank inference did not know: its size at load
+            names.append(t)
+            dims.append(tuple(compiled_dim(d, b, axes)
+                              for d, b in zip(declared, info.shape, strict=True)))
+            shapes.append(tuple(info.shape))
+            itemsizes.append(held / max(math.prod(info.shape), 1))
+            spans.append((first + start, first + stop))
+        ranges.append((first, first + len(part)))
+        first += len(part)
+    bound = {d: shape[axis] for d, (name, axis) in axes.items()
+             if (shape := graph.tensors[name].shape) is not None}
+    return RequestMemory(axes, bound, tuple(names), tuple(dims), tuple(shapes),
+                         np.array(itemsizes), np.array(spans, dtype=np.int64).reshape(-1, 2),
+                         tuple(ranges), limit)

@@ -35,8 +35,9 @@ from typing import Protocol
 
 from runtime.devices.config import DeviceConfig
 from runtime.graph import Graph
-from runtime.partition.liveness import live_bytes, live_intervals
+from runtime.partition.liveness import live_intervals
 from runtime.precision import held_bytes
+from runtime.request_memory import live_bytes
 
 
 class Placed(Protocol):

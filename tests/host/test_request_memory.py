@@ -4,18 +4,22 @@ sizes through the expressions inference left in each tensor's dims."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from runtime import request_memory
+from runtime import request_memory as request_memory_module
+from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from runtime.errors import InvalidInputError
 from runtime.graph import load_graph
 from runtime.host import HostManager
-from runtime.partition.liveness import peak_activation_bytes
-from runtime.request_memory import RequestMemory, _dim
+from runtime.partition import liveness
+from runtime.partition.liveness import peak_activation_bytes, request_memory
+from runtime.request_memory import RequestMemory, compiled_dim
 from tests.support.dags import SAMPLES_DIR
 from tests.support.serving import WAIT
 
@@ -34,13 +38,19 @@ def _outer() -> onnx.ModelProto:
         opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(monkeypatch):
-    """A machine of 64 MB, so that the request refused would run here if let through."""
-    monkeypatch.setattr(request_memory, "machine_bytes", lambda: 64 << 20)
+@pytest.mark.parametrize("compiled", [False, True], ids=["model", "bundle"])
+def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(
+        monkeypatch, tmp_path, compiled):
+    """A machine of 64 MB, so that the request refused would run here if let through; a
+    bundle refuses it as compiled, without loading its graph."""
+    monkeypatch.setattr(liveness, "machine_bytes", lambda: 64 << 20)
+    monkeypatch.setattr(request_memory_module, "machine_bytes", lambda: 64 << 20)
     long = 8192  # its pairs alone: 256 MB
     rng = np.random.default_rng()
+    source = compile_bundle(_outer(), parse_devices("cpu:2"), tmp_path / "outer.prism",
+                            costs="model").path if compiled else _outer()
     with HostManager(parse_devices("cpu:2")) as host:
-        host.add_network("outer", _outer())
+        host.add_network("outer", source)
         for _ in range(2):  # refused again: a shape refused is no shape seen
             with pytest.raises(InvalidInputError) as refused:
                 host.infer("outer", {"x": np.zeros((1, long), np.float32)})
@@ -54,7 +64,7 @@ def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(mo
 
 def test_what_a_request_needs_follows_its_sizes():
     graph = load_graph(_outer())
-    memory = RequestMemory.of(graph, limit=1 << 40)
+    memory = request_memory(graph, limit=1 << 40)
     assert memory is not None
     n = int(np.random.default_rng().integers(1_000, 100_000))
     ratio = memory.needed({"n": 2 * n}) / memory.needed({"n": n})
@@ -64,7 +74,7 @@ def test_what_a_request_needs_follows_its_sizes():
 @pytest.mark.parametrize("path", sorted(SAMPLES_DIR.glob("*.onnx")), ids=lambda p: p.stem)
 def test_at_the_sizes_bound_at_load_a_request_needs_what_the_plan_counts(path):
     graph = load_graph(path)
-    memory = RequestMemory.of(graph, limit=1 << 40)
+    memory = request_memory(graph, limit=1 << 40)
     if memory is None:  # every size fixed: no request chooses one
         assert not any(isinstance(d, str) for n in graph.inputs
                        for d in graph.tensors[n].dims or ())
@@ -73,11 +83,25 @@ def test_at_the_sizes_bound_at_load_a_request_needs_what_the_plan_counts(path):
         peak_activation_bytes(graph, graph.nodes))
 
 
+@pytest.mark.parametrize("path", sorted(SAMPLES_DIR.glob("*.onnx")), ids=lambda p: p.stem)
+def test_what_a_bundle_keeps_of_it_needs_as_much_at_any_sizes(path):
+    graph = load_graph(path)
+    memory = request_memory(graph, [[n.name for n in graph.nodes[:3]],
+                                    [n.name for n in graph.nodes[3:]]], limit=1 << 40)
+    if memory is None:
+        return
+    kept = RequestMemory.from_dict(json.loads(json.dumps(memory.to_dict())), limit=1 << 40)
+    rng = np.random.default_rng()
+    for _ in range(5):
+        sizes = {d: int(rng.integers(1, 4096)) for d in memory.bound}
+        assert kept.needed(sizes) == memory.needed(sizes), sizes
+
+
 def test_a_size_that_cannot_be_computed_at_a_requests_sizes_keeps_its_size_at_load():
     """`n // (m - 1)` at m = 1: that tensor counts as at load, and nothing is raised."""
     memory = RequestMemory(
         axes={"m": ("x", 0), "n": ("x", 1)}, bound={"m": 2, "n": 6}, names=("t",),
-        dims=((_dim("n // (m - 1)", 6, {"m": 0, "n": 0}), 3),), shapes=((6, 3),),
+        dims=((compiled_dim("n // (m - 1)", 6, {"m": 0, "n": 0}), 3),), shapes=((6, 3),),
         itemsizes=np.array([4.0]), spans=np.array([[0, 0]]), parts=((0, 1),),
         limit=1 << 40)
     assert memory.needed({"m": 3, "n": 10}) == 5 * 3 * 4
