@@ -86,9 +86,9 @@ class ServedNetwork:
 
 
 def _request_memory(loaded: LoadedNetwork) -> RequestMemory | None:
-    graph = loaded.graph_source
     if loaded.bundle is not None:
         return loaded.bundle.request_memory()
+    graph = loaded.graph_source
     if graph is None or callable(graph):
         return None
     from runtime.partition.liveness import request_memory
