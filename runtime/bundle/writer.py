@@ -91,10 +91,14 @@ def externalize(model: onnx.ModelProto, store: WeightStore) -> onnx.ModelProto:
     return model
 
 
-def optimize(model: onnx.ModelProto, threads: int, half: bool, label: str) -> onnx.ModelProto:
+def optimize(model: onnx.ModelProto, threads: int, half: bool, label: str
+             ) -> onnx.ModelProto | None:
     """onnxruntime's extended-level optimized model (fusions, constant folding): what
     every machine runs alike. The layout passes (NCHWc, by the CPU's vector width) are
-    left to load time on the machine that runs it."""
+    left to load time on the machine that runs it. None where onnxruntime cannot read
+    back what it wrote: 1.32 names the Split a fusion makes in a Loop's body as it named
+    one before the Loop (`split_output`), which its loader refuses as not single
+    assignment (torchvision's Mask R-CNN); the model is then optimized as it loads."""
     opts = session_options(threads, half=half)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     with tempfile.TemporaryDirectory(prefix="prism-") as tmp:
@@ -105,6 +109,12 @@ def optimize(model: onnx.ModelProto, threads: int, half: bool, label: str) -> on
         except Exception as exc:
             raise BundleError(f"{label}: onnxruntime cannot optimize it: "
                               f"{first_line(exc)}") from None
+        try:
+            ort.InferenceSession(opts.optimized_model_filepath,
+                                 session_options(threads, half=half, optimized=False),
+                                 providers=["CPUExecutionProvider"])
+        except Exception:
+            return None
         return onnx.load(opts.optimized_model_filepath)
 
 
@@ -216,8 +226,12 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
         model = with_weights(extract(graph, part))  # its weights copied into the bundle
         row["half"] = holds_half(model)  # the driver makes its sessions as `cpu` does
         if row["optimization"] != "none":
-            model = optimize(model, row["threads"], row["half"],
-                             f"{graph.name}/{part.name} on {part.device}")
+            optimized = optimize(model, row["threads"], row["half"],
+                                 f"{graph.name}/{part.name} on {part.device}")
+            if optimized is None:
+                row["optimization"] = "none"  # stored as extracted, optimized as it loads
+            else:
+                model = optimized
         members.append((row["model"], externalize(model, store).SerializeToString()))
     report("writing", len(plan.partitions), len(plan.partitions))
     network = externalize(annotated_network(graph, plan), store)
