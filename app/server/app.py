@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
 from app.server.errors import HANDLERS
-from app.server.guard import HEALTH_PATHS, Guard
+from app.server.guard import HEALTH_PATHS, Guard, ReadBeforeAnswer
 from app.server.routes import health, infer, metrics, models, repository, watch
 from app.server.state import ServerState
 
@@ -27,7 +27,9 @@ def create_app(state: ServerState, modules: Sequence[ModuleType] = ROUTE_MODULES
     settings = state.settings
     open_paths = HEALTH_PATHS if settings.open_health else frozenset()
     app = Starlette(routes=[route for module in modules for route in module.routes(state)],
-                    middleware=[Middleware(Guard, token=settings.token,
+                    middleware=[Middleware(ReadBeforeAnswer,
+                                           max_body_bytes=settings.max_body_bytes),
+                                Middleware(Guard, token=settings.token,
                                            max_body_bytes=settings.max_body_bytes,
                                            open_paths=open_paths)],
                     exception_handlers=HANDLERS)

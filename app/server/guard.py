@@ -6,6 +6,10 @@ A pure ASGI middleware (no per-request objects). The token is compared in consta
 unless the server is told to ask there too. A body is refused on its declared
 Content-Length, or, sent in chunks, as soon as it grows past the limit. WebSocket
 connections (the event stream) are held to the token too.
+
+An answer sent with the request's body unread closes the connection under a client still
+sending it, which sees a reset, not the answer: a request refused for its token, and any
+answered behind Starlette (`ReadBeforeAnswer`), is read to its end first, up to the limit.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Guard:
             if given is None or not hmac.compare_digest(given, self.expected):
                 if kind == "websocket":
                     return await send({"type": "websocket.close", "code": 1008})
+                await _drained(receive, self.max_body)
                 return await _refuse(send, 401, "missing or wrong bearer token (send "
                                                 "Authorization: Bearer TOKEN)",
                                      ((b"www-authenticate", b"Bearer"),))
@@ -72,6 +77,48 @@ class Guard:
             return message
 
         return counted
+
+
+class ReadBeforeAnswer:
+    """Reads what is left of a request's body, up to the limit, before its answer starts
+    (`_drained`), for the routes behind Starlette: a path no route has, a method its
+    route does not take, a refusal before the route reads. The infer route reads its
+    body first and does not pass here."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app, self.max_body = app, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        ended = False
+
+        async def tracked() -> Message:
+            nonlocal ended
+            message = await receive()
+            ended = message["type"] == "http.disconnect" or not message.get("more_body")
+            return message
+
+        async def answer(message: Message) -> None:
+            nonlocal ended
+            if message["type"] == "http.response.start" and not ended:
+                ended = True
+                await _drained(receive, self.max_body)
+            await send(message)
+
+        await self.app(scope, tracked, answer)
+
+
+async def _drained(receive: Receive, limit: int) -> None:
+    """Read a request's body, up to `limit` bytes, and drop it: an answer sent with the
+    body unread closes the connection under a client still sending it, which then sees a
+    reset, not the answer. (The protocol's body timeout bounds how long it takes.)"""
+    seen = 0
+    while seen <= limit:
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
 
 
 async def _refuse(send: Send, status: int, message: str,

@@ -239,6 +239,23 @@ def test_errors_have_tritons_status_and_one_line(server):
     assert status == 405
 
 
+def test_an_error_found_before_a_large_body_is_read_is_still_answered(server):
+    """An unknown model with an 8 MB tensor: the 404 had been sent before the body was
+    read, and the connection closed under the client, which saw a reset, not the answer;
+    so too a path no route has, or a method its route does not take."""
+    url, _ = server
+    x = np.random.default_rng().random(1 << 21).astype(np.float32)  # 8 MB, 25 MB as JSON
+    as_json = {"inputs": [{"name": "x", "shape": [x.size], "datatype": "FP32",
+                           "data": x.tolist()}]}
+    for body, headers in ((as_json, {}), binary_request({"x": x})):
+        status, message = error_of(call(f"{url}/v2/models/ghost/infer", "POST", body,
+                                        headers))
+        assert status == 404 and "ghost" in message, message
+    for path, expected in (("/v2/model/mlp/infer", 404), ("/v2/models/mlp/ready", 405)):
+        status, _ = error_of(call(url + path, "POST", *binary_request({"x": x})))
+        assert status == expected, path  # a mistyped path, a method the route has not
+
+
 def test_timeout_is_504_and_a_full_queue_503():
     """A slow device (a sim at 20 MFLOP/s: ~50 ms per mlp request) and a queue of one."""
     from tests.support.dags import SAMPLES_DIR

@@ -567,6 +567,9 @@ def test_health_is_open_and_the_bearer_scheme_is_case_insensitive():
         for wrong in (f"Basic {token}", f"Bearer{token}", f"Bearer {token.upper()}", token):
             assert error_of(call(f"{url}/v2/models/mlp",
                                  headers={"Authorization": wrong}))[0] == 401, wrong
+        x = np.random.default_rng().random((1 << 21,)).astype(np.float32)  # 8 MB
+        body, headers = binary_request({"x": x})  # refused, answered though not read
+        assert error_of(call(f"{url}/v2/models/mlp/infer", "POST", body, headers))[0] == 401
         client = triton.InferenceServerClient(url.removeprefix("http://"),
                                               connection_timeout=WAIT, network_timeout=WAIT)
         assert client.is_server_live() and client.is_server_ready()  # no token sent

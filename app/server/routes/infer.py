@@ -49,10 +49,12 @@ class Infer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope["path_params"]
         version = params.get("version")
+        # read first: an answer sent with the body unread closes the connection under a
+        # client still sending it, which sees a reset, not the answer (an unknown model)
+        body = await _body(receive)
         served = self.catalog.get(params["model"], version)
         given = dict(scope["headers"])
         header = given[HEADER_LENGTH].decode("latin-1") if HEADER_LENGTH in given else None
-        body = await _body(receive)
         if (encoding := given.get(b"content-encoding")) is not None:
             body = await maybe_offload(len(body), _decoded, body, encoding.decode("latin-1"),
                                        self.max_body)
