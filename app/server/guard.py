@@ -9,7 +9,8 @@ connections (the event stream) are held to the token too.
 
 An answer sent with the request's body unread closes the connection under a client still
 sending it, which sees a reset, not the answer: a request refused for its token, and any
-answered behind Starlette (`ReadBeforeAnswer`), is read to its end first, up to the limit.
+answered behind Starlette (`ReadBeforeAnswer`), is read to its end first, up to the limit,
+unless the client waits to be told to send it (`waits_to_send`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Guard:
             if given is None or not hmac.compare_digest(given, self.expected):
                 if kind == "websocket":
                     return await send({"type": "websocket.close", "code": 1008})
-                await _drained(receive, self.max_body)
+                if not waits_to_send(scope):
+                    await _drained(receive, self.max_body)
                 return await _refuse(send, 401, "missing or wrong bearer token (send "
                                                 "Authorization: Bearer TOKEN)",
                                      ((b"www-authenticate", b"Bearer"),))
@@ -91,7 +93,7 @@ class ReadBeforeAnswer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        ended = False
+        ended = waits_to_send(scope)  # until the route reads, nothing is on its way
 
         async def tracked() -> Message:
             nonlocal ended
@@ -107,6 +109,13 @@ class ReadBeforeAnswer:
             await send(message)
 
         await self.app(scope, tracked, answer)
+
+
+def waits_to_send(scope: Scope) -> bool:
+    """Does the client send its body only once told to go on (`Expect: 100-continue`,
+    as curl does past 1 MB)? uvicorn tells it when the body is first read, so an answer
+    before that needs no body read: the client never sends it."""
+    return any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"])
 
 
 async def _drained(receive: Receive, limit: int) -> None:

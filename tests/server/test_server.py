@@ -38,6 +38,7 @@ from tests.support.dags import (
 )
 from tests.support.servers import (
     WAIT,
+    announced,
     binary_request,
     call,
     error_of,
@@ -254,6 +255,14 @@ def test_an_error_found_before_a_large_body_is_read_is_still_answered(server):
     for path, expected in (("/v2/model/mlp/infer", 404), ("/v2/models/mlp/ready", 405)):
         status, _ = error_of(call(url + path, "POST", *binary_request({"x": x})))
         assert status == expected, path  # a mistyped path, a method the route has not
+
+
+def test_a_client_that_waits_to_send_its_body_is_answered_without_sending_it(server):
+    """`Expect: 100-continue`: an unknown model, a mistyped path, is answered at once; the
+    8 MB the headers announce are never sent (the server had waited for them)."""
+    url, _ = server
+    for path in ("/v2/models/ghost/infer", "/v2/model/mlp/infer"):
+        assert announced(url, path, 8 << 20) == 404, path
 
 
 def test_timeout_is_504_and_a_full_queue_503():

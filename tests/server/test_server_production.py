@@ -42,6 +42,7 @@ from runtime.errors import PrismError
 from tests.cli.test_cli import one_line_error
 from tests.support.servers import (
     WAIT,
+    announced,
     binary_request,
     call,
     error_of,
@@ -570,6 +571,7 @@ def test_health_is_open_and_the_bearer_scheme_is_case_insensitive():
         x = np.random.default_rng().random((1 << 21,)).astype(np.float32)  # 8 MB
         body, headers = binary_request({"x": x})  # refused, answered though not read
         assert error_of(call(f"{url}/v2/models/mlp/infer", "POST", body, headers))[0] == 401
+        assert announced(url, "/v2/models/mlp/infer", len(body)) == 401  # and not sent
         client = triton.InferenceServerClient(url.removeprefix("http://"),
                                               connection_timeout=WAIT, network_timeout=WAIT)
         assert client.is_server_live() and client.is_server_ready()  # no token sent

@@ -4,6 +4,7 @@ plain HTTP client (urllib) that never raises on a status."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import shutil
 import urllib.error
@@ -117,3 +118,20 @@ def binary_request(feeds: dict[str, np.ndarray], outputs_binary: bool = True
                          "parameters": {"binary_data_output": outputs_binary}}).encode()
     return header + b"".join(blobs), {"Inference-Header-Content-Length": str(len(header)),
                                       "Content-Type": "application/octet-stream"}
+
+
+def announced(url: str, path: str, size: int, headers: dict[str, str] | None = None) -> int:
+    """The status a POST of `size` bytes gets when its client waits for `100 Continue`
+    before sending them (`Expect`, as curl does past 1 MB) and is answered first: the
+    body is never sent, so an answer awaited past the timeout raises."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        connection.putrequest("POST", path)
+        for key, value in {"Content-Type": "application/json", **(headers or {}),
+                           "Expect": "100-continue", "Content-Length": str(size)}.items():
+            connection.putheader(key, value)
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()

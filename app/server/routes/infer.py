@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.server.calls import OFFLOAD_BYTES, decode_size, maybe_offload, run
 from app.server.catalog import Served
 from app.server.errors import in_public, respond
-from app.server.guard import Guard
+from app.server.guard import Guard, waits_to_send
 from app.server.routes.models import MODEL, VERSION
 from app.server.state import ServerState
 from app.server.tensors import (
@@ -50,7 +50,10 @@ class Infer:
         params = scope["path_params"]
         version = params.get("version")
         # read first: an answer sent with the body unread closes the connection under a
-        # client still sending it, which sees a reset, not the answer (an unknown model)
+        # client still sending it, which sees a reset, not the answer (an unknown model);
+        # one that sends it only when asked is answered at once
+        if waits_to_send(scope):
+            self.catalog.get(params["model"], version)
         body = await _body(receive)
         served = self.catalog.get(params["model"], version)
         given = dict(scope["headers"])
