@@ -57,7 +57,10 @@ def cgroup_limit(own: Path = Path("/proc/self/cgroup"), mount: Path = Path("/sys
         return None
     limits = []
     for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "-", "")
+        fields = line.split(":", 2)  # hierarchy id : controllers : path
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":
             base, name = mount, "memory.max"
         elif "memory" in controllers.split(","):
