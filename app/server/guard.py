@@ -9,8 +9,9 @@ connections (the event stream) are held to the token too.
 
 An answer sent with the request's body unread closes the connection under a client still
 sending it, which sees a reset, not the answer: a request refused for its token, and any
-answered behind Starlette (`ReadBeforeAnswer`), is read to its end first, up to the limit,
-unless the client waits to be told to send it (`waits_to_send`).
+answered behind Starlette (`ReadBeforeAnswer`), is read to its end first, up to the limit
+(one over it, up to LINGER times the limit), unless the client waits to be told to send
+it (`waits_to_send`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEALTH_PATHS = frozenset(("/v2/health/live", "/v2/health/ready"))
+# A body declared over the limit is still read (and dropped), up to this many times the
+# limit, so that its client gets the 413 rather than a reset; past that, the connection
+# closes. (One sent in chunks is answered as it passes the limit; uvicorn reads the rest.)
+LINGER = 16
 
 
 def bearer_token(authorization: bytes) -> bytes | None:
@@ -62,6 +67,9 @@ class Guard:
             return await self.app(scope, receive, send)
         if length:
             if not length.isdigit() or int(length) > self.max_body:
+                if length.isdigit() and int(length) <= LINGER * self.max_body and \
+                        not waits_to_send(scope):
+                    await _drained(receive, int(length))
                 return await _refuse(send, 413, f"request body of {length.decode('latin-1')} "
                                                 f"bytes is over the {self.max_body}-byte limit")
             return await self.app(scope, receive, send)

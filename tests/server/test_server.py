@@ -4,6 +4,7 @@ repository, errors, the token and body limit, and /metrics."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -813,8 +814,6 @@ def test_token_is_asked_on_every_endpoint_but_health():
 
 
 def test_body_limit_by_length_and_by_chunks():
-    import http.client
-
     from tests.support.dags import SAMPLES_DIR
 
     with serving("cpu:1", files=(("mlp", SAMPLES_DIR / "mlp.onnx"),),
@@ -834,6 +833,26 @@ def test_body_limit_by_length_and_by_chunks():
         status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", bomb,
                                         {"Content-Encoding": "deflate"}))
         assert status == 413 and "2048" in message and "decompressed" in message
+
+
+def test_a_body_over_the_limit_is_answered_413_not_reset():
+    """8 MB to a 1 MB limit, by its length: the 413 had been sent at once and the connection
+    closed under a client still sending, which saw a broken pipe (in chunks, it had not)."""
+    from tests.support.dags import SAMPLES_DIR
+
+    with serving("cpu:1", files=(("mlp", SAMPLES_DIR / "mlp.onnx"),),
+                 settings=ServerSettings(max_body_bytes=1 << 20)) as (url, _):
+        body = os.urandom(8 << 20)
+        status, message = error_of(call(f"{url}/v2/models/mlp/infer", "POST", body))
+        assert status == 413 and str(1 << 20) in message, message
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+        conn.request("POST", "/v2/models/mlp/infer",
+                     iter(body[i:i + (1 << 16)] for i in range(0, len(body), 1 << 16)),
+                     encode_chunked=True)
+        response = conn.getresponse()
+        assert response.status == 413
+        conn.close()
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
