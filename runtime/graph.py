@@ -28,9 +28,9 @@ from runtime.dequantize import one_reader_each
 from runtime.errors import DeviceMemoryError, ModelLoadError
 from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.free_dims import free_sizes, image_sides, made_up_shape
-from runtime.heap import machine_bytes
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.least_sizes import least_sizes, shaped_inputs
+from runtime.machine import machine_bytes
 from runtime.names import fresh_name
 from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.run_sizes import kept_sizes

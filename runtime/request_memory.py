@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import InvalidInputError
-from runtime.heap import machine_bytes
 from runtime.inputs import shapes_text
+from runtime.machine import machine_bytes
 from runtime.units import human_bytes
 
 Dim = int | CodeType  # a size, or an expression of the inputs' named sizes

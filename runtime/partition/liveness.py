@@ -8,7 +8,7 @@ from collections.abc import Container, Sequence
 import numpy as np
 
 from runtime.graph import Graph, Node
-from runtime.heap import machine_bytes
+from runtime.machine import machine_bytes
 from runtime.precision import held_bytes
 from runtime.request_memory import RequestMemory, compiled_dim, live_bytes
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import onnx
 
 from runtime.devices.ort.sessions import cpu_session
 from runtime.graph import Graph, load_graph
+from runtime.machine import usable_cpus
 from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS, node_precisions
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.quantizer import DEFAULTS, Calibrated, QuantizeOptions, quantizable_ops
@@ -103,7 +103,7 @@ def parse_budget(text: str) -> float:
 
 def run_outputs(model: onnx.ModelProto, samples: Samples) -> Outputs:
     """The model's outputs over all samples (plain onnxruntime), concatenated."""
-    sess = cpu_session(model, os.cpu_count() or 1)
+    sess = cpu_session(model, usable_cpus())
     names = [o.name for o in sess.get_outputs()]
     runs = [sess.run(None, batch) for batch in samples.batches()]
     return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}

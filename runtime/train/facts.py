@@ -10,7 +10,6 @@ size; the trainer builds one per micro-batch size it runs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import onnx
 from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import ProvisionError, TrainingError, first_line
 from runtime.graph import reads_of
+from runtime.machine import usable_cpus
 
 Shape = tuple[int, ...]
 VALUES_KEPT = 4096  # largest integer tensor whose value a rule may read
@@ -96,7 +96,7 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
 
     names = [o.name for o in model.graph.output]
     try:  # quiet: a failure is this function's one-line error, not onnxruntime's log
-        results = cpu_session(model, os.cpu_count() or 1, stamp=True).run(names, dict(feeds))
+        results = cpu_session(model, usable_cpus(), stamp=True).run(names, dict(feeds))
     except (ProvisionError, RuntimeException) as exc:
         try:
             with np.errstate(all="ignore"):

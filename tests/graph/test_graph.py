@@ -513,7 +513,7 @@ def test_an_input_larger_than_the_machine_is_refused_before_shapes_are_inferred(
     """A request's inputs are held in this process. A Swin bound to a batch of 10,000,000
     ran onnx's shape inference for a minute, until the kernel killed it for want of memory;
     now a bound or declared input past the machine's memory is refused in one line."""
-    from runtime.heap import machine_bytes
+    from runtime.machine import machine_bytes
 
     memory = machine_bytes()
     side = 224 * 224 * 3 * 4  # bytes of one image at the made-up side

@@ -5,14 +5,12 @@ sizes through the expressions inference left in each tensor's dims."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from runtime import heap
 from runtime import request_memory as request_memory_module
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
@@ -109,39 +107,3 @@ def test_a_size_that_cannot_be_computed_at_a_requests_sizes_keeps_its_size_at_lo
     assert memory.needed({"m": 3, "n": 10}) == 5 * 3 * 4
     assert memory.needed({"m": 1, "n": 10}) == 6 * 3 * 4
 
-
-def _cgroups(root, own: str, limits: dict[str, str]):
-    """A /proc/self/cgroup reading `own` and a cgroup mount with `limits` (file -> text)."""
-    for path, text in limits.items():
-        (root / "fs" / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / "fs" / path).write_text(text + "\n")
-    (root / "cgroup").write_text(own)
-    return heap.cgroup_limit(root / "cgroup", root / "fs")
-
-
-@pytest.mark.parametrize("own, limits, expected", [
-    # cgroup v2 in a pod: the pod's limit, the least of its own and those above it
-    ("0::/kubepods/pod1/c1\n", {"kubepods/pod1/memory.max": "4294967296",
-                                "kubepods/pod1/c1/memory.max": "max",
-                                "kubepods/memory.max": "8589934592"}, 4 << 30),
-    # v2 with the container's cgroup mounted as the root
-    ("0::/\n", {"memory.max": "2147483648"}, 2 << 30),
-    # v1 (Docker without a cgroup namespace: its path is not under the mount, its root is)
-    ("4:memory:/docker/abc\n3:cpu:/docker/abc\n0::/\n",
-     {"memory/memory.limit_in_bytes": "1073741824", "cpu/cpu.shares": "1024"}, 1 << 30),
-    # no limit set: v2's "max", v1's largest page-aligned number
-    ("0::/user.slice\n", {"user.slice/memory.max": "max"}, None),
-    ("9:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712"},
-     9223372036854771712),
-])
-def test_a_containers_memory_limit_is_read_from_its_cgroup(tmp_path, own, limits, expected):
-    assert _cgroups(tmp_path, own, limits) == expected
-
-
-def test_the_memory_a_process_may_use_is_its_containers_where_less(monkeypatch):
-    """A request is refused against the limit the kernel kills at, not the node's memory."""
-    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    monkeypatch.setattr(heap, "cgroup_limit", lambda: 64 << 20)
-    assert heap.machine_bytes() == 64 << 20
-    monkeypatch.setattr(heap, "cgroup_limit", lambda: physical * 2)
-    assert heap.machine_bytes() == physical

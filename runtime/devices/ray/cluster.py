@@ -19,6 +19,7 @@ import threading
 from types import ModuleType
 
 from runtime.errors import DeviceSpecError, first_line
+from runtime.machine import usable_cpus
 
 ADDRESS_ENV = "PRISM_RAY_ADDRESS"  # how the address reaches processes Prism starts
 _lock = threading.Lock()
@@ -49,7 +50,7 @@ def acquire() -> ModuleType:
         if not ray.is_initialized():
             try:  # quiet: the actors' output and Ray's info lines stay in Ray's logs
                 if address is None:
-                    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                    ray.init(num_cpus=usable_cpus(), include_dashboard=False,
                              logging_level=logging.ERROR, log_to_driver=False)
                 else:
                     _check_reachable(address)

@@ -1,0 +1,92 @@
+"""What this machine lets the process use: its memory (`machine_bytes`), which what a
+request or an input needs is refused against, and its CPUs (`usable_cpus`), which a
+session sized to the machine takes its threads from. In a container both are less than
+the node's: a pod's 4 GB and 2 CPUs on a 64 GB, 64-core node, its cgroup's limits, which
+the kernel enforces by killing it and by throttling its threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+PROC_CGROUP, CGROUP_MOUNT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+
+
+def machine_bytes() -> int | None:
+    """The memory this process may use: the machine's physical memory, or less where its
+    cgroup sets a limit (a container's: a pod's 4 GB on a 64 GB node), which the kernel
+    enforces by killing it; None where the system says neither."""
+    try:
+        physical: int | None = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        physical = None
+    return min((b for b in (physical, cgroup_limit()) if b is not None), default=None)
+
+
+def cgroup_limit(own: Path = PROC_CGROUP, mount: Path = CGROUP_MOUNT) -> int | None:
+    """The least memory limit set on this process's cgroup or any above it (v2's
+    `memory.max`, v1's `memory.limit_in_bytes`), in bytes; None where none is set."""
+    limits = [int(text) for v2, folder in _cgroups("memory", own, mount)
+              if (text := _read(folder / ("memory.max" if v2 else "memory.limit_in_bytes")))
+              .isdigit()]  # v2 says "max" where there is no limit, v1 -1 (or a huge one)
+    return min(limits, default=None)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: those it is pinned to, fewer where its cgroup's
+    quota is less (rounded up); at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity outside Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpus()
+    return max(1, min(cpus, math.ceil(quota)) if quota is not None else cpus)
+
+
+def cgroup_cpus(own: Path = PROC_CGROUP, mount: Path = CGROUP_MOUNT) -> float | None:
+    """The least CPU quota set on this process's cgroup or any above it, in CPUs (v2's
+    `cpu.max`, "quota period"; v1's `cpu.cfs_quota_us` over `cpu.cfs_period_us`); None
+    where none is set."""
+    quotas = []
+    for v2, folder in _cgroups("cpu", own, mount):
+        quota, _, period = _read(folder / "cpu.max").partition(" ") if v2 else (
+            _read(folder / "cpu.cfs_quota_us"), "", _read(folder / "cpu.cfs_period_us"))
+        if quota.isdigit() and period.isdigit() and int(period):
+            quotas.append(int(quota) / int(period))
+    return min(quotas, default=None)
+
+
+def _cgroups(controller: str, own: Path, mount: Path) -> Iterator[tuple[bool, Path]]:
+    """(v2?, folder) of this process's cgroup and of each above it, deepest first, as
+    `own` (/proc/self/cgroup) names them: in the v2 hierarchy (at `mount`), and in v1's
+    `controller` one (at `mount`/`controller`). Their roots come last: in a container
+    whose cgroup is mounted as the root, only they hold its limits."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split(":", 2)  # hierarchy id : controllers : path
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":
+            v2, base = True, mount
+        elif controller in controllers.split(","):
+            v2, base = False, mount / controller
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            yield v2, base.joinpath(*parts[:depth])
+
+
+def _read(path: Path) -> str:
+    """A cgroup file's text, stripped; "" where there is none."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
