@@ -16,9 +16,8 @@ PROC_CGROUP, CGROUP_MOUNT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
 
 
 def machine_bytes() -> int | None:
-    """The memory this process may use: the machine's physical memory, or less where its
-    cgroup sets a limit (a container's: a pod's 4 GB on a 64 GB node), which the kernel
-    enforces by killing it; None where the system says neither."""
+    """The memory this process may use: the machine's physical memory, or its cgroup's
+    limit where less; None where the system says neither."""
     try:
         physical: int | None = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
@@ -29,10 +28,9 @@ def machine_bytes() -> int | None:
 def cgroup_limit(own: Path = PROC_CGROUP, mount: Path = CGROUP_MOUNT) -> int | None:
     """The least memory limit set on this process's cgroup or any above it (v2's
     `memory.max`, v1's `memory.limit_in_bytes`), in bytes; None where none is set."""
-    limits = [int(text) for v2, folder in _cgroups("memory", own, mount)
-              if (text := _read(folder / ("memory.max" if v2 else "memory.limit_in_bytes")))
-              .isdigit()]  # v2 says "max" where there is no limit, v1 -1 (or a huge one)
-    return min(limits, default=None)
+    texts = (_read(folder / ("memory.max" if v2 else "memory.limit_in_bytes"))
+             for v2, folder in _cgroups("memory", own, mount))
+    return min((int(t) for t in texts if t.isdigit()), default=None)  # v2 says "max" if none
 
 
 def usable_cpus() -> int:
