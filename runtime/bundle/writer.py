@@ -250,6 +250,7 @@ def write_bundle(path: str | Path, graph: Graph, plan: Plan, steps: Sequence[Ste
     text = [(MANIFEST, manifest), ("plan.json", plan.to_dict()),
             ("memory.json", memory_plans_dict(memory_plans(plan, graph))),
             ("steps.json", [s.to_dict() for s in steps])]
+    # any limit: the machine serving it says its own (`RequestMemory.from_dict`)
     needs = request_memory(graph, [p.nodes for p in plan.partitions], limit=1)
     if needs is not None:
         text.append((REQUEST_MEMORY, needs.to_dict()))
