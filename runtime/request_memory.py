@@ -119,7 +119,7 @@ class RequestMemory:
 
     def tensor_bytes(self, sizes: Mapping[str, int]) -> np.ndarray:
         """Each tensor's bytes at those sizes."""
-        named: dict[str, object] = {"__builtins__": {}}  # arithmetic alone: `_dim`
+        named: dict[str, object] = {"__builtins__": {}}  # arithmetic alone: `compiled_dim`
         counts: dict[tuple[Dim, ...], float] = {}  # many tensors share one shape
         for dims, shape in zip(self.dims, self.shapes, strict=True):
             if dims not in counts:
