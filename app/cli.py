@@ -77,8 +77,8 @@ def _pattern(text: str) -> str:
 
 def _binding(text: str) -> str:
     name, _, value = text.partition("=")
-    if not name or not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_DIM:
-        raise argparse.ArgumentTypeError(f"takes DIM=N with N a whole number from 1 to "
+    if not name or not value.isascii() or not value.isdigit() or int(value) > MAX_DIM:
+        raise argparse.ArgumentTypeError(f"takes DIM=N with N a whole number from 0 to "
                                          f"{MAX_DIM}, got {text!r}")
     return text
 
@@ -86,10 +86,10 @@ def _binding(text: str) -> str:
 def _shape(text: str) -> str:
     name, _, dims = text.rpartition("=")
     sizes = dims.split(",")
-    if not name or not all(d.isascii() and d.isdigit() and 1 <= int(d) <= MAX_DIM
+    if not name or not all(d.isascii() and d.isdigit() and int(d) <= MAX_DIM
                            for d in sizes):
         raise argparse.ArgumentTypeError(f"takes INPUT=D,D,... with each D a whole number "
-                                         f"from 1 to {MAX_DIM}, got {text!r}")
+                                         f"from 0 to {MAX_DIM}, got {text!r}")
     return text
 
 

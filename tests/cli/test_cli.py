@@ -31,6 +31,7 @@ from tests.support.dags import (
     end_token_ids,
     end_token_model,
     even_rows_model,
+    kv_cache_step,
     upsampling_detector,
 )
 
@@ -232,6 +233,19 @@ def test_a_detector_of_free_image_size_runs_on_made_up_images_it_can_take(capsys
     assert code == 0, err
     assert re.search(r"^check: every output matches onnxruntime", out, re.MULTILINE), out
 
+
+@pytest.mark.parametrize("devices", ["cpu:2", "cpu:1,reference:1"])
+def test_a_first_decoder_step_plans_and_runs_on_an_empty_cache(capsys, tmp_path, devices):
+    """--bind refused 0, so a decoder's first step, whose key cache is empty (past 0, as
+    LLM exports take it), could not be planned or run on made-up inputs."""
+    path = str(tmp_path / "kv.onnx")
+    onnx.save(kv_cache_step(), path)
+    seq = int(np.random.default_rng().integers(1, 6))
+    code = main(["run", path, "--devices", devices, "--partition", "memory", "--requests", "3",
+                 "--bind", "past=0", "--bind", f"seq={seq}", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^check: every output matches onnxruntime", out, re.MULTILINE), out
 
 def test_check_of_a_model_only_a_reference_device_runs_says_so(capsys, tmp_path):
     """A bfloat16 MatMul: onnxruntime's CPU provider has no kernel, the reference device

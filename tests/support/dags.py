@@ -865,6 +865,30 @@ def even_rows_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
+def kv_cache_step(width: int = 8) -> onnx.ModelProto:
+    """One decoder step with a key cache, as LLM exports take it: x [batch, seq, width] and
+    past [batch, past, width] -> present [batch, past + seq, width] (the cache, extended)
+    and y [batch, seq, width] (x attending over it). A first step's cache is empty: past 0."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32),
+                                       n) for n in ("wq", "wk")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+             helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+             helper.make_node("Concat", ["past", "k"], ["present"], name="extend", axis=1),
+             helper.make_node("Transpose", ["present"], ["kt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+             helper.make_node("Softmax", ["scores"], ["attention"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["attention", "present"], ["y"], name="attend")]
+    graph = helper.make_graph(
+        nodes, "kv_cache",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", width]),
+         helper.make_tensor_value_info("past", TensorProto.FLOAT, ["batch", "past", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", width]),
+         helper.make_tensor_value_info("present", TensorProto.FLOAT, ["batch", None, width])],
+        weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 END_TOKEN = 2
 
 
