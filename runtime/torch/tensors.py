@@ -36,12 +36,18 @@ def layout_of(traced: torch.Tensor) -> tuple[int, ...] | None:
     the row-major order; None when it is (or cannot be told).
 
     The graph after a block was traced with this layout: a `view` PyTorch runs on it later
-    may need it, so a block's output is laid out so again (ONNX outputs are row-major)."""
-    strides = [_hint(s) for s in traced.stride()]
-    if any(s is None for s in strides):
+    may need it, so a block's output is laid out so again (ONNX outputs are row-major).
+    A dimension of one, or a broadcast one (stride 0: transformers' `repeat_kv` of a single
+    key head), takes no room and keeps its place: sorted by its stride of 0 it went
+    innermost, and PyTorch's cpu attention backward misreads a key whose last dimension is
+    not innermost."""
+    sizes, strides = [_hint(s) for s in traced.shape], [_hint(s) for s in traced.stride()]
+    if None in sizes or None in strides:
         return None
-    order = sorted(range(traced.dim()), key=lambda d: -strides[d])  # type: ignore[operator]
-    return None if order == sorted(order) else tuple(order)
+    placed = [d for d in range(traced.dim()) if strides[d] and sizes[d] != 1]
+    inner = iter(sorted(placed, key=lambda d: -strides[d]))  # type: ignore[operator]
+    order = tuple(next(inner) if d in placed else d for d in range(traced.dim()))
+    return None if order == tuple(range(traced.dim())) else order
 
 
 def laid_out(tensor: torch.Tensor, layout: tuple[int, ...] | None) -> torch.Tensor:

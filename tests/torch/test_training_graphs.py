@@ -32,13 +32,15 @@ GROWTH = (0, 2)
 class Attention(nn.Module):
     """Four heads over a sequence of 6, as `F.scaled_dot_product_attention` is called;
     with fewer `kv_heads`, grouped-query attention (each key and value head serves
-    4 / kv_heads query heads, as a Llama, Mistral or Qwen2 config asks)."""
+    4 / kv_heads query heads, as a Llama, Mistral or Qwen2 config asks); `repeated`: the
+    key and value heads repeated for their groups first, as transformers' `repeat_kv`
+    does (a view whose head dimension, of one head, is broadcast: stride 0)."""
 
-    def __init__(self, causal: bool = False, mask: str | None = None, kv_heads: int = 4
-                 ) -> None:
+    def __init__(self, causal: bool = False, mask: str | None = None, kv_heads: int = 4,
+                 repeated: bool = False) -> None:
         super().__init__()
         self.qkv, self.out = nn.Linear(16, 16 + 8 * kv_heads), nn.Linear(16, 5)
-        self.causal, self.kv_heads = causal, kv_heads
+        self.causal, self.kv_heads, self.repeated = causal, kv_heads, repeated
         self.mask = None if mask is None else torch.randn(6, 6)
         if mask == "a row hidden":
             self.mask[2] = float("-inf")  # type: ignore[index]
@@ -46,9 +48,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.unflatten(-1, (-1, 4)).transpose(1, 2) for t in self.qkv(x).split(
             [16, 4 * self.kv_heads, 4 * self.kv_heads], -1))
+        if self.repeated:
+            k, v = (t[:, :, None].expand(-1, -1, 4 // self.kv_heads, -1, -1).flatten(1, 2)
+                    for t in (k, v))
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
                                                is_causal=self.causal,
-                                               enable_gqa=self.kv_heads < 4)
+                                               enable_gqa=k.size(1) < 4)
         return self.out(heads.transpose(1, 2).flatten(2))
 
 
@@ -74,6 +79,8 @@ TRAINED: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "grouped-query attention, causal": (lambda: Attention(causal=True, kv_heads=2), (3, 6, 16)),
     "multi-query attention with a mask": (lambda: Attention(mask="additive", kv_heads=1),
                                           (3, 6, 16)),
+    "multi-query attention, heads repeated first": (
+        lambda: Attention(causal=True, kv_heads=1, repeated=True), (3, 6, 16)),
 }
 
 

@@ -107,6 +107,10 @@ def test_outputs_take_the_layout_the_graph_was_traced_with():
     again = laid_out(values, layout)
     assert torch.equal(again, values) and again.stride() == traced.stride()
     assert layout_of(torch.empty(2, 3)) is None
+    head = torch.empty(2, 1, 8, 16)  # a key head broadcast to 4, as transformers' repeat_kv
+    assert layout_of(head.expand(2, 4, 8, 16)) is None
+    assert layout_of(head.transpose(2, 3).expand(2, 4, 16, 8)) == (0, 1, 3, 2)
+    assert layout_of(torch.empty(6, 1, 4).transpose(0, 2)) == (2, 1, 0)
 
 
 def test_batching_serves_the_dynamic_graph_and_says_why_not_the_static_one(host):
