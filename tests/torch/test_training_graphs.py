@@ -121,6 +121,28 @@ def test_a_training_step_runs_on_the_host_as_eager(name: str, host: HostManager)
         "\n".join(r.table() for r in reports)
 
 
+def test_gradients_through_batch_norm_out_of_training_leave_pytorch_whole(host: HostManager):
+    """Fine-tuning around frozen batch norms (or an input's saliency): the forward graph
+    saves for the backward the empty statistics PyTorch's batch norm out of training
+    makes, where torch.onnx's makes the running ones, and the whole block fell back."""
+    fresh_weights()
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU(),
+                           nn.Conv2d(8, 4, 3), nn.BatchNorm2d(4)).eval()
+    for norm in (module[1], module[4]):
+        norm.running_mean.normal_()
+        norm.running_var.uniform_(0.5, 2.0)
+    reference = copy.deepcopy(module)
+    fast = torch.compile(module, backend="prism", options={"host": host})
+    with collecting() as reports:
+        x, seed = fresh(3, 3, 9, 9), int(np.random.default_rng().integers(2**62))
+        got, got_grads = _train(fast, x, seed)
+        want, want_grads = _train(reference, x, seed)
+    assert relative_error(got, want) < 1e-4
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert relative_error(g, w) < 1e-4
+    assert reports and all(r.networks and not r.kept_nodes for r in reports), \
+        "\n".join(r.table() for r in reports)
+
 def test_float16_batch_norm_in_training_stays_in_pytorch(host: HostManager):
     fresh_weights()
     module = nn.BatchNorm1d(8).half().train()
