@@ -25,7 +25,7 @@ PROTOBUF_LIMIT = 2 << 30  # a model file larger than this holds no whole ONNX gr
 
 
 def bindings(pairs: list[str], model: str | None = None) -> dict[str, int]:
-    """`--bind` pairs (checked by the parser: DIM=N, N from 1) -> {DIM: N}. With `model`
+    """`--bind` pairs (checked by the parser: DIM=N, N from 0) -> {DIM: N}. With `model`
     (an ONNX file), each DIM must name a symbolic dimension of one of its inputs."""
     found = {name: int(value) for name, _, value in (p.partition("=") for p in pairs)}
     known = _input_dims(model) if found and model else None

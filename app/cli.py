@@ -107,9 +107,7 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
     parser.add_argument("--partition", metavar="MODE",
                         help=f"{', '.join(MODES)}, or a TOML/JSON node -> partition map "
                              "(user mode); default balanced")
-    parser.add_argument("--bind", action="append", default=[], metavar="DIM=N", type=_binding,
-                        help="value of a symbolic dimension for costing and made-up inputs "
-                             "(default 1; an image input's height and width 224)")
+    _add_bind_arg(parser)
     parser.add_argument("--annotate", metavar="FILE.toml",
                         help="placement: [nodes] name = device/kind, [ops] op = device/kind, "
                              "fallback = device, or name = device/kind for a node or an op")
@@ -117,6 +115,12 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool = True,
                         help="device for nodes their preferred device cannot run")
     _add_costs_arg(parser)
     _add_ray_arg(parser)
+
+
+def _add_bind_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bind", action="append", default=[], metavar="DIM=N", type=_binding,
+                        help="value of a symbolic dimension for costing and made-up inputs "
+                             "(default 1; an image input's height and width 224)")
 
 
 def _add_inputs_arg(parser: argparse.ArgumentParser, sent: bool = True) -> None:
@@ -374,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "should be those it was recorded with)")
     tui.add_argument("--seed", type=_number(int, 0), default=None,
                      help="seed for the load's inputs")
+    _add_bind_arg(tui)
     _add_inputs_arg(tui)
     _add_remap_arg(tui)
     _add_connect_args(tui)
@@ -385,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--devices", metavar="SPEC",
                      help="cpu:4, cpu:2,sim:4:mem=64MB, or a TOML file (default: cpu:2,sim:2)")
     _add_ray_arg(web)
+    _add_bind_arg(web)
     _add_inputs_arg(web)
     web.add_argument("--port", type=_number(int, 0, 65535), default=0, metavar="P",
                      help="port on 127.0.0.1 (default: a free one)")

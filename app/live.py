@@ -53,9 +53,10 @@ class LiveRuntime:
                  mode: str = "balanced", *, rate: float | None = None,
                  concurrency: int | None = None, start_load: bool = True,
                  seed: int | None = None, remap: Mapping[str, str] | None = None,
-                 inputs: str | Path | None = None):
+                 inputs: str | Path | None = None, bindings: Mapping[str, int] | None = None):
         self.model = Path(model) if model else DEFAULT_MODEL
         self._remap = (self.model.resolve(), dict(remap or {}))  # for that bundle only
+        self._bound = (self.model.resolve(), dict(bindings or {}))  # that model's sizes
         # one request's feeds (`--inputs`), for that model only: sent, and measured on
         self._given = (self.model.resolve(), inputs_for(self.model, inputs)) if inputs \
             else None
@@ -97,7 +98,8 @@ class LiveRuntime:
         self._serving_since[name] = math.inf
         plan = host.add_network(name, model, partition=mode, costs=costs,
                                 remap=remap if remap and model.resolve() == path else None,
-                                sample_feeds=None if is_bundle(model) else self._feeds(model))
+                                sample_feeds=None if is_bundle(model) else self._feeds(model),
+                                bindings=self._bindings(model) or None)
         self._serving_since[name] = time.monotonic()
         return plan
 
@@ -105,13 +107,18 @@ class LiveRuntime:
         """The feeds given for `model`, or None (another model's load is made up)."""
         return self._given[1] if self._given and model.resolve() == self._given[0] else None
 
+    def _bindings(self, model: Path) -> dict[str, int]:
+        """The sizes given for `model`'s dimensions (another model's are its defaults)."""
+        return self._bound[1] if model.resolve() == self._bound[0] else {}
+
     def _start_load(self, paused: bool = False) -> None:
         host = self._running()
         if self._rate_fits_plan:
             self.rate = default_rate(self._plan.bottleneck_seconds, host.replicas(self.network))
         self.load = LoadGenerator(host, self.network, rate=self.rate,
                                   concurrency=self.concurrency, seed=self.seed, timeout=10.0,
-                                  feeds=self._feeds(self.model))
+                                  feeds=self._feeds(self.model),
+                                  bindings=self._bindings(self.model))
         if paused:
             self.load.pause()
         self.load.start()
@@ -143,7 +150,7 @@ class LiveRuntime:
         load = self.load
         setting = None if load is None else LoadSetting(rate=load.rate) \
             if load.rate is not None else LoadSetting(clients=load.concurrency)
-        failing = load.hint("--inputs FILE.npz", share=0.5) if load is not None else ""
+        failing = load.hint(share=0.5) if load is not None else ""
         return Status(str(self.model), self.network, self.mode, self.devices_spec,
                       LoadState(setting, self.paused), self._record_path,
                       bundle=self._origin() is not None,

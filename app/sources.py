@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from app.arguments import bindings
 from app.dashboard.source import RuntimeSource
-from app.defaults import default_devices
+from app.defaults import DEFAULT_MODEL, default_devices
 from app.live import LiveRuntime
 from app.replay import Recording
 from runtime.bundle.match import match_devices, parse_remap
@@ -38,11 +39,13 @@ class SourceSettings:
     remap: str | None = None  # a bundle's renamed devices: "OLD=NEW,OLD=NEW"
     train: str | None = None  # a training run to run and show (TrainSettings as JSON)
     inputs: str | None = None  # one request's feeds (.npz) for the embedded runtime's load
+    bind: str | None = None  # the model's symbolic dimensions' sizes: "DIM=N,DIM=N"
 
     def __post_init__(self) -> None:
-        if self.inputs is not None and (self.replay or self.connect or self.train):
-            raise PrismError("--inputs feeds a runtime run here; a replay, a server or a "
-                             "training run has its own")
+        for flag, given in (("--inputs", self.inputs), ("--bind", self.bind)):
+            if given is not None and (self.replay or self.connect or self.train):
+                raise PrismError(f"{flag} is for a runtime run here; a replay, a server or a "
+                                 f"training run has its own")
         if self.inputs is not None and not Path(self.inputs).is_file():
             raise PrismError(f"--inputs: no such file: {self.inputs}")
         if self.train is not None and (self.model or self.replay or self.connect):
@@ -59,10 +62,17 @@ class SourceSettings:
             raise PrismError(f"--replay: no such file: {self.replay}")
         if self.replay is None and self.model is not None and is_bundle(self.model):
             _check_bundle(Path(self.model), self.devices, self.remaps)
+        self.bindings  # noqa: B018 (a DIM the model's inputs lack fails here, as one line)
 
     @property
     def remaps(self) -> dict[str, str]:
         return parse_remap(self.remap.split(",")) if self.remap else {}
+
+    @property
+    def bindings(self) -> dict[str, int]:
+        """`bind` as {DIM: N}, each DIM one of the model's inputs' (else a one-line error)."""
+        return bindings(self.bind.split(","), self.model or str(DEFAULT_MODEL)) \
+            if self.bind else {}
 
     def open(self) -> RuntimeSource:
         if self.train is not None:
@@ -78,7 +88,7 @@ class SourceSettings:
             return Recording(self.replay, self.model, self.devices, self.mode)
         return LiveRuntime(self.model, self.devices, self.mode, rate=self.rate,
                            concurrency=self.concurrency, seed=self.seed, remap=self.remaps,
-                           inputs=self.inputs)
+                           inputs=self.inputs, bindings=self.bindings)
 
     def to_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """`env` with these settings in place of any it held."""
@@ -99,7 +109,7 @@ class SourceSettings:
         return cls(get("model"), get("devices"), get("mode") or "balanced",
                    number("rate", float), number("concurrency", int), number("seed", int),
                    get("replay"), get("connect"), get("token"), get("remap"), get("train"),
-                   get("inputs"))
+                   get("inputs"), get("bind"))
 
 
 def _check_bundle(path: Path, devices: str | None, remap: Mapping[str, str]) -> None:

@@ -14,7 +14,8 @@ def run(args: argparse.Namespace) -> int:
     return show(SourceSettings(
         args.model, args.devices, args.partition, rate=args.rate, concurrency=args.concurrency,
         seed=args.seed, replay=args.replay, connect=args.connect, token=args.token,
-        remap=",".join(args.remap) or None, inputs=args.inputs).open())
+        remap=",".join(args.remap) or None, inputs=args.inputs,
+        bind=",".join(args.bind) or None).open())
 
 
 def show(source: RuntimeSource) -> int:

@@ -94,7 +94,8 @@ def _settings(args: argparse.Namespace) -> SourceSettings:
     settings = SourceSettings(model, args.devices,
                               replay=str(Path(replay).resolve()) if replay else None,
                               connect=args.connect, token=args.token,
-                              remap=",".join(args.remap) or None, inputs=inputs)
+                              remap=",".join(args.remap) or None, inputs=inputs,
+                              bind=",".join(args.bind) or None)
     if settings.connect is not None:
         settings.open().close()  # an unreachable server fails here, as one line
     if inputs is not None:  # feeds that do not fit fail here, as one line

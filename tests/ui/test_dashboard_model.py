@@ -28,7 +28,7 @@ from app.dashboard import (
     Stepper,
 )
 from app.dashboard.colors import NO_COLOR, PALETTE, UNASSIGNED
-from app.dashboard.model import MIN_RUNS
+from app.dashboard.model import MIN_RUNS, DashboardView
 from app.dashboard.source import MODES, PartitionSteps
 from app.defaults import DEFAULT_DEVICES, DEFAULT_RATE, LOAD_SHARE, SAMPLES
 from app.live import LiveRuntime
@@ -45,7 +45,7 @@ from runtime.partition import Plan, Step, partition, replay
 from runtime.partition.dot import Outline
 from runtime.partition.planning import COSTS_ENV
 from runtime.user_cache import CACHE_ENV
-from tests.support.dags import end_token_ids, end_token_model
+from tests.support.dags import end_token_ids, end_token_model, even_rows_model
 from tests.support.recordings import record_run
 
 MODEL = SAMPLES / "cnn.onnx"
@@ -483,6 +483,20 @@ def test_a_bundle_remapped_through_the_environment_runs_where_it_was_sent(
         SourceSettings(str(MODEL), "cpu:4", remap="cpu0=cpu3")
 
 
+def _answered_through_env(settings: SourceSettings) -> DashboardView:
+    """The view once the settings, carried through `prism web`'s environment, opened and
+    under their load, have answered 5 requests and failed none."""
+    model = DashboardModel(SourceSettings.from_env(settings.to_env({})).open())
+    try:
+        deadline = time.monotonic() + 30
+        while model.poll().totals.finished < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        view = model.poll()
+        assert view.totals.finished >= 5 and view.totals.failed == 0 and not view.errors
+        return view
+    finally:
+        model.close()
+
 def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`prism tui|web MODEL --inputs FILE.npz`: a model taking only some values (ids
@@ -506,24 +520,34 @@ def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
         view = made_up.poll()
         assert view.totals.failed >= 5 and view.plan is not None and view.plan.costs == "model"
         assert view.errors[-1] == ("most requests failed (on made-up inputs: ids [1, 1]; "
-                                   "give yours with --inputs FILE.npz)")
+                                   "give yours with --inputs FILE.npz, or sizes with --bind "
+                                   "DIM=N)")
     finally:
         made_up.close()
-    settings = SourceSettings(str(path), "cpu:2", concurrency=2, inputs=str(data))
-    model = DashboardModel(SourceSettings.from_env(settings.to_env({})).open())
-    try:
-        deadline = time.monotonic() + 30
-        while model.poll().totals.finished < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        view = model.poll()
-        assert view.totals.finished >= 5 and view.totals.failed == 0 and not view.errors
-        assert view.plan is not None and view.plan.costs == "measured"
-    finally:
-        model.close()
+    view = _answered_through_env(SourceSettings(str(path), "cpu:2", concurrency=2,
+                                                inputs=str(data)))
+    assert view.plan is not None and view.plan.costs == "measured"
     with pytest.raises(InvalidInputError, match=f"^{bad}: input 'ids' of ends: expected"):
         LiveRuntime(str(path), "cpu:2", inputs=str(bad), start_load=False)
-    with pytest.raises(PrismError, match="--inputs feeds a runtime run here"):
+    with pytest.raises(PrismError, match="--inputs is for a runtime run here"):
         SourceSettings(connect="http://127.0.0.1:9", inputs=str(data))
+
+
+def test_the_live_load_makes_up_inputs_at_the_sizes_bound(tmp_path: Path) -> None:
+    """`prism tui|web MODEL --bind DIM=N`: a model taking only some sizes (an even number
+    of rows) failed every made-up request at 1 row, and the dashboards took no --bind as
+    `prism run` does. The settings carry it through `prism web`'s environment; a DIM the
+    model's inputs lack is refused in one line naming theirs."""
+    path = tmp_path / "pairs.onnx"
+    onnx.save(even_rows_model(), path)
+    rows = 2 * int(np.random.default_rng().integers(1, 5))
+    _answered_through_env(SourceSettings(str(path), "cpu:2", concurrency=2,
+                                         bind=f"rows={rows}"))
+    with pytest.raises(PrismError, match=r"^--bind cols: the inputs of .* have no dimension "
+                                         r"named 'cols'; their symbolic dimensions are rows$"):
+        SourceSettings(str(path), "cpu:2", bind="cols=2")
+    with pytest.raises(PrismError, match="--bind is for a runtime run here"):
+        SourceSettings(replay=str(path), bind="rows=2")
 
 
 def test_stepper_walks_within_its_steps(source: Scripted) -> None:

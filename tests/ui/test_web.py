@@ -242,8 +242,9 @@ def test_tabs_share_one_runtime(shared: SharedLive) -> None:
     assert not failures and shared.view().plan.mode == "balanced"
 
 
-@pytest.mark.parametrize("argv", [["web", "--devices", "gpu:2"], ["web", "missing.onnx"]])
-def test_prism_web_rejects_bad_arguments(argv: list[str], capsys) -> None:
+@pytest.mark.parametrize("argv", [["web", "--devices", "gpu:2"], ["web", "missing.onnx"],
+                                  ["web", "--bind", "nope=2"], ["tui", "--bind", "nope=2"]])
+def test_prism_web_and_tui_reject_bad_arguments(argv: list[str], capsys) -> None:
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "prism: error:" in err and len(err.strip().splitlines()) == 1
