@@ -247,6 +247,7 @@ def test_a_first_decoder_step_plans_and_runs_on_an_empty_cache(capsys, tmp_path,
     assert code == 0, err
     assert re.search(r"^check: every output matches onnxruntime", out, re.MULTILINE), out
 
+
 def test_check_of_a_model_only_a_reference_device_runs_says_so(capsys, tmp_path):
     """A bfloat16 MatMul: onnxruntime's CPU provider has no kernel, the reference device
     runs it. --check, which needs onnxruntime to run it whole, says that in one line."""

@@ -29,6 +29,7 @@ from tests.support.torch_modules import fresh, fresh_weights, relative_error
 # and its new batch size makes dynamo trace again with a dynamic batch dimension
 GROWTH = (0, 2)
 
+
 class Attention(nn.Module):
     """Four heads over a sequence of 6, as `F.scaled_dot_product_attention` is called;
     with fewer `kv_heads`, grouped-query attention (each key and value head serves
@@ -142,6 +143,7 @@ def test_gradients_through_batch_norm_out_of_training_leave_pytorch_whole(host: 
         assert relative_error(g, w) < 1e-4
     assert reports and all(r.networks and not r.kept_nodes for r in reports), \
         "\n".join(r.table() for r in reports)
+
 
 def test_float16_batch_norm_in_training_stays_in_pytorch(host: HostManager):
     fresh_weights()

@@ -497,6 +497,7 @@ def _answered_through_env(settings: SourceSettings) -> DashboardView:
     finally:
         model.close()
 
+
 def test_the_live_load_sends_the_inputs_given_and_a_model_is_measured_on_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`prism tui|web MODEL --inputs FILE.npz`: a model taking only some values (ids
