@@ -28,6 +28,7 @@ from typing import Any
 import onnx
 import sympy  # type: ignore[import-untyped]
 import torch
+from torch._dynamo.convert_frame import compile_lock
 from torch.fx import GraphModule
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._sympy.interp import sympy_interp
@@ -63,7 +64,23 @@ class ExportedBlock:
     seconds: float = 0.0
 
 
-_EXPORTING = threading.Lock()
+# dynamo's own: an export traces with the same process-wide state (fake tensors, the
+# tracing context) a graph dynamo compiles in another thread is traced with
+_EXPORTING = compile_lock
+
+
+@contextmanager
+def _exporting_here() -> Iterator[None]:
+    """`torch.compiler.is_exporting()` true in this thread alone while it exports. torch.export
+    sets a flag of the process's, and a compiled call in another thread that reads it
+    annotates in a dict of the process's (`torch.fx.traceback.current_meta`): two at once
+    fail (KeyError 'custom')."""
+    exporter, plain = threading.get_ident(), torch.compiler.is_exporting
+    torch.compiler.is_exporting = lambda: plain() and threading.get_ident() == exporter
+    try:
+        yield
+    finally:
+        torch.compiler.is_exporting = plain
 
 
 class ExportFailed(Exception):
@@ -216,10 +233,11 @@ def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int
     fed = tuple(args[i] for i in fed_positions)
     start = time.perf_counter()
     try:
-        # one export at a time (torch.export's tracing state and the loggers' levels are
-        # the process's), outside any dispatch mode the caller runs under (AOT autograd
+        # one export at a time, never beside a compile of dynamo's (torch.export's tracing
+        # state and the loggers' levels are the process's), seen as an export in this
+        # thread alone, outside any dispatch mode the caller runs under (AOT autograd
         # checks a graph's first call for aliasing custom ops with one)
-        with _EXPORTING, _disable_current_modes(), torch.no_grad(), \
+        with _EXPORTING, _exporting_here(), _disable_current_modes(), torch.no_grad(), \
                 warnings.catch_warnings(), quiet_loggers():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(wrapper, fed, dynamo=True, dynamic_shapes=dynamic,

@@ -9,6 +9,7 @@ Each module is compiled once for the file (export costs a second or so per block
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,3 +163,37 @@ def test_gradients_flow_through_an_offloaded_forward(host: HostManager):
     assert report.networks and not report.kept_nodes, report.table()
     for (name, p), q in zip(module.named_parameters(), reference.parameters(), strict=True):
         assert relative_error(p.grad, q.grad) < 1e-4, name
+
+
+class _Broken(nn.Module):
+    """Two graphs, split where library code turns dynamo off (`torch._dynamo.disable`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch._dynamo.disable(torch.relu)(self.a(x))
+        return self.b(h)
+
+
+def test_threads_calling_a_compiled_module_at_new_sizes_get_eagers_answers(
+        host: HostManager):
+    """Threads serving one compiled module: each new batch size makes dynamo compile in one
+    thread while a block exports in another, and the export traced with the process-wide
+    state dynamo's compile was using: dynamo failed ("s75 is not tracked with proxy"),
+    the call raised, or hung. An export now holds dynamo's own compile lock."""
+    for _ in range(3):
+        torch._dynamo.reset()
+        fresh_weights()
+        module = _Broken().eval()
+        fast = torch.compile(module, backend="prism", options={"host": host})
+
+        def call(i: int, fast=fast, module=module) -> float:
+            x = fresh(1 + i % 8, 16)
+            with torch.no_grad():
+                return relative_error(fast(x), module(x))
+
+        with ThreadPoolExecutor(8) as pool:
+            errors = [f.result(timeout=120) for f in [pool.submit(call, i) for i in range(96)]]
+        assert max(errors) < 1e-5
