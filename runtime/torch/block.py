@@ -20,6 +20,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class Expected:
     dims: tuple[int | None, ...]
     layout: tuple[int, ...] | None
 
-    @property
+    @cached_property
     def empty(self) -> bool:
         """Does PyTorch make it empty (a dimension fixed at 0)? It holds no values then, and
         is made so whatever the ONNX makes: torch.onnx's batch norm out of training makes
@@ -153,7 +154,7 @@ class Variant:
             array = outputs[name]
             if expected.empty:
                 array = np.empty(expected.dims, expected.dtype)
-            if (wrong := expected.problem(array)) is not None:
+            elif (wrong := expected.problem(array)) is not None:
                 raise _Mismatch(f"output {name} is {wrong}")
             result.append(laid_out(to_torch(array, copy=name in self.exported.constants),
                                    expected.layout))
