@@ -18,6 +18,7 @@ import numpy as np
 
 from runtime.errors import InvalidInputError, PrismError
 from runtime.free_dims import fixed_size, free_sizes, made_up_shape
+from runtime.types import OutsizedFeeds
 
 if TYPE_CHECKING:
     import onnx
@@ -513,9 +514,10 @@ class FeedCheck:
     __slots__ = ("admit", "agreed", "expected", "network", "shared", "specs", "width")
 
     def __init__(self, network: str, specs: list[InputSpec],
-                 admit: Callable[[dict[str, tuple[int, ...]]], None] | None = None):
+                 admit: Callable[[dict[str, tuple[int, ...]]], bool] | None = None):
         """`admit(shapes)`: raises where feeds of shapes not seen before may not run (a
-        request needing more memory than the machine has: `request_memory`)."""
+        request needing more memory than the machine has: `request_memory`); True where
+        they are outsized (their feeds are checked as `OutsizedFeeds`)."""
         self.network, self.specs, self.width, self.admit = network, specs, len(specs), admit
         self.expected = tuple((s.name, s.dtype, s.shapes_seen) for s in specs)
         # with a dimension named twice, each input's shape seen before is not enough:
@@ -539,15 +541,22 @@ class FeedCheck:
         if self.admit is not None:
             shapes = {k: v.shape for k, v in out.items() if type(v) is np.ndarray}
             try:
-                self.admit(shapes)
+                outsized = self.admit(shapes)
             except PrismError:  # asked again, it is refused again: not a shape seen
-                for spec in self.specs:
-                    spec.shapes_seen.discard(shapes.get(spec.name, ()))
+                self._forget(shapes)
                 raise
+            if outsized:  # asked again, judged again: the usual requests may grow to it
+                self._forget(shapes)
+                return OutsizedFeeds(out)
         if self.shared and len(self.agreed) < _SHAPES_KEPT and all(
                 type(v) is np.ndarray for v in out.values()):
             self.agreed.add(tuple(v.shape for v in out.values()))
         return out
+
+    def _forget(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Feeds of these shapes take the full check, and `admit`, again."""
+        for spec in self.specs:
+            spec.shapes_seen.discard(shapes.get(spec.name, ()))
 
 
 def graph_outputs(values: Mapping[str, Any], names: Iterable[str], inputs: Iterable[str] = ()

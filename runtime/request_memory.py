@@ -5,7 +5,8 @@ held 7.6 GB, its attention growing with their square.
 
     memory = request_memory(graph, parts)       # runtime/partition/liveness.py; None:
                                                 # no size a request may choose
-    memory.admit(network, {input: shape})       # InvalidInputError past the machine
+    memory.admit(network, {input: shape})       # InvalidInputError past the machine;
+                                                # True: outsized (`OutsizedFeeds`)
     memory = RequestMemory.from_dict(memory.to_dict())   # as a bundle keeps it
 
 Each activation's dims as inference left them (`Tensor.dims`: the inputs' named sizes and
@@ -20,6 +21,7 @@ run, and one near the machine's memory may still meet the kernel's OOM killer.
 from __future__ import annotations
 
 import ast
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +39,11 @@ Dim = int | CodeType  # a size, or an expression of the inputs' named sizes
 _ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Constant,
                ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.USub)
 _VERDICTS_KEPT = 4096  # request sizes whose need is remembered
+# A request is outsized (`OutsizedFeeds`) needing this many times a usual one's bytes, and
+# this many bytes more (less is not worth the allocations a run giving its arena back
+# makes again: 1.29 s against 1.11 s for that wav2vec2 clip, docs/performance.md)
+OUTSIZED_TIMES = 4
+OUTSIZED_BYTES = 256 << 20
 
 
 def compiled_dim(dim: object, bound: int, named: Mapping[str, object]) -> Dim:
@@ -82,6 +89,7 @@ class RequestMemory:
     parts: tuple[tuple[int, int], ...]  # each partition's first step and the one after it
     limit: int
     verdicts: dict[tuple[int, ...], float] = field(default_factory=dict)  # sizes -> bytes
+    needs: list[float] = field(default_factory=list)  # the verdicts' bytes, sorted
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limit: int | None = None
@@ -136,17 +144,38 @@ class RequestMemory:
         live = live_bytes(self.spans, self.tensor_bytes(sizes), self.parts[-1][1])
         return float(sum(live[a:b].max(initial=0.0) for a, b in self.parts))
 
-    def admit(self, network: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        """InvalidInputError where a request of these shapes needs more than `limit`."""
-        sizes = self.sizes(shapes)
+    def _need(self, sizes: Mapping[str, int]) -> float:
+        """`needed`, remembered for sizes seen before (up to _VERDICTS_KEPT of them)."""
         key = tuple(sizes.values())
         need = self.verdicts.get(key)
         if need is None:
             need = self.needed(sizes)
             if len(self.verdicts) < _VERDICTS_KEPT:
                 self.verdicts[key] = need
+                if need <= self.limit:  # a usual request is one that runs
+                    bisect.insort(self.needs, need)
+        return need
+
+    def _usual(self, own: float) -> float:
+        """The lower median of `needs`, its entry equal to `own` left out (if it has one)."""
+        needs, at = self.needs, bisect.bisect_left(self.needs, own)
+        if at < len(needs) and needs[at] == own:
+            needs = needs[:at] + needs[at + 1:]
+        return needs[(len(needs) - 1) // 2] if needs else own
+
+    def admit(self, network: str, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+        """InvalidInputError where a request of these shapes needs more than `limit`; else
+        whether it is outsized: it needs OUTSIZED_TIMES a usual request's bytes and
+        OUTSIZED_BYTES more. A usual request's need is the lower median over the other
+        distinct sizes admitted (those at load among them): one long clip among short ones
+        does not move it, and a size grows usual as others near it come."""
+        if not self.needs:
+            self._need(self.sizes({}))
+        sizes = self.sizes(shapes)
+        need = self._need(sizes)
         if need <= self.limit:
-            return
+            usual = self._usual(need)
+            return need > OUTSIZED_TIMES * usual and need - usual > OUTSIZED_BYTES
         held = self.tensor_bytes(sizes)
         largest = int(held.argmax())
         raise InvalidInputError(

@@ -12,9 +12,10 @@ from runtime.devices.backends import register, schema_function_ops
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Program
 from runtime.devices.manager import DeviceManager
-from runtime.devices.ort.options import new_session, refuse_empty
+from runtime.devices.ort.options import ArenaDebt, new_session, refuse_empty
 from runtime.errors import ProvisionError, first_line
 from runtime.onnx_kinds import DEFAULT_DOMAINS
+from runtime.types import OutsizedFeeds
 
 
 class OrtFunction:
@@ -27,9 +28,12 @@ class OrtFunction:
         # have already checked, which costs microseconds a small model notices.
         binding = getattr(session, "_sess", None)
         self._call = binding.run if binding is not None else session.run
+        self._arena = ArenaDebt()
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self._call(self._names, feeds, None)
+        arena = self._arena  # its options' call, only when there is something to give back
+        outputs = self._call(self._names, feeds, arena.options(outsized) if (
+            outsized := type(feeds) is OutsizedFeeds) or arena.owed else None)
         if self._one is not None:
             return {self._one: outputs[0]}
         return dict(zip(self.output_names, outputs, strict=True))

@@ -315,7 +315,7 @@ class ResidentFunction:
 
     def run(self, feeds: dict[str, np.ndarray]) -> Outputs:
         store = self.store
-        outputs = self.function.run({**feeds, **{n: store[n] for n in self.reads}})
+        outputs = self.function.run(type(feeds)(feeds, **{n: store[n] for n in self.reads}))
         written = {name: outputs.pop(out) for out, name in self.writes.items()}
         for name, value in written.items():
             old = store[name]

@@ -39,7 +39,7 @@ from runtime.executor.checks import OutputCheck
 from runtime.executor.requests import Request, RequestDone
 from runtime.inputs import Signature, graph_outputs
 from runtime.partition.plan import Partition
-from runtime.types import Outputs, Tag
+from runtime.types import Outputs, OutsizedFeeds, Tag
 
 # run_now(feeds, wait=0.0, request=None): a one-partition plan run on the caller's thread
 SingleRun = Callable[..., "Outputs | None"]
@@ -149,6 +149,8 @@ class Executor:
             except ExecutionError as exc:
                 self._fail(run, request, done, _named(exc, lp))
                 return
+        if type(request.feeds) is OutsizedFeeds:
+            feeds = OutsizedFeeds(feeds)
         tag = self._tag(request, lp)
         if request.inline:  # only the first stage: later ones pipeline on device threads
             request.inline = False

@@ -40,7 +40,7 @@ from runtime.errors import (
 )
 from runtime.executor.requests import Request, RequestDone, RequestQueue
 from runtime.inputs import InputSpec
-from runtime.types import BatchingConfig
+from runtime.types import BatchingConfig, OutsizedFeeds
 
 
 def alike_but_first(specs: Sequence[InputSpec]) -> bool:
@@ -61,8 +61,10 @@ def batch_key(feeds: Mapping[str, np.ndarray]) -> tuple:
 
 
 def concatenate(members: list[Request]) -> dict[str, np.ndarray]:
-    return {name: np.concatenate([m.feeds[name] for m in members])
-            for name in members[0].feeds}
+    """The members' feeds as one batch's, outsized if any member's is."""
+    feeds = {name: np.concatenate([m.feeds[name] for m in members]) for name in members[0].feeds}
+    return OutsizedFeeds(feeds) if any(type(m.feeds) is OutsizedFeeds for m in members) \
+        else feeds
 
 
 def split(outputs: Mapping[str, np.ndarray], members: list[Request]) -> list[dict]:

@@ -58,15 +58,14 @@ class ServedNetwork:
         self.batcher = batcher(loaded) if loaded.batching is not None else None
         self.lean_run = lean_path(self)
 
-    def admit(self, shapes: dict[str, tuple[int, ...]]) -> None:
+    def admit(self, shapes: dict[str, tuple[int, ...]]) -> bool:
         """Refuses feeds of shapes not seen before whose activations, over the partitions of
         the plan serving, need more than the machine's memory (a bundle's as it was
-        compiled: its graph is loaded only when asked)."""
+        compiled: its graph is loaded only when asked); True for outsized ones."""
         loaded = self.loaded
         if self.memory is None or self.memory[0] is not loaded.plan:
             self.memory = (loaded.plan, _request_memory(loaded))
-        if self.memory[1] is not None:
-            self.memory[1].admit(self.name, shapes)
+        return self.memory[1] is not None and self.memory[1].admit(self.name, shapes)
 
     def ran(self, seconds: float) -> None:
         """A queued request ran `seconds`, start to end (under the dispatcher's lock)."""

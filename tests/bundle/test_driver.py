@@ -52,7 +52,7 @@ def test_driver_imports_only_numpy_onnxruntime_and_the_reader(policy, tmp_path):
                     "runtime.errors", "runtime.units", "runtime.inputs", "runtime.free_dims",
                     "runtime.bundle", "runtime.bundle.reader", "runtime.bundle.proto",
                     "runtime.devices",
-                    "runtime.devices.ort", "runtime.devices.ort.options"}
+                    "runtime.devices.ort", "runtime.devices.ort.options", "runtime.types"}
     others = {m.split(".")[0] for m in report["new"]} - {"runtime", "numpy", "onnxruntime"}
     assert others <= set(sys.stdlib_module_names) | {"_distutils_hack"}, others
     for heavy in ("onnx", "networkx", "textual", "streamlit", "rich", "app"):

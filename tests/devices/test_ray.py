@@ -30,7 +30,8 @@ from runtime.devices import DeviceConfig, parse_devices
 from runtime.errors import DeviceLostError, DeviceSpecError, QueueFullError
 from runtime.host import HostManager
 from runtime.inputs import input_specs, random_feeds
-from tests.support.dags import SAMPLE_NAMES, SAMPLES_DIR
+from tests.support.dags import SAMPLE_NAMES, SAMPLES_DIR, outer_pairs
+from tests.support.hosts import resident_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "real_models"
@@ -165,6 +166,30 @@ def test_removing_a_network_frees_its_actors(two_ray):
     assert [d.held() for d in devices] == [[], []]
     assert [d.used_bytes for d in devices] == [0, 0]
     assert all(d.stats().node for d in devices)  # where each actor runs
+
+
+def test_an_outsized_request_gives_back_what_its_actor_took(two_ray):
+    """The pairs (576 MB), made and read on ray0: its arena gives back what it grew by.
+    (A tensor that large crossing to another actor goes through Ray's object store, whose
+    shared pages count in both actors' resident memory while it holds it.)"""
+    rng = np.random.default_rng()
+    two_ray.add_network("outer", outer_pairs(),
+                        annotations={n: "ray0" for n in ("column", "pairs", "sum")})
+    try:
+        def ask(n: int) -> None:
+            x = rng.standard_normal((1, n)).astype(np.float32)
+            y = two_ray.run("outer", {"x": x}).result(timeout=WAIT)["y"]
+            np.testing.assert_allclose(y, (x.T @ x).sum(0), rtol=1e-3, atol=1e-2)
+
+        for n in rng.integers(2, 300, 4):  # usual requests, and the arena they keep
+            ask(int(n))
+        pid = two_ray.devices["ray0"].info["pid"]
+        before = resident_bytes(pid)
+        ask(12_000 + int(rng.integers(100)))
+        grown = resident_bytes(pid) - before
+        assert grown < 128 << 20, grown
+    finally:
+        two_ray.remove_network("outer")
 
 
 def two_ray_graph(name: str):

@@ -7,35 +7,24 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from runtime import request_memory as request_memory_module
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
 from runtime.errors import InvalidInputError
+from runtime.executor.requests import Request
 from runtime.graph import load_graph
 from runtime.host import HostManager
+from runtime.host.batching import concatenate
 from runtime.partition import liveness
 from runtime.partition.liveness import peak_activation_bytes, request_memory
 from runtime.request_memory import RequestMemory, compiled_dim
-from tests.support.dags import SAMPLES_DIR
+from runtime.types import OutsizedFeeds
+from runtime.units import human_bytes
+from tests.support.dags import SAMPLES_DIR, outer_pairs
+from tests.support.hosts import resident_bytes
 from tests.support.serving import WAIT
-
-
-def _outer() -> onnx.ModelProto:
-    """Every pair of a clip's samples, summed over one side: activations grow with the
-    square of its length, as attention over frames of audio does."""
-    f = TensorProto.FLOAT
-    return helper.make_model(helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["xt"], name="column"),
-         helper.make_node("MatMul", ["xt", "x"], ["pairs"], name="pairs"),
-         helper.make_node("ReduceSum", ["pairs", "axes"], ["y"], name="sum", keepdims=0)],
-        "outer", [helper.make_tensor_value_info("x", f, [1, "n"])],
-        [helper.make_tensor_value_info("y", f, None)],
-        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])]),
-        opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["model", "bundle"])
@@ -47,8 +36,8 @@ def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(
     monkeypatch.setattr(request_memory_module, "machine_bytes", lambda: 64 << 20)
     long = 8192  # its pairs alone: 256 MB
     rng = np.random.default_rng()
-    source = compile_bundle(_outer(), parse_devices("cpu:2"), tmp_path / "outer.prism",
-                            costs="model").path if compiled else _outer()
+    source = compile_bundle(outer_pairs(), parse_devices("cpu:2"), tmp_path / "outer.prism",
+                            costs="model").path if compiled else outer_pairs()
     with HostManager(parse_devices("cpu:2")) as host:
         host.add_network("outer", source)
         for _ in range(2):  # refused again: a shape refused is no shape seen
@@ -63,7 +52,7 @@ def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(
 
 
 def test_what_a_request_needs_follows_its_sizes():
-    graph = load_graph(_outer())
+    graph = load_graph(outer_pairs())
     memory = request_memory(graph, limit=1 << 40)
     assert memory is not None
     n = int(np.random.default_rng().integers(1_000, 100_000))
@@ -107,3 +96,56 @@ def test_a_size_that_cannot_be_computed_at_a_requests_sizes_keeps_its_size_at_lo
     assert memory.needed({"m": 3, "n": 10}) == 5 * 3 * 4
     assert memory.needed({"m": 1, "n": 10}) == 6 * 3 * 4
 
+
+
+@pytest.mark.parametrize(("devices", "annotations"), [
+    ("cpu:1", None), ("cpu:2", {"pairs": "cpu0", "sum": "cpu1"})], ids=["lean", "two stages"])
+def test_an_outsized_request_gives_back_the_memory_it_took(devices, annotations):
+    """onnxruntime's arena keeps what a run grew it by: without giving it back, one long
+    clip among short ones leaves the process holding its pairs (576 MB) for good. A stage
+    whose output is that long gives it back as its next run ends."""
+    rng = np.random.default_rng()
+
+    def usual() -> None:
+        host.infer("outer", {"x": rng.standard_normal((1, rng.integers(2, 300))
+                                                      ).astype(np.float32)})
+
+    with HostManager(parse_devices(devices)) as host:
+        host.add_network("outer", outer_pairs(), annotations=annotations)
+        for _ in range(4):  # usual requests, and the arena they keep
+            usual()
+        before = resident_bytes()
+        for ask in (host.infer, lambda *a: host.run(*a).result(timeout=WAIT)):
+            x = rng.standard_normal((1, 12_000 + int(rng.integers(100)))).astype(np.float32)
+            np.testing.assert_allclose(ask("outer", {"x": x})["y"], (x.T @ x).sum(0),
+                                       rtol=1e-3, atol=1e-2)
+            usual()
+            grown = resident_bytes() - before
+            assert grown < 128 << 20, human_bytes(grown)
+
+
+def test_a_request_is_outsized_until_requests_that_size_are_usual():
+    memory = request_memory(load_graph(outer_pairs()), limit=1 << 40)
+    assert memory is not None
+    rng = np.random.default_rng()
+    assert not memory.admit("outer", {"x": (1, int(rng.integers(2, 300)))})
+    long = int(rng.integers(12_000, 13_000))  # its pairs: 576 MB and more
+    assert memory.admit("outer", {"x": (1, long)})
+    assert memory.admit("outer", {"x": (1, long)})  # judged again, as before
+    for n in rng.choice(np.arange(9_000, 11_000), 4, replace=False):  # long clips, usual now
+        memory.admit("outer", {"x": (1, int(n))})
+    assert not memory.admit("outer", {"x": (1, long)})
+    limited = request_memory(load_graph(outer_pairs()), limit=1 << 30)
+    assert limited is not None
+    limited.admit("outer", {"x": (1, int(rng.integers(2, 300)))})
+    for _ in range(2):
+        with pytest.raises(InvalidInputError):  # refused: not a usual request either
+            limited.admit("outer", {"x": (1, int(rng.integers(20_000, 30_000)))})
+    assert limited.admit("outer", {"x": (1, long)})
+
+
+def test_a_batch_holding_an_outsized_request_is_outsized():
+    plain = {"x": np.zeros((1, 4), np.float32)}
+    members = [Request("b", plain), Request("b", OutsizedFeeds(plain))]
+    assert type(concatenate(members)) is OutsizedFeeds
+    assert type(concatenate(members[:1])) is dict

@@ -40,6 +40,7 @@ from app.server.state import ServerSettings
 from app.server.tensors import DTYPES, parse_infer
 from runtime.errors import PrismError
 from tests.cli.test_cli import one_line_error
+from tests.support.hosts import resident_bytes
 from tests.support.servers import (
     WAIT,
     announced,
@@ -114,15 +115,11 @@ def port_of(url: str) -> int:
 def peak_rss() -> Iterator[list[int]]:
     """The most this process's resident memory grew over the block (bytes), sampled every
     5 ms on a thread of its own (ru_maxrss is a peak over the whole session)."""
-    def rss() -> int:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    base, peak, done = rss(), [0], threading.Event()
+    base, peak, done = resident_bytes(), [0], threading.Event()
 
     def sample() -> None:
         while not done.wait(0.005):
-            peak[0] = max(peak[0], rss() - base)
+            peak[0] = max(peak[0], resident_bytes() - base)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

@@ -918,3 +918,17 @@ def end_token_ids(rng: np.random.Generator) -> np.ndarray:
     ids = rng.integers(END_TOKEN + 1, 1000, (rows, tokens), dtype=np.int64)
     ids[:, -1] = END_TOKEN
     return ids
+
+
+def outer_pairs() -> onnx.ModelProto:
+    """Every pair of a clip's samples, summed over one side: activations grow with the
+    square of its length, as attention over frames of audio does."""
+    f = TensorProto.FLOAT
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["xt"], name="column"),
+         helper.make_node("MatMul", ["xt", "x"], ["pairs"], name="pairs"),
+         helper.make_node("ReduceSum", ["pairs", "axes"], ["y"], name="sum", keepdims=0)],
+        "outer", [helper.make_tensor_value_info("x", f, [1, "n"])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])]),
+        opset_imports=[helper.make_opsetid("", 17)])

@@ -11,6 +11,7 @@ look at where each replica of a network was loaded and what every device holds.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import threading
 
 import numpy as np
@@ -99,3 +100,9 @@ def replicas_by_device(host: HostManager, network: str) -> dict[str, set[str]]:
 def used(host: HostManager) -> dict[str, int]:
     """Device name -> the bytes it holds."""
     return {name: m.used_bytes for name, m in host.devices.items()}
+
+
+def resident_bytes(pid: int | str = "self") -> int:
+    """A process's resident memory now (this one's by default), in bytes."""
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -27,6 +27,26 @@ DISABLED = ("QDQPropagationTransformer",)
 # ConvNeXt-T, EfficientNet-B0), while float models lose up to 3% without it.
 HALF_DISABLED = ("MatmulTransposeFusion",)
 
+# A run's options giving back, as it ends, what the cpu arena holds free beyond its first
+# region
+ARENA_GIVEN_BACK = ort.RunOptions()
+ARENA_GIVEN_BACK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
+class ArenaDebt:
+    """One session's runs' options: an outsized run (`runtime.types.OutsizedFeeds`) gives
+    its arena back as it ends, and so does the session's next run, as the outsized run's
+    outputs, arena memory too, are freed only after it ended (once the next stage has read
+    them). Runs of one session come one at a time."""
+
+    __slots__ = ("owed",)
+
+    def __init__(self) -> None:
+        self.owed = False
+
+    def options(self, outsized: bool) -> ort.RunOptions | None:
+        owed, self.owed = self.owed, outsized
+        return ARENA_GIVEN_BACK if outsized or owed else None
 
 # Ops onnxruntime ends the process on (std::terminate) when they run on an empty tensor,
 # a batch of 0 say (LSTM and GRU, onnxruntime 1.32); `refuse_empty` turns that into an error

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from runtime.devices.ort.options import new_session, refuse_empty
+from runtime.devices.ort.options import ArenaDebt, new_session, refuse_empty
 from runtime.devices.timeline import Timeline
 from runtime.errors import first_line
 from runtime.heap import give_back
+from runtime.types import OutsizedFeeds
 
 # (error message or None, the run's seconds, each output's dtype and shape or None)
 Status = tuple[str | None, float, list[tuple[str, tuple[int, ...]] | None]]
@@ -32,8 +33,10 @@ Status = tuple[str | None, float, list[tuple[str, tuple[int, ...]] | None]]
 class PartitionWorker:
     def __init__(self, device: str, threads: int, timed: bool):
         self.device, self.threads, self.timed = device, threads, timed
-        # key -> (session, output names, modelled seconds of one run, `refuse_empty`'s check)
-        self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float, Any]] = {}
+        # key -> (session, output names, modelled seconds of one run, `refuse_empty`'s check,
+        # its arena's debt)
+        self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float, Any,
+                                       ArenaDebt]] = {}
         self.timeline = Timeline()
 
     def info(self) -> dict[str, Any]:
@@ -54,7 +57,8 @@ class PartitionWorker:
         except Exception as exc:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]
-        self.sessions[key] = (session, names, max(0.0, seconds), refuse_empty(ops))
+        self.sessions[key] = (session, names, max(0.0, seconds), refuse_empty(ops),
+                              ArenaDebt())
         give_back()  # what making the session freed (its copies of the weights)
         return None, names
 
@@ -80,13 +84,13 @@ class PartitionWorker:
         entry = self.sessions.get(key)
         if entry is None:
             return (f"{self.device}: {key} is not loaded", 0.0, []), *([None] * width)
-        session, outputs, seconds, check = entry
+        session, outputs, seconds, check, arena = entry
         start = time.perf_counter()
         try:
             given = {**feeds, **dict(zip(names, fetched, strict=True))}
             if check is not None:
                 check(given)
-            values = session.run(outputs, given)
+            values = session.run(outputs, given, arena.options(type(feeds) is OutsizedFeeds))
         except Exception as exc:
             return ((f"{self.device} failed running {key}: {first_line(exc)}", 0.0, []),
                     *([None] * width))

@@ -225,7 +225,7 @@ class RayDevice(Device):
         if job.done is None:
             job.refs = [self._actor.ping.remote()]
         else:
-            plain, names, refs = {}, [], []
+            plain, names, refs = type(job.feeds)(), [], []  # an OutsizedFeeds stays one
             for name, value in job.feeds.items():
                 if isinstance(value, RayTensor):
                     names.append(name)
