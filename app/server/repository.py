@@ -62,17 +62,23 @@ class ModelRepository:
         return Entry(name, versions, self._config(config) if config.is_file() else {})
 
     def outside(self) -> list[Path]:
-        """What is laid out as a model (a folder, a NAME.onnx or NAME.prism) but links out
-        of the repository: refused, and named, so nobody wonders where a model went."""
-        return sorted(p for p in self.root.iterdir()
-                      if (p.is_dir() or p.suffix in SUFFIXES) and not self._inside(p)
-                      and _NAME.fullmatch(p.name if p.is_dir() else p.stem))
+        """What is laid out as a model (a folder, a NAME.onnx or NAME.prism, a version's
+        folder or model file) but links out of the repository: refused, and named, so
+        nobody wonders where a model went."""
+        entries = [p for p in self.root.iterdir() if (p.is_dir() or p.suffix in SUFFIXES)
+                   and _NAME.fullmatch(p.name if p.is_dir() else p.stem)]
+        versions = [v for p in entries if p.is_dir() and self._inside(p) for v in p.iterdir()
+                    if v.is_dir() and v.name.isdigit()]
+        files = [f for v in versions if self._inside(v) for f in (v / n for n in FILES)
+                 if f.is_file()]
+        return sorted(p for p in entries + versions + files if not self._inside(p))
 
     def linked_out(self, name: str) -> str:
-        """Where the entry named `name` that links out of the repository leads, as the end
-        of a message; "" if none does."""
+        """Where the entry named `name` that links out of the repository (or a version of
+        it) leads, as the end of a message; "" if none does."""
         return next((f"; {p} links out of it, to {p.resolve()}" for p in self.outside()
-                     if name in (p.name, p.stem)), "")
+                     if name in (top := p.relative_to(self.root).parts[0],
+                                 Path(top).stem)), "")
 
     def _versions(self, name: str) -> dict[str, Path]:
         folder = self.root / name

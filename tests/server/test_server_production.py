@@ -658,21 +658,31 @@ def test_a_model_linked_out_of_the_repository_is_named_as_skipped_not_lost(
         capsys, monkeypatch, tmp_path):
     """A model file linked in from elsewhere is refused (models load only from inside the
     repository); the server started without it and said nothing, and asked for by name
-    it was "not a model in" the repository."""
+    it was "not a model in" the repository. So too, in Triton's layout, a version's model
+    file or folder linked in (these went unnamed as well)."""
     repository, elsewhere = tmp_path / "repository", tmp_path / "elsewhere"
     repository.mkdir(), elsewhere.mkdir()
     (elsewhere / "mlp.onnx").write_bytes(MLP.read_bytes())
     (repository / "linked.onnx").symlink_to(elsewhere / "mlp.onnx")
     (repository / "kept.onnx").write_bytes(MLP.read_bytes())
+    (repository / "versioned" / "1").mkdir(parents=True)
+    (repository / "versioned" / "1" / "model.onnx").symlink_to(elsewhere / "mlp.onnx")
+    (repository / "folder").mkdir()
+    (repository / "folder" / "3").symlink_to(elsewhere)
+    (elsewhere / "model.onnx").write_bytes(MLP.read_bytes())
     monkeypatch.setattr(app.serve_cmd, "HostManager", _refused)
     assert main(["serve", "--devices", "cpu:1", "--model-repository", str(repository)]) == 1
     err = capsys.readouterr().err
-    assert f"prism: skipped {repository / 'linked.onnx'}: it links out of the model " \
-           f"repository, to {elsewhere / 'mlp.onnx'}" in err, err
+    for link, target in (("linked.onnx", "mlp.onnx"), ("versioned/1/model.onnx", "mlp.onnx"),
+                         ("folder/3", "")):
+        assert f"prism: skipped {repository / link}: it links out of the model " \
+               f"repository, to {(elsewhere / target).resolve()}" in err, err
     assert "kept.onnx" not in err
-    line = one_line_error(capsys, ["serve", "linked", "--devices", "cpu:1",
-                                   "--model-repository", str(repository)])
-    assert f"linked.onnx links out of it, to {elsewhere / 'mlp.onnx'}" in line, line
+    for name, link, target in (("linked", "linked.onnx", "mlp.onnx"),
+                               ("versioned", "versioned/1/model.onnx", "mlp.onnx")):
+        line = one_line_error(capsys, ["serve", name, "--devices", "cpu:1",
+                                       "--model-repository", str(repository)])
+        assert f"{repository / link} links out of it, to {elsewhere / target}" in line, line
 
 
 def _refused(*args, **kwargs):
