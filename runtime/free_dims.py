@@ -7,7 +7,7 @@ ImageNet's, and a multiple of the strides and patches they divide it by (32, 16,
 video network's first convolution spans 2 or 3 frames: a clip takes 16. A speech
 network's convolutions (wav2vec2, HuBERT, WavLM: 400 samples to their first frame) fail
 on one sample: a waveform takes one second at 16 kHz, the rate their processors resample
-to."""
+to. A decoder's attention mask covers its cache and its new tokens: it takes their sum."""
 
 from __future__ import annotations
 
@@ -91,30 +91,29 @@ def image_sides(dims: Dims, floating: bool, least: Mapping[int, int]) -> dict[in
                        for a, d in enumerate(dims)], floating)
 
 
-def free_sizes(inputs: Iterable[tuple[Dims | None, bool, Mapping[int, int]]],
+def free_sizes(inputs: Iterable[tuple[str, Dims | None, bool, Mapping[int, int]]],
                bindings: Mapping[str, int], default: int = 1) -> dict[str, int]:
-    """Named free dimensions' sizes for inputs given as (dims, floating, least: axis ->
-    the least size the graph reads it at): `bindings`; an image's or a video's made-up
+    """Named free dimensions' sizes for inputs given as (name, dims, floating, least: axis
+    -> the least size the graph reads it at): `bindings`; an image's or a video's made-up
     size (`image_axes`) for a name it has as a side or a length, so every input naming it
     agrees; a waveform's length for a name no other input has (a text model's float mask
-    shares its tokens' length, or its embeddings'); no name under its least; and a name
-    meaning a sum of others the inputs name (`_SUMS`) their sum."""
-    given = [(dims or (), floating, least) for dims, floating, least in inputs]
-    named = collections.Counter(d for dims, _, _ in given for d in set(dims) if d)
-    sizes = {name: AUDIO_SAMPLES for dims, floating, _ in given
-             if (name := _waveform_length(dims, floating)) and named[name] == 1}
-    sizes |= {str(dims[a]): size for dims, floating, least in given
+    shares its tokens' length, or its embeddings'); no name under its least; and an
+    attention mask's length of its own the keys' it covers (`_mask_lengths`)."""
+    given = [(name, dims or (), floating, least) for name, dims, floating, least in inputs]
+    named = collections.Counter(d for _, dims, _, _ in given for d in set(dims) if d)
+    sizes = {length: AUDIO_SAMPLES for _, dims, floating, _ in given
+             if (length := _waveform_length(dims, floating)) and named[length] == 1}
+    sizes |= {str(dims[a]): size for _, dims, floating, least in given
               for a, size in image_sides(dims, floating, least).items() if dims[a]}
-    for dims, _, least in given:
+    for _, dims, _, least in given:
         for a, size in least.items():
             dim = dims[a] if a < len(dims) else None
             if _plain(dim):
                 sizes[dim] = max(sizes.get(dim, default), size)
     sizes |= bindings
-    for total, parts in _SUMS.items():
-        if total in named and total not in bindings and all(
-                p in named for p in parts.split(" + ")):
-            sizes[total] = _computed(parts, sizes, default) or default
+    for length, (past, new) in _mask_lengths(given, named).items():
+        if length not in bindings:
+            sizes[length] = (sizes.get(past, default) if past else 0) + sizes.get(new, default)
     return sizes
 
 
@@ -130,10 +129,35 @@ def made_up_shape(dims: Dims, floating: bool, sizes: Mapping[str, int], default:
                  for a, d in enumerate(dims))
 
 
-# names meaning a sum of others where the inputs name them all: onnxruntime-genai's model
-# builder names an attention mask [batch_size, total_sequence_length] beside a key cache's
-# past_sequence_length and input_ids' sequence_length (Phi-3's, Llama's, Qwen's ONNX)
-_SUMS = {"total_sequence_length": "past_sequence_length + sequence_length"}
+_MASK = "attention_mask"
+_CACHES = ("past", "cache")  # what a key or value cache's input name holds
+
+
+def _mask_lengths(given: Sequence[tuple[str, Dims, bool, Mapping[int, int]]],
+                  named: Mapping[int | str, int]) -> dict[str, tuple[str | None, str]]:
+    """An attention mask's length where no other input names it ([batch, L], an input
+    named `PREFIX` + "attention_mask") -> the names of the key cache's length (None: no
+    cache) and the new tokens' (`PREFIX` + "input_ids" or "inputs_embeds", axis 1), which
+    it must be the sum of: it covers every key. onnxruntime-genai's model builder names it
+    `total_sequence_length` (Phi-3's, Llama's, Qwen's ONNX), torch's exporter a symbol of
+    its own; made up 1 beside a cache of 1 and a token, it failed every request. A key
+    cache: a float input [batch, heads, past, head size] whose name says so (`_CACHES`),
+    all of them of one length."""
+    by_name = {name: dims for name, dims, _, _ in given}
+    pasts = {dims[2] for name, dims, floating, _ in given if floating and len(dims) == 4
+             and any(c in name.lower() for c in _CACHES) and _plain(dims[2])}
+    past = pasts.pop() if len(pasts) == 1 else None
+    lengths = {}
+    for name, dims, _, _ in given:
+        if name.endswith(_MASK) and len(dims) == 2 and _plain(dims[1]) and \
+                named[dims[1]] == 1 and dims[1] != past:
+            prefix = name[:-len(_MASK)]
+            tokens = by_name.get(prefix + "input_ids") or by_name.get(prefix + "inputs_embeds")
+            if tokens is not None and len(tokens) > 1 and _plain(tokens[1]):
+                lengths[dims[1]] = (past, tokens[1])
+    return lengths
+
+
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv}
 

@@ -586,7 +586,7 @@ def _bound_within(shapes: onnx.ModelProto, least: dict[str, dict[int, int]],
                for axis in image_sides(dims, floating, least.get(value.name, {}))
                if isinstance(dims[axis], str) and dims[axis] not in bindings]
     while True:
-        sizes = free_sizes(((dims, floating, least.get(value.name, {}))
+        sizes = free_sizes(((value.name, dims, floating, least.get(value.name, {}))
                             for value, dims, floating in shaped), bindings, default)
         bound_model = _bound_model(shapes, sizes, default)
         side = min((sizes[dim] for _, _, dim in made_up), default=0)

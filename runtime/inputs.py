@@ -576,7 +576,7 @@ def random_feeds(specs: list[InputSpec], rng: np.random.Generator,
                  ) -> dict[str, np.ndarray]:
     """Random feeds of the right dtype and shape; symbolic dims from `bindings`, else as
     `free_dims` makes them up (`default_dim`, an image's sides IMAGE_SIDE)."""
-    sizes = free_sizes(((s.dims, s.dtype is None or s.dtype.kind == "f", dict(s.least))
+    sizes = free_sizes(((s.name, s.dims, s.dtype is None or s.dtype.kind == "f", dict(s.least))
                         for s in specs if s.type is None), bindings or {}, default_dim)
     feeds: dict[str, Any] = {}
     for spec in specs:

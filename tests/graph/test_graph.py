@@ -32,6 +32,7 @@ from tests.support.dags import (
     box_reader,
     dag_models,
     genai_decoder,
+    masked_cache_step,
     pixel_attention,
     random_dag_model,
     reads_of,
@@ -785,6 +786,34 @@ def test_onnxruntime_genai_decoders_are_made_up_at_their_head_size_and_total_len
     past, new = (int(n) for n in rng.integers(0, 9, 2))
     feeds = random_feeds(specs, rng, {"past_sequence_length": past, "sequence_length": new + 1})
     assert feeds["attention_mask"].shape == (1, past + new + 1)
+    path = str(tmp_path / "decoder.onnx")
+    onnx.save(model, path)
+    _runs_as_onnxruntime(capsys, path)
+
+
+@pytest.mark.parametrize("mask, cache", [("attention_mask", "past_key"),
+                                         ("decoder_attention_mask", "cache_0_k"),
+                                         ("attention_mask", None)])
+def test_an_attention_mask_named_apart_is_made_up_as_long_as_the_keys_it_covers(
+        capsys, tmp_path, mask, cache):
+    """torch's exporter gives a transformers decoder's attention mask a length symbol of
+    its own: made up 1, beside a cache of 1 and a token, every request failed (in a
+    Gather reading the mask at each key's position), and load fell back to the roofline.
+    A mask is as long as the cache and the new tokens (its tokens' alone, without a
+    cache; a float input named for no cache is none)."""
+    rng = np.random.default_rng()
+    model = masked_cache_step("attention_mask" if mask == "attention_mask" else mask,
+                              cache or "pixels")
+    if mask != "attention_mask":  # its tokens: decoder_input_ids
+        for node in model.graph.node:
+            node.input[:] = ["decoder_input_ids" if i == "input_ids" else i for i in node.input]
+        model.graph.input[0].name = "decoder_input_ids"
+    specs = input_specs(load_graph(model))
+    past, new = int(rng.integers(0, 9)), int(rng.integers(2, 9))
+    feeds = random_feeds(specs, rng, {"past": past, "seq": new})
+    assert feeds[mask].shape == (1, (past if cache else 0) + new)
+    if cache is None:
+        return  # a mask as long as the tokens covers no cache of 1: this model fails there
     path = str(tmp_path / "decoder.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path)

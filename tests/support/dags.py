@@ -809,6 +809,38 @@ def genai_decoder(heads: int, kv_heads: int, head_size: int, seed: int = 0
                                                    helper.make_opsetid("com.microsoft", 1)])
 
 
+def masked_cache_step(mask: str = "attention_mask", cache: str = "past_key",
+                      width: int = 8) -> onnx.ModelProto:
+    """One decoder step as torch's exporter writes a transformers decoder with its cache:
+    input_ids [batch, seq], `mask` [batch, mask] (a symbol of its own) and `cache` [batch,
+    1, past, width] -> present [batch, 1, past + seq, width], and the mask read at every
+    key's position (as transformers builds its causal mask): a mask shorter than past +
+    seq fails, in a Gather."""
+    rng = np.random.default_rng(0)
+    consts = [numpy_helper.from_array(rng.standard_normal((32, width)).astype(np.float32),
+                                      "embed"),
+              *(numpy_helper.from_array(np.array(v, np.int64), n)
+                for n, v in (("at1", 1), ("at2", 2), ("zero", 0), ("one", 1))),
+              numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["hidden"]),
+             helper.make_node("Unsqueeze", ["hidden", "axis1"], ["k"]),
+             helper.make_node("Concat", [cache, "k"], ["present"], axis=2),
+             helper.make_node("Shape", ["present"], ["present_shape"]),
+             helper.make_node("Gather", ["present_shape", "at2"], ["keys"]),
+             helper.make_node("Range", ["zero", "keys", "one"], ["positions"]),
+             helper.make_node("Gather", [mask, "positions"], ["seen"], axis=1),
+             helper.make_node("Cast", ["seen"], ["seen_float"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["seen_float", "axis1"], ["covered"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "masked_cache_step",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "mask"]),
+         helper.make_tensor_value_info(cache, TensorProto.FLOAT, ["batch", 1, "past", width])],
+        [helper.make_tensor_value_info("present", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("covered", TensorProto.FLOAT, None)], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 def pixel_attention(seed: int = 0) -> onnx.ModelProto:
     """Self-attention over every pixel of an image [n, 3, h, w] (as a diffusion UNet's or
     VAE decoder's over its latents): scores [n, h * w, h * w], 10 GB at 224 a side. The
