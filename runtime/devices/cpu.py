@@ -33,7 +33,9 @@ class OrtFunction:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         arena = self._arena  # its options' call, only when there is something to give back
         outputs = self._call(self._names, feeds, arena.options(outsized) if (
-            outsized := type(feeds) is OutsizedFeeds) or arena.owed else None)
+            outsized := type(feeds) is OutsizedFeeds) or arena.lent else None)
+        if outsized:
+            arena.lend(outputs)
         if self._one is not None:
             return {self._one: outputs[0]}
         return dict(zip(self.output_names, outputs, strict=True))

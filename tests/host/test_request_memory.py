@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 from runtime import request_memory as request_memory_module
 from runtime.bundle.writer import compile_bundle
@@ -103,7 +104,8 @@ def test_a_size_that_cannot_be_computed_at_a_requests_sizes_keeps_its_size_at_lo
 def test_an_outsized_request_gives_back_the_memory_it_took(devices, annotations):
     """onnxruntime's arena keeps what a run grew it by: without giving it back, one long
     clip among short ones leaves the process holding its pairs (576 MB) for good. A stage
-    whose output is that long gives it back as its next run ends."""
+    whose output is that long gives it back as its first run after the output is gone
+    ends."""
     rng = np.random.default_rng()
 
     def usual() -> None:
@@ -122,6 +124,30 @@ def test_an_outsized_request_gives_back_the_memory_it_took(devices, annotations)
             usual()
             grown = resident_bytes() - before
             assert grown < 128 << 20, human_bytes(grown)
+
+
+def test_an_outsized_answer_is_given_back_once_its_caller_lets_it_go():
+    """The pairs themselves answered (576 MB of the arena's): given back by the first run
+    after the caller dropped them, not by one while it still held them."""
+    model = outer_pairs()
+    model.graph.output.append(helper.make_tensor_value_info("pairs", TensorProto.FLOAT, None))
+    rng = np.random.default_rng()
+
+    def ask(n: int) -> dict[str, np.ndarray]:
+        return host.infer("outer", {"x": rng.standard_normal((1, n)).astype(np.float32)})
+
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("outer", model)
+        for n in rng.integers(2, 300, 4):
+            ask(int(n))
+        before = resident_bytes()
+        held = ask(12_000 + int(rng.integers(100)))
+        ask(int(rng.integers(2, 300)))  # while the pairs are held
+        assert held["pairs"].nbytes > 512 << 20
+        del held
+        ask(int(rng.integers(2, 300)))
+        grown = resident_bytes() - before
+        assert grown < 128 << 20, human_bytes(grown)
 
 
 def test_a_request_is_outsized_until_requests_that_size_are_usual():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,18 +36,25 @@ ARENA_GIVEN_BACK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "c
 
 class ArenaDebt:
     """One session's runs' options: an outsized run (`runtime.types.OutsizedFeeds`) gives
-    its arena back as it ends, and so does the session's next run, as the outsized run's
-    outputs, arena memory too, are freed only after it ended (once the next stage has read
-    them). Runs of one session come one at a time."""
+    its arena back as it ends, but its outputs are arena memory too, freed only once the
+    next stage or the caller lets them go: the first run after that gives them back.
+    Runs of one session come one at a time."""
 
-    __slots__ = ("owed",)
+    __slots__ = ("lent",)
 
     def __init__(self) -> None:
-        self.owed = False
+        self.lent: list[weakref.ref] = []  # outsized runs' outputs, while they live
 
     def options(self, outsized: bool) -> ort.RunOptions | None:
-        owed, self.owed = self.owed, outsized
-        return ARENA_GIVEN_BACK if outsized or owed else None
+        """A run's options (asked only when it is outsized or something is `lent`)."""
+        alive = [output for output in self.lent if output() is not None]
+        freed, self.lent = len(alive) < len(self.lent), alive
+        return ARENA_GIVEN_BACK if outsized or freed else None
+
+    def lend(self, outputs: Iterable[Any]) -> None:
+        """An outsized run's outputs, to give back once they are gone."""
+        self.lent += [weakref.ref(v) for v in outputs if type(v) is np.ndarray]
+
 
 # Ops onnxruntime ends the process on (std::terminate) when they run on an empty tensor,
 # a batch of 0 say (LSTM and GRU, onnxruntime 1.32); `refuse_empty` turns that into an error

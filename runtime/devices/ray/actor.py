@@ -90,7 +90,11 @@ class PartitionWorker:
             given = {**feeds, **dict(zip(names, fetched, strict=True))}
             if check is not None:
                 check(given)
-            values = session.run(outputs, given, arena.options(type(feeds) is OutsizedFeeds))
+            outsized = type(feeds) is OutsizedFeeds
+            values = session.run(outputs, given, arena.options(outsized) if outsized or
+                                 arena.lent else None)
+            if outsized:
+                arena.lend(values)
         except Exception as exc:
             return ((f"{self.device} failed running {key}: {first_line(exc)}", 0.0, []),
                     *([None] * width))
