@@ -97,8 +97,8 @@ def free_sizes(inputs: Iterable[tuple[str, Dims | None, bool, Mapping[int, int]]
     -> the least size the graph reads it at): `bindings`; an image's or a video's made-up
     size (`image_axes`) for a name it has as a side or a length, so every input naming it
     agrees; a waveform's length for a name no other input has (a text model's float mask
-    shares its tokens' length, or its embeddings'); no name under its least; and an
-    attention mask's length of its own the keys' it covers (`_mask_lengths`)."""
+    shares its tokens' length, or its embeddings'); no name under its least; and for an
+    attention mask's length named apart, the length of the keys it covers (`_mask_lengths`)."""
     given = [(name, dims or (), floating, least) for name, dims, floating, least in inputs]
     named = collections.Counter(d for _, dims, _, _ in given for d in set(dims) if d)
     sizes = {length: AUDIO_SAMPLES for _, dims, floating, _ in given

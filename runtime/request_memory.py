@@ -1,7 +1,9 @@
 """What one request's activations need at the sizes it comes with, so that a request past
 the machine's memory is refused in one line before it runs, and the process serving every
 other request is not killed for want of memory: wav2vec2 given 100,000 samples of audio
-held 7.6 GB, its attention growing with their square.
+held 7.6 GB, its attention growing with their square. One that may run but needs far
+more than the network's requests usually do is marked outsized, so that its runs give
+back the memory they took (`runtime.types.OutsizedFeeds`).
 
     memory = request_memory(graph, parts)       # runtime/partition/liveness.py; None:
                                                 # no size a request may choose
