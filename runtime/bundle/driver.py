@@ -13,9 +13,10 @@ and writes and the rows it waits for; the policy, chosen at open, decides how ro
   rows overlap the next one's earlier rows; `run` may be called from many threads.
 
 It imports only numpy, onnxruntime, the bundle reader (with its protobuf walk), and the
-feed check and session options it shares with the just-in-time path (no partitioner, no
-onnx, no events);
-the suite checks that in a fresh interpreter. `cpu` and `sim` rows
+feed check, the request memory and the session options it shares with the just-in-time
+path (no partitioner, no onnx, no events); the suite checks that in a fresh interpreter.
+As the host, it refuses a request past the machine's memory in one line, and gives back
+what an outsized one took (`RequestMemory.admit`, `ArenaDebt`). `cpu` and `sim` rows
 run in onnxruntime (a `sim` row computes its values; the driver models no time);
 `reference` rows need onnx's evaluator and are refused.
 """
@@ -27,13 +28,14 @@ import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle.reader import EXTERNAL_LOCATION, Bundle, read_bundle
-from runtime.devices.ort.options import new_session, refuse_empty
+from runtime.devices.ort.options import ArenaDebt, new_session, refuse_empty
 from runtime.errors import (
     BundleError,
     ExecutionError,
@@ -42,6 +44,7 @@ from runtime.errors import (
     first_line,
 )
 from runtime.inputs import FeedCheck, InputSpec, graph_outputs
+from runtime.types import OutsizedFeeds
 
 POLICIES = ("serial", "parallel", "pipelined")
 RUNS_IN_ORT = ("cpu", "sim", "ray")  # a ray actor runs an onnxruntime session too
@@ -52,8 +55,8 @@ _POLL = 0.5  # bound on each idle worker wait
 class Stage:
     """One schedule row, loaded: its session and the names it reads and writes."""
 
-    __slots__ = ("after", "check", "device", "index", "names", "partition", "reads", "session",
-                 "weights")
+    __slots__ = ("after", "arena", "check", "device", "index", "names", "partition", "reads",
+                 "session", "weights")
 
     def __init__(self, index: int, row: Mapping, session: ort.InferenceSession,
                  weights: np.ndarray, ops: Iterable[str] = ()):
@@ -63,11 +66,13 @@ class Stage:
         self.weights = weights  # keeps the mapping alive while onnxruntime may read it
         self.names = [o.name for o in session.get_outputs()]
         self.check = refuse_empty(ops)
+        self.arena = ArenaDebt()
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: dict, outsized: bool) -> dict:
         if self.check is not None:
             self.check(feeds)
-        return dict(zip(self.names, self.session.run(self.names, feeds), strict=True))
+        return dict(zip(self.names, self.arena.run(self.session.run, self.names, feeds,
+                                                   outsized), strict=True))
 
 
 def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
@@ -89,10 +94,10 @@ def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
 
 
 class _Request:
-    __slots__ = ("future", "landed", "lock", "missing", "values")
+    __slots__ = ("future", "landed", "lock", "missing", "outsized", "values")
 
-    def __init__(self, values: dict, missing: list[int]):
-        self.values, self.missing, self.landed = values, missing, 0
+    def __init__(self, values: dict, missing: list[int], outsized: bool):
+        self.values, self.missing, self.landed, self.outsized = values, missing, 0, outsized
         self.lock = threading.Lock()
         self.future: Future = Future()
 
@@ -118,6 +123,7 @@ class _Worker:
             if job is None:
                 return
             self.driver._execute(*job)
+            job = None  # an idle worker must not pin the last request's tensors
 
 
 class Driver:
@@ -129,8 +135,12 @@ class Driver:
         self.bundle, self.stages, self.policy, self.timeout = bundle, stages, policy, timeout
         self.network: str = manifest["network"]
         self.inputs: list[dict] = manifest["inputs"]
-        # feeds checked as the host checks them: dtype, rank, fixed and named dimensions
-        self._check = FeedCheck(self.network, [InputSpec.from_dict(i) for i in self.inputs]).check
+        # feeds checked as the host checks them: dtype, rank, fixed and named dimensions, and
+        # what a request's activations need at its sizes (`RequestMemory.admit`)
+        memory = bundle.request_memory()
+        self._check = FeedCheck(self.network, [InputSpec.from_dict(i) for i in self.inputs],
+                                None if memory is None else partial(memory.admit, self.network)
+                                ).check
         self.outputs: list[str] = manifest["outputs"]
         self.passed = [i["name"] for i in self.inputs if i["name"] in self.outputs]  # copied
         self.constants = bundle.constants()
@@ -161,18 +171,19 @@ class Driver:
         after `timeout` seconds (the driver's default) under parallel and pipelined."""
         if self.closed:
             raise BundleError(f"the driver for {self.network} is closed")
-        values = {**self._check(feeds), **self.constants}
+        checked = self._check(feeds)
+        values, outsized = {**checked, **self.constants}, type(checked) is OutsizedFeeds
         if self.policy == "serial":
             for stage in self.stages:
-                values.update(self._call(stage, {t: values[t] for t in stage.reads}))
+                values.update(self._call(stage, {t: values[t] for t in stage.reads}, outsized))
             return graph_outputs(values, self.outputs, self.passed)
         wait = self.timeout if timeout is None else timeout
         if self._one_at_a_time is None:
-            return self._await(self._start(values), wait)
+            return self._await(self._start(values, outsized), wait)
         if not self._one_at_a_time.acquire(timeout=wait):
             raise RequestTimeoutError(f"{self.network}: no turn to run within {wait:g} s")
         try:
-            return self._await(self._start(values), wait)
+            return self._await(self._start(values, outsized), wait)
         finally:
             self._one_at_a_time.release()
 
@@ -184,8 +195,8 @@ class Driver:
                 f"{self.network}: no answer within {wait:g} s"))
             return request.future.result(timeout=0)
 
-    def _start(self, values: dict) -> _Request:
-        request = _Request(values, list(self._waits))
+    def _start(self, values: dict, outsized: bool) -> _Request:
+        request = _Request(values, list(self._waits), outsized)
         with self._lock:
             if self.closed:
                 raise BundleError(f"the driver for {self.network} is closed")
@@ -204,7 +215,7 @@ class Driver:
         try:
             with request.lock:
                 feeds = {t: request.values[t] for t in stage.reads}
-            outputs = self._call(stage, feeds)
+            outputs = self._call(stage, feeds, request.outsized)
             ready = []
             with request.lock:
                 request.values.update(outputs)
@@ -234,9 +245,9 @@ class Driver:
         else:
             request.future.set_exception(error)
 
-    def _call(self, stage: Stage, feeds: dict) -> dict:
+    def _call(self, stage: Stage, feeds: dict, outsized: bool) -> dict:
         try:
-            return stage.run(feeds)
+            return stage.run(feeds, outsized)
         except Exception as exc:
             error = ExecutionError(f"{self.network}/{stage.partition} on {stage.device}: "
                                    f"{first_line(exc)}")

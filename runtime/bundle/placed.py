@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.bundle.reader import REQUEST_MEMORY, Bundle
-from runtime.errors import BundleError
-from runtime.request_memory import RequestMemory
+from runtime.bundle.reader import Bundle
 
 
 @dataclass(frozen=True)
@@ -26,17 +24,6 @@ class LoadedBundle:
         this host's device names."""
         return [{**row, "device": self.devices.get(row["device"], row["device"])}
                 for row in self.manifest["schedule"]]
-
-    def request_memory(self) -> RequestMemory | None:
-        """What a request needs at its sizes, as compiled (`request_memory.json`); None for a
-        bundle of fixed sizes or one older than that member, and for one whose member
-        cannot be read: a request is then let through unchecked, as it always was."""
-        if REQUEST_MEMORY not in self.file.names():
-            return None
-        try:
-            return RequestMemory.from_dict(self.file.json(REQUEST_MEMORY))
-        except (BundleError, KeyError, TypeError, ValueError):
-            return None
 
     def close(self) -> None:
         self.file.close()

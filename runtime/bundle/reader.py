@@ -27,6 +27,7 @@ import numpy as np
 
 from runtime.bundle.proto import ProtoError, graph_io
 from runtime.errors import BundleError, first_line
+from runtime.request_memory import RequestMemory
 
 FORMAT = "prism-bundle"
 FORMAT_VERSION = 1
@@ -111,6 +112,17 @@ class Bundle:
         except ValueError as exc:
             raise BundleError(f"{self.path}: {name} is not valid JSON: {first_line(exc)}"
                               ) from None
+
+    def request_memory(self) -> RequestMemory | None:
+        """What a request needs at its sizes, as compiled (`request_memory.json`); None for a
+        bundle of fixed sizes or one older than that member, and for one whose member
+        cannot be read: a request is then let through unchecked, as it always was."""
+        if REQUEST_MEMORY not in self._members:
+            return None
+        try:
+            return RequestMemory.from_dict(self.json(REQUEST_MEMORY))
+        except (BundleError, KeyError, TypeError, ValueError):
+            return None
 
     def weights(self) -> np.ndarray:
         """weights.bin as a read-only uint8 array over the mapped file."""

@@ -31,11 +31,9 @@ class OrtFunction:
         self._arena = ArenaDebt()
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arena = self._arena  # its options' call, only when there is something to give back
-        outputs = self._call(self._names, feeds, arena.options(outsized) if (
-            outsized := type(feeds) is OutsizedFeeds) or arena.lent else None)
-        if outsized:
-            arena.lend(outputs)
+        outsized, arena = type(feeds) is OutsizedFeeds, self._arena
+        outputs = arena.run(self._call, self._names, feeds, outsized) if outsized or \
+            arena.lent else self._call(self._names, feeds, None)  # usual: nothing owed
         if self._one is not None:
             return {self._one: outputs[0]}
         return dict(zip(self.output_names, outputs, strict=True))

@@ -86,7 +86,7 @@ class ServedNetwork:
 
 def _request_memory(loaded: LoadedNetwork) -> RequestMemory | None:
     if loaded.bundle is not None:
-        return loaded.bundle.request_memory()
+        return loaded.bundle.file.request_memory()
     graph = loaded.graph_source
     if graph is None or callable(graph):
         return None

@@ -51,8 +51,8 @@ def test_driver_imports_only_numpy_onnxruntime_and_the_reader(policy, tmp_path):
     assert ours == {"runtime", "runtime.lazy", "runtime.driver", "runtime.bundle.driver",
                     "runtime.errors", "runtime.units", "runtime.inputs", "runtime.free_dims",
                     "runtime.bundle", "runtime.bundle.reader", "runtime.bundle.proto",
-                    "runtime.devices",
-                    "runtime.devices.ort", "runtime.devices.ort.options", "runtime.types"}
+                    "runtime.devices", "runtime.devices.ort", "runtime.devices.ort.options",
+                    "runtime.types", "runtime.request_memory", "runtime.machine"}
     others = {m.split(".")[0] for m in report["new"]} - {"runtime", "numpy", "onnxruntime"}
     assert others <= set(sys.stdlib_module_names) | {"_distutils_hack"}, others
     for heavy in ("onnx", "networkx", "textual", "streamlit", "rich", "app"):

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from runtime import request_memory as request_memory_module
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
+from runtime.driver import open_bundle
 from runtime.errors import InvalidInputError
 from runtime.executor.requests import Request
 from runtime.graph import load_graph
@@ -145,6 +146,34 @@ def test_an_outsized_answer_is_given_back_once_its_caller_lets_it_go():
         ask(int(rng.integers(2, 300)))  # while the pairs are held
         assert held["pairs"].nbytes > 512 << 20
         del held
+        ask(int(rng.integers(2, 300)))
+        grown = resident_bytes() - before
+        assert grown < 128 << 20, human_bytes(grown)
+
+
+@pytest.mark.parametrize("policy", ["serial", "pipelined"])
+def test_the_driver_refuses_and_gives_back_as_the_host_does(monkeypatch, tmp_path, policy):
+    """A bundle run by the standalone driver: a request past the machine refused in one
+    line (here a machine of 2 GB), an outsized one's pairs given back; before, the first
+    ran into whatever memory there was, and the second left the driver holding 576 MB."""
+    path = compile_bundle(outer_pairs(), parse_devices("cpu:2"), tmp_path / "outer.prism",
+                          annotations={"pairs": "cpu0", "sum": "cpu1"}, costs="model").path
+    rng = np.random.default_rng()
+
+    def ask(n: int) -> None:
+        x = rng.standard_normal((1, n)).astype(np.float32)
+        np.testing.assert_allclose(driver.run({"x": x})["y"], (x.T @ x).sum(0), rtol=1e-3,
+                                   atol=1e-2)
+
+    monkeypatch.setattr(request_memory_module, "machine_bytes", lambda: 2 << 30)
+    with open_bundle(path, policy) as driver:
+        with pytest.raises(InvalidInputError) as refused:
+            driver.run({"x": np.zeros((1, 30_000), np.float32)})
+        assert "\n" not in str(refused.value) and "this machine has 2.1 GB" in str(refused.value)
+        for n in rng.integers(2, 300, 4):
+            ask(int(n))
+        before = resident_bytes()
+        ask(12_000 + int(rng.integers(100)))
         ask(int(rng.integers(2, 300)))
         grown = resident_bytes() - before
         assert grown < 128 << 20, human_bytes(grown)

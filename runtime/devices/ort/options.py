@@ -46,10 +46,19 @@ class ArenaDebt:
         self.lent: list[weakref.ref] = []  # outsized runs' outputs, while they live
 
     def options(self, outsized: bool) -> ort.RunOptions | None:
-        """A run's options (asked only when it is outsized or something is `lent`)."""
+        """A run's options: to give back, when it is outsized or what it lent is gone."""
         alive = [output for output in self.lent if output() is not None]
         freed, self.lent = len(alive) < len(self.lent), alive
         return ARENA_GIVEN_BACK if outsized or freed else None
+
+    def run(self, session_run: Callable[..., list], names: list[str], feeds: Mapping[str, Any],
+            outsized: bool) -> list:
+        """`session_run(names, feeds, options)` (a session's `run`), with the options this
+        debt calls for."""
+        values = session_run(names, feeds, self.options(outsized))
+        if outsized:
+            self.lend(values)
+        return values
 
     def lend(self, outputs: Iterable[Any]) -> None:
         """An outsized run's outputs, to give back once they are gone."""

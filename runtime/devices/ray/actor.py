@@ -90,11 +90,7 @@ class PartitionWorker:
             given = {**feeds, **dict(zip(names, fetched, strict=True))}
             if check is not None:
                 check(given)
-            outsized = type(feeds) is OutsizedFeeds
-            values = session.run(outputs, given, arena.options(outsized) if outsized or
-                                 arena.lent else None)
-            if outsized:
-                arena.lend(values)
+            values = arena.run(session.run, outputs, given, type(feeds) is OutsizedFeeds)
         except Exception as exc:
             return ((f"{self.device} failed running {key}: {first_line(exc)}", 0.0, []),
                     *([None] * width))
