@@ -46,6 +46,7 @@ _VERDICTS_KEPT = 4096  # request sizes whose need is remembered
 # makes again: 1.29 s against 1.11 s for that wav2vec2 clip, docs/performance.md)
 OUTSIZED_TIMES = 4
 OUTSIZED_BYTES = 256 << 20
+OUTSIZED_REPEATS = 2  # sizes judged outsized this many times are usual from then on
 
 
 def compiled_dim(dim: object, bound: int, named: Mapping[str, object]) -> Dim:
@@ -92,6 +93,7 @@ class RequestMemory:
     limit: int
     verdicts: dict[tuple[int, ...], float] = field(default_factory=dict)  # sizes -> bytes
     needs: list[float] = field(default_factory=list)  # the verdicts' bytes, sorted
+    outsized: dict[tuple[int, ...], int] = field(default_factory=dict)  # sizes -> times
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limit: int | None = None
@@ -146,9 +148,8 @@ class RequestMemory:
         live = live_bytes(self.spans, self.tensor_bytes(sizes), self.parts[-1][1])
         return float(sum(live[a:b].max(initial=0.0) for a, b in self.parts))
 
-    def _need(self, sizes: Mapping[str, int]) -> float:
+    def _need(self, key: tuple[int, ...], sizes: Mapping[str, int]) -> float:
         """`needed`, remembered for sizes seen before (up to _VERDICTS_KEPT of them)."""
-        key = tuple(sizes.values())
         need = self.verdicts.get(key)
         if need is None:
             need = self.needed(sizes)
@@ -170,14 +171,22 @@ class RequestMemory:
         whether it is outsized: it needs OUTSIZED_TIMES a usual request's bytes and
         OUTSIZED_BYTES more. A usual request's need is the lower median over the other
         distinct sizes admitted (those at load among them): one long clip among short ones
-        does not move it, and a size grows usual as others near it come."""
+        does not move it, and a size grows usual as others near it come, or as it comes
+        again (a fixed padded shape keeps its arena). A request's need is worked out once
+        for its sizes."""
         if not self.needs:
-            self._need(self.sizes({}))
+            self._need(tuple(self.bound.values()), self.bound)
         sizes = self.sizes(shapes)
-        need = self._need(sizes)
+        key = tuple(sizes.values())
+        need = self._need(key, sizes)
         if need <= self.limit:
             usual = self._usual(need)
-            return need > OUTSIZED_TIMES * usual and need - usual > OUTSIZED_BYTES
+            if need <= OUTSIZED_TIMES * usual or need - usual <= OUTSIZED_BYTES:
+                return False
+            times = self.outsized.get(key, 0) + 1
+            if times < OUTSIZED_REPEATS and len(self.outsized) < _VERDICTS_KEPT:
+                self.outsized[key] = times
+            return times < OUTSIZED_REPEATS
         held = self.tensor_bytes(sizes)
         largest = int(held.argmax())
         raise InvalidInputError(

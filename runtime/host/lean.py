@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
 
 import numpy as np
 
@@ -54,22 +53,23 @@ def lean_path(net: ServedNetwork, slots: Dispatcher) -> LeanRun | None:
     run_now, refused, clock = replica.run_now, slots.refused, time.monotonic
 
     def run(feeds: Mapping[str, object], timeout: float | None, priority: int, rows: int
-            ) -> Future | None:
+            ) -> ReadyFuture | dict[str, np.ndarray]:
         checked = check_feeds(feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
         tokens.append(None)
         try:
             if refused(net) is not None or queue.size:
-                return None  # the general path refuses, or queues it behind the others
+                return checked  # the general path refuses, or queues it behind the others
             if bus.active:
-                return _run_listened(net, replica, slots, checked, timeout, priority, rows)
+                return _run_listened(net, replica, slots, checked, timeout, priority, rows
+                                     ) or checked
             start = clock()
             try:
                 outputs = run_now(checked, LEAN_WAIT if timeout > LEAN_WAIT else timeout)
             except ExecutionError as exc:
                 return ReadyFuture(exception=exc)
             if outputs is None:
-                return None
+                return checked
             return ReadyFuture(outputs) if clock() - start <= timeout else _late(net, start)
         finally:
             tokens.pop()
@@ -79,7 +79,7 @@ def lean_path(net: ServedNetwork, slots: Dispatcher) -> LeanRun | None:
 
 def _run_listened(net: ServedNetwork, replica: Executor, slots: Dispatcher,
                   feeds: dict[str, np.ndarray], timeout: float, priority: int, rows: int
-                  ) -> Future | None:
+                  ) -> ReadyFuture | None:
     """A lean run with someone listening: only on an idle device, with a record and the
     general path's events."""
     record = Request(net.name, feeds, priority, rows=rows)

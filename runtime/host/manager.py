@@ -26,7 +26,7 @@ from runtime.devices.backends import DeviceFactory, open_device
 from runtime.devices.config import DeviceConfig
 from runtime.devices.device import Device
 from runtime.errors import PrismError
-from runtime.executor.futures import answer_of
+from runtime.executor.futures import ReadyFuture, answer_of
 from runtime.executor.requests import DEFAULT_TIMEOUT, Request, checked_timeout
 from runtime.host.dispatch import Dispatcher, HostStats
 from runtime.host.lean import lean_path
@@ -194,11 +194,13 @@ class HostManager:
         net = self._slots.networks.get(name)
         if inline and net is not None and (lean := net.lean_run) is not None:
             ready = lean(feeds, timeout, priority, rows)  # it checks host and network
-            if ready is not None:
+            if isinstance(ready, ReadyFuture):
                 return ready
-        if net is None:
-            net = self._slots.admitting(name)  # raises why not (admission is the slots')
-        checked = net.check_feeds(feeds)
+            checked = ready  # declined: the feeds as it checked (and admitted) them
+        else:
+            if net is None:
+                net = self._slots.admitting(name)  # raises why not (admission is the slots')
+            checked = net.check_feeds(feeds)
         timeout = net.timeout if timeout is None else checked_timeout(timeout)
         now = time.monotonic()
         request = Request(name, checked, priority, now + timeout if timeout < math.inf else None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from runtime.executor.requests import Request
@@ -15,12 +14,13 @@ from runtime.inputs import FeedCheck
 from runtime.provision.network import LoadedNetwork
 
 if TYPE_CHECKING:  # a bundle's host plans nothing: no graph, no partitioner imported
+    from runtime.executor.futures import ReadyFuture
     from runtime.partition.plan import Plan
     from runtime.request_memory import RequestMemory
 
-# A network's lean path: run(feeds, timeout, priority) -> a finished future, or None to
-# take the general path (runtime/host/lean.py).
-LeanRun = Callable[[Mapping[str, object], "float | None", int, int], "Future | None"]
+# A network's lean path: run(feeds, timeout, priority, rows) -> a finished future, or the
+# feeds it checked, for the general path to take (runtime/host/lean.py).
+LeanRun = Callable[[Mapping[str, object], "float | None", int, int], "ReadyFuture | dict"]
 
 
 RUN_WEIGHT = 0.1  # each run's weight in the moving averages of its network's run time
