@@ -30,7 +30,7 @@ from runtime.fold import RANDOM_OPS, FoldReport, fold_constants
 from runtime.free_dims import free_sizes, image_sides, made_up_shape
 from runtime.large import checked, inferable, shell, too_large, typed_only
 from runtime.least_sizes import least_sizes, shaped_inputs
-from runtime.machine import machine_bytes
+from runtime.machine import machine_bytes, memory_text
 from runtime.names import fresh_name
 from runtime.onnx_kinds import DEFAULT_DOMAINS
 from runtime.run_sizes import kept_sizes
@@ -628,9 +628,8 @@ def _check_held(graph: onnx.GraphProto) -> None:
     for t in _input_tensors(graph):
         if memory is not None and t.nbytes > memory:
             raise DeviceMemoryError(
-                f"input {t.name} at {list(t.shape or ())} needs {human_bytes(t.nbytes)}; this "
-                f"machine has {human_bytes(memory)} (other sizes with --bind DIM=N, or "
-                f"bindings)")
+                f"input {t.name} at {list(t.shape or ())} needs {human_bytes(t.nbytes)}; "
+                f"{memory_text(memory)} (other sizes with --bind DIM=N, or bindings)")
 
 
 def _bound_model(model: onnx.ModelProto, sizes: Mapping[str, int], default: int

@@ -1,6 +1,7 @@
 """What this machine lets the process use: its memory (`machine_bytes`), which what a
-request or an input needs is refused against, and its CPUs (`usable_cpus`), which a
-session sized to the machine takes its threads from. In a container both are less than
+request or an input needs is refused against, and what of it is free now (`free_bytes`),
+which a refusal says; and its CPUs (`usable_cpus`), which a session sized to the machine
+takes its threads from. In a container both are less than
 the node's: a pod's 4 GB and 2 CPUs on a 64 GB, 64-core node, its cgroup's limits, which
 the kernel enforces by killing it and by throttling its threads.
 """
@@ -12,7 +13,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from runtime.units import human_bytes
+
 PROC_CGROUP, CGROUP_MOUNT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+MEMINFO = Path("/proc/meminfo")
 
 
 def machine_bytes() -> int | None:
@@ -31,6 +35,29 @@ def cgroup_limit(own: Path = PROC_CGROUP, mount: Path = CGROUP_MOUNT) -> int | N
     texts = (_read(folder / ("memory.max" if v2 else "memory.limit_in_bytes"))
              for v2, folder in _cgroups("memory", own, mount))
     return min((int(t) for t in texts if t.isdigit()), default=None)  # v2 says "max" if none
+
+
+def free_bytes(meminfo: Path = MEMINFO, own: Path = PROC_CGROUP, mount: Path = CGROUP_MOUNT
+               ) -> int | None:
+    """The memory this process could still take: the system's available memory (`meminfo`'s
+    MemAvailable), or what a cgroup's limit leaves above its usage where less; None where
+    the system says neither."""
+    found = [int(line.split()[1]) << 10 for line in _read(meminfo).splitlines()
+             if line.startswith("MemAvailable:")]
+    for v2, folder in _cgroups("memory", own, mount):
+        limit, used = (_read(folder / name) for name in (
+            ("memory.max", "memory.current") if v2 else
+            ("memory.limit_in_bytes", "memory.usage_in_bytes")))
+        if limit.isdigit() and used.isdigit():
+            found.append(max(int(limit) - int(used), 0))
+    return min(found, default=None)
+
+
+def memory_text(limit: int) -> str:
+    """A refusal's end: the machine's memory it was refused against, and what is free."""
+    free = free_bytes()
+    return f"this machine has {human_bytes(limit)}" + (
+        "" if free is None else f", {human_bytes(min(free, limit))} of it free")
 
 
 def usable_cpus() -> int:

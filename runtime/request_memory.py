@@ -34,7 +34,7 @@ import numpy as np
 
 from runtime.errors import InvalidInputError
 from runtime.inputs import shapes_text
-from runtime.machine import machine_bytes
+from runtime.machine import machine_bytes, memory_text
 from runtime.units import human_bytes
 
 Dim = int | CodeType  # a size, or an expression of the inputs' named sizes
@@ -192,4 +192,4 @@ class RequestMemory:
         raise InvalidInputError(
             f"a request to {network} at {shapes_text(shapes)} needs about "
             f"{human_bytes(int(need))} of activations ({self.names[largest]} alone "
-            f"{human_bytes(int(held[largest]))}); this machine has {human_bytes(self.limit)}")
+            f"{human_bytes(int(held[largest]))}); {memory_text(self.limit)}")

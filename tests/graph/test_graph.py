@@ -525,7 +525,7 @@ def test_an_input_larger_than_the_machine_is_refused_before_shapes_are_inferred(
     line = one_line_error(capsys, ["partition", path, "--devices", "cpu:2", "--costs", "model",
                                    "--bind", f"n={batch}"])
     assert f"input image at [{batch}, 3, 56, 56] needs " in line  # made-up sides halve first
-    assert "this machine has" in line and "--bind" in line
+    assert "this machine has" in line and "of it free" in line and "--bind" in line
     fixed = memory // side + 1
     with pytest.raises(DeviceMemoryError, match=rf"input image at \[{fixed}, 3, 224, 224\]"):
         load_graph(_conv_of([fixed, 3, 224, 224]))

@@ -52,6 +52,29 @@ def test_a_containers_cpu_quota_is_read_from_its_cgroup(tmp_path, own, files, ex
     assert machine.cgroup_cpus(*_layout(tmp_path, own, files)) == expected
 
 
+@pytest.mark.parametrize("own, files, expected", [
+    # a pod's room (4 GB, 3 GB used) is less than the node's available 10 GB
+    ("0::/kubepods/pod1/c1\n", {"kubepods/pod1/memory.max": "4294967296",
+                                "kubepods/pod1/memory.current": "3221225472",
+                                "kubepods/pod1/c1/memory.max": "max",
+                                "kubepods/pod1/c1/memory.current": "3000000000"}, 1 << 30),
+    # v1, over its limit (the kernel reclaims, then kills): no room
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": "1073741824",
+                      "memory/memory.usage_in_bytes": "1100000000"}, 0),
+    # no limit: the node's available memory
+    ("0::/user.slice\n", {"user.slice/memory.max": "max",
+                          "user.slice/memory.current": "123"}, 10 << 30),
+])
+def test_free_memory_is_the_nodes_available_or_the_containers_room(tmp_path, own, files,
+                                                                    expected):
+    cgroup, mount = _layout(tmp_path, own, files)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal:       {64 << 20} kB\nMemFree:        {1 << 20} kB\n"
+                       f"MemAvailable:   {10 << 20} kB\n")
+    assert machine.free_bytes(meminfo, cgroup, mount) == expected
+    assert machine.free_bytes(tmp_path / "none", tmp_path / "none", mount) is None
+
+
 def test_what_a_process_may_use_is_its_containers_where_less(monkeypatch):
     """A request is refused against the limit the kernel kills at, and a session sized to
     the machine takes the CPUs its quota gives, not the node's."""

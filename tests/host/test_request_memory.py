@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from runtime import machine
 from runtime import request_memory as request_memory_module
 from runtime.bundle.writer import compile_bundle
 from runtime.devices import parse_devices
@@ -36,6 +37,7 @@ def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(
     bundle refuses it as compiled, without loading its graph."""
     monkeypatch.setattr(liveness, "machine_bytes", lambda: 64 << 20)
     monkeypatch.setattr(request_memory_module, "machine_bytes", lambda: 64 << 20)
+    monkeypatch.setattr(machine, "free_bytes", lambda: 40 << 20)
     long = 8192  # its pairs alone: 256 MB
     rng = np.random.default_rng()
     source = compile_bundle(outer_pairs(), parse_devices("cpu:2"), tmp_path / "outer.prism",
@@ -47,7 +49,8 @@ def test_a_request_past_the_machines_memory_is_refused_and_the_host_serves_on(
                 host.infer("outer", {"x": np.zeros((1, long), np.float32)})
             said = str(refused.value)
             assert "\n" not in said and f"x [1, {long}]" in said, said
-            assert "(pairs alone 268.4 MB); this machine has 67.1 MB" in said, said
+            assert "(pairs alone 268.4 MB); this machine has 67.1 MB, 41.9 MB of it free" \
+                in said, said
         x = rng.standard_normal((1, int(rng.integers(2, 300)))).astype(np.float32)
         np.testing.assert_allclose(host.run("outer", {"x": x}).result(timeout=WAIT)["y"],
                                    (x.T @ x).sum(0), rtol=1e-4, atol=1e-4)
