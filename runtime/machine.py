@@ -17,6 +17,9 @@ from runtime.units import human_bytes
 
 PROC_CGROUP, CGROUP_MOUNT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
 MEMINFO = Path("/proc/meminfo")
+# a memory cgroup's limit and usage files, by version (v2?)
+_MEMORY_FILES = {True: ("memory.max", "memory.current"),
+                 False: ("memory.limit_in_bytes", "memory.usage_in_bytes")}
 
 
 def machine_bytes() -> int | None:
@@ -32,8 +35,7 @@ def machine_bytes() -> int | None:
 def cgroup_limit(own: Path = PROC_CGROUP, mount: Path = CGROUP_MOUNT) -> int | None:
     """The least memory limit set on this process's cgroup or any above it (v2's
     `memory.max`, v1's `memory.limit_in_bytes`), in bytes; None where none is set."""
-    texts = (_read(folder / ("memory.max" if v2 else "memory.limit_in_bytes"))
-             for v2, folder in _cgroups("memory", own, mount))
+    texts = (_read(folder / _MEMORY_FILES[v2][0]) for v2, folder in _cgroups("memory", own, mount))
     return min((int(t) for t in texts if t.isdigit()), default=None)  # v2 says "max" if none
 
 
@@ -45,9 +47,7 @@ def free_bytes(meminfo: Path = MEMINFO, own: Path = PROC_CGROUP, mount: Path = C
     found = [int(line.split()[1]) << 10 for line in _read(meminfo).splitlines()
              if line.startswith("MemAvailable:")]
     for v2, folder in _cgroups("memory", own, mount):
-        limit, used = (_read(folder / name) for name in (
-            ("memory.max", "memory.current") if v2 else
-            ("memory.limit_in_bytes", "memory.usage_in_bytes")))
+        limit, used = (_read(folder / name) for name in _MEMORY_FILES[v2])
         if limit.isdigit() and used.isdigit():
             found.append(max(int(limit) - int(used), 0))
     return min(found, default=None)

@@ -47,6 +47,8 @@ class ArenaDebt:
 
     def options(self, outsized: bool) -> ort.RunOptions | None:
         """A run's options: to give back, when it is outsized or what it lent is gone."""
+        if not (outsized or self.lent):  # the usual run: nothing owed
+            return None
         alive = [output for output in self.lent if output() is not None]
         freed, self.lent = len(alive) < len(self.lent), alive
         return ARENA_GIVEN_BACK if outsized or freed else None
