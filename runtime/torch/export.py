@@ -7,14 +7,16 @@ arithmetic over sizes their dimensions are (`s0`, `s0 + 1` for a cache one token
 so a block of a dynamic graph exports with dynamic dimensions; a size they do not carry is
 fixed at its value, and the model then serves that value only.
 
-The exporter is `torch.onnx.export(..., dynamo=True)`: torch.export of the block, then
-torchlib's translation of each ATen operator and onnxscript's optimizer (constant folding,
-BatchNorm into Conv). The block is already ATen, decomposed with the exporter's own table,
+The exporter is `torch.onnx.export(..., dynamo=True)`'s own (`_core.export`, given a registry
+built once rather than at every call): torch.export of the block, then torchlib's
+translation of each ATen operator and onnxscript's optimizer (constant folding, BatchNorm
+into Conv). The block is already ATen, decomposed with the exporter's own table,
 so the export re-traces what it will translate.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -30,6 +32,8 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch._dynamo.convert_frame import compile_lock
 from torch.fx import GraphModule
+from torch.onnx._constants import ONNX_DEFAULT_OPSET
+from torch.onnx._internal.exporter import _core, _registration
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._sympy.interp import sympy_interp
 from torch.utils._sympy.reference import PythonReferenceAnalysis
@@ -222,6 +226,30 @@ def _cause(exc: BaseException) -> str:
     return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:200]
 
 
+def _torchlib() -> _registration.ONNXRegistry:
+    """torch.onnx's registry of ATen -> ONNX translations, as `torch.onnx.export` builds it
+    anew for each call (0.6-1.1 s an export, paid by each block of a network)."""
+    with quiet_loggers():  # it warns of each torchvision op it skips
+        return _registration.ONNXRegistry.from_torchlib(opset_version=ONNX_DEFAULT_OPSET)
+
+
+@functools.cache
+def onnx_registry() -> _registration.ONNXRegistry:
+    """The registry, built once: the exports and `support` only read it."""
+    return _torchlib()
+
+
+def _registry(translations: Mapping[Any, Any] | None) -> _registration.ONNXRegistry:
+    """The kept registry, or with the user's `custom_translation_table` a new one holding
+    them too, registered as `torch.onnx.export` registers them."""
+    if not translations:
+        return onnx_registry()
+    registry = _torchlib()
+    for op, translation in translations.items():
+        registry.register_op(op, translation, is_complex=False)
+    return registry
+
+
 def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int],
                  translations: Mapping[Any, Any] | None = None) -> ExportedBlock:
     """Export `gm` called with `args`; `weights`: positions of args to hold as
@@ -240,10 +268,9 @@ def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int
         with _EXPORTING, _exporting_here(), _disable_current_modes(), torch.no_grad(), \
                 warnings.catch_warnings(), quiet_loggers():
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(wrapper, fed, dynamo=True, dynamic_shapes=dynamic,
-                                        verbose=False, optimize=True,
-                                        custom_translation_table=dict(translations)
-                                        if translations else None)
+            program = _core.export(wrapper, fed, registry=_registry(translations),
+                                   dynamic_shapes=dynamic, verbose=False, optimize=True,
+                                   opset_version=ONNX_DEFAULT_OPSET)
     except Exception as exc:  # the exporter raises many kinds; each becomes a fallback
         text = "\n".join(str(e) for e in _chain(exc))
         raise ExportFailed(failed_op(text), _cause(exc)) from None

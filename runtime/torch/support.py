@@ -23,7 +23,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from runtime.torch.export import quiet_loggers
+from runtime.torch.export import onnx_registry
 from runtime.torch.options import OffloadOptions
 from runtime.torch.refused import FIRST_OUTPUT_ONLY, REFUSED
 
@@ -35,15 +35,6 @@ NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int
 # constants lifted into the graph (an index list) must stay lifts under AOT autograd's
 # fake tensors: decomposed, they alias a real tensor and tracing fails
 _KEEP = (torch.ops.aten.lift, torch.ops.aten.lift_fresh)
-
-
-@functools.cache
-def onnx_registry() -> Any:
-    """torch.onnx's registry of ATen -> ONNX translations (built once, about a second)."""
-    from torch.onnx._internal.exporter import _registration
-
-    with quiet_loggers():  # it warns of each torchvision op it skips
-        return _registration.ONNXRegistry.from_torchlib()
 
 
 @functools.cache

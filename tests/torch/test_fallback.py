@@ -5,27 +5,31 @@ hang. Options are checked before anything is traced."""
 
 from __future__ import annotations
 
+import copy
 import warnings
+from types import SimpleNamespace
 
+import onnx
 import pytest
 import torch
 from torch import nn
+from torch.onnx._internal.exporter import _registration
 
 import runtime.torch
 from runtime.devices import DeviceConfig, supported_ops
 from runtime.errors import PrismError
 from runtime.host import HostManager
-from runtime.torch import OffloadWarning
+from runtime.torch import OffloadWarning, export
 from runtime.torch.compiled import collecting
+from runtime.torch.export import onnx_registry
 from runtime.torch.options import OffloadOptions
-from runtime.torch.support import onnx_registry
 from tests.support.torch_modules import fresh, relative_error
 
 
 @torch.library.custom_op("prism_tests::fragile", mutates_args=())
 def fragile(x: torch.Tensor) -> torch.Tensor:
-    """Tripled. Its ONNX translation is registered where the backend's support check sees
-    it, not where the exporter looks: the check passes, the export fails at it."""
+    """Tripled. Its ONNX translation, registered in torch.onnx's registry, fails: the
+    backend's support check passes, the export fails at it."""
     return x * 3
 
 
@@ -35,7 +39,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 def _translation(x):  # type: ignore[no-untyped-def]
-    raise RuntimeError("never reached: the exporter has no entry for prism_tests.fragile")
+    raise RuntimeError("prism_tests.fragile has no ONNX translation")
 
 
 onnx_registry().register_op(torch.ops.prism_tests.fragile.default, _translation)
@@ -209,3 +213,42 @@ def test_a_graph_pytorch_decomposes_wrongly_runs_in_pytorch(host):
         assert relative_error(fast(x, target), loss(x, target, reduction="none")) < 1e-6
     (line,) = offload_warnings(caught)
     assert "multilabel_margin_loss" in line and "runs in PyTorch" in line
+
+
+def test_blocks_share_one_registry_and_export_as_torch_onnx_export_does(host, monkeypatch):
+    """torch.onnx.export builds its registry of translations at every call (about a
+    second); blocks are exported by its own `_core.export` with one registry kept, which
+    must give the model the public call gives."""
+    build = _registration.ONNXRegistry.from_torchlib
+    builds: list[object] = []
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", staticmethod(
+        lambda **kw: builds.append(kw) or build(**kw)))
+    exports: list[tuple[tuple, dict, onnx.ModelProto]] = []
+    real = export._core.export
+
+    def kept(*args, **kw):  # type: ignore[no-untyped-def]
+        program = real(*args, **kw)
+        exports.append((args, kw, program.model_proto))
+        return program
+
+    monkeypatch.setattr(export, "_core", SimpleNamespace(export=kept))
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3), nn.Tanh())
+    x = fresh(4, 6)  # the ReLU kept in PyTorch: a block on either side of it
+    answer, report, _ = run(model, x, host=host, torch_executed_ops=["aten.relu"])
+    assert relative_error(answer, model(x).detach()) < 1e-5
+    assert len(exports) == len(report.blocks) == 2, report.table()
+    assert len(builds) <= 1, builds  # none if an earlier test built it
+    monkeypatch.undo()
+    for (wrapper, fed), kw, model_proto in exports:
+        public = torch.onnx.export(wrapper, fed, dynamo=True, verbose=False, optimize=True,
+                                   dynamic_shapes=kw["dynamic_shapes"])
+        assert _without_stacks(public.model_proto) == _without_stacks(model_proto)
+
+
+def _without_stacks(model: onnx.ModelProto) -> bytes:
+    """The model's bytes, its nodes' metadata (the Python stack each was traced at) left
+    out: it names the frames of whoever called the exporter."""
+    model = copy.deepcopy(model)
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    return model.SerializeToString()
