@@ -267,7 +267,7 @@ class OffloadedBlock(torch.nn.Module):
             else:
                 self._split_around(excluded)
             return None
-        plan = self._place(name, graph)
+        plan = self._place(name, graph, {n: to_numpy(args[pos]) for n, pos in exported.inputs})
         if plan is None:
             return None
         variant = Variant(None if self.ctx.host is None else name, exported,
@@ -283,15 +283,16 @@ class OffloadedBlock(torch.nn.Module):
                 else "offloaded"
         return variant
 
-    def _place(self, name: str, graph: Graph) -> Plan | None:
+    def _place(self, name: str, graph: Graph, feeds: dict[str, np.ndarray]) -> Plan | None:
         """Add the network to the host (or, in a dry run, only plan it): its plan, or None
-        if the block falls back."""
+        if the block falls back. Its costs are measured on `feeds`, the call's own tensors
+        (made-up values can be ones it refuses: a box's image index of -1)."""
         options = self.ctx.options
         partition = options.partition or "balanced"
         if self.ctx.host is None:
             try:
                 return plan_network(graph, self.ctx.devices, partition,
-                                    replicas=options.replicas or 1)[1]
+                                    replicas=options.replicas or 1, sample_feeds=feeds)[1]
             except PrismError as exc:
                 self._fall(f"Prism cannot plan it: {first_line(exc)}")
                 return None
@@ -306,7 +307,7 @@ class OffloadedBlock(torch.nn.Module):
         try:
             plan = self.ctx.host.add_network(name, graph, partition=partition,
                                              replicas=options.replicas, batching=batching,
-                                             timeout=options.timeout)
+                                             timeout=options.timeout, sample_feeds=feeds)
         except PrismError as exc:
             self._fall(f"the host cannot take it: {first_line(exc)}")
             return None

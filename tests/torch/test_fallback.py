@@ -6,6 +6,7 @@ hang. Options are checked before anything is traced."""
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from types import SimpleNamespace
 
@@ -252,3 +253,22 @@ def _without_stacks(model: onnx.ModelProto) -> bytes:
     for node in model.graph.node:
         del node.metadata_props[:]
     return model.SerializeToString()
+
+
+def test_a_block_is_timed_on_the_tensors_of_the_call_that_exported_it(host, monkeypatch,
+                                                                       caplog):
+    """Measured costs time a block on its call's own tensors: made-up ones can be values
+    it refuses (torchvision's RoIAlign read a made-up box's image index as -1), and the
+    roofline then stood in, with a warning that told a torch.compile user to `--bind`."""
+    monkeypatch.setenv("PRISM_COSTS", "measured")
+    table = nn.Embedding(1000, 4)
+
+    def model(position: torch.Tensor) -> torch.Tensor:  # in [0, 1): a row, as a float
+        return torch.tanh(table((position * 1000).long()))
+
+    position = torch.rand(16)
+    with caplog.at_level(logging.WARNING, logger="runtime"):
+        answer, report, lines = run(model, position, host=host)
+    assert relative_error(answer, model(position).detach()) < 1e-6 and not lines, lines
+    assert report.offloaded and len(report.blocks) == 1, report.table()
+    assert not [r.getMessage() for r in caplog.records if "roofline" in r.getMessage()]
