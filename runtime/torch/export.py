@@ -95,6 +95,20 @@ class ExportFailed(Exception):
         self.op, self.cause = op, cause
 
 
+class _SizeArithmetic(PythonReferenceAnalysis):
+    """torch's Python reference for arithmetic on sizes, with the operations it leaves to its
+    sympy parent: those build sympy expressions of the traced sizes, which no ATen operator
+    takes (torchvision pads an image to `int(ceil(h / 32.0) * 32.0)`, a `TruncToInt`)."""
+
+    @staticmethod
+    def trunc_to_int(x: Any, dtype: torch.dtype) -> Any:
+        return torch.sym_int(x)
+
+    @staticmethod
+    def int_truediv(a: Any, b: Any) -> Any:
+        return a / b
+
+
 class _Block(torch.nn.Module):
     """The block as the exporter sees it: fed tensors in, weights as buffers, sizes read
     from the fed tensors' shapes."""
@@ -115,7 +129,7 @@ class _Block(torch.nn.Module):
                 args.append(getattr(self, source.buffer))
             elif source.kind == "size":
                 symbols = {sym: fed[k].size(d) for sym, k, d in source.reads}
-                args.append(sympy_interp(PythonReferenceAnalysis, symbols, source.size))
+                args.append(sympy_interp(_SizeArithmetic, symbols, source.size))
             else:
                 args.append(source.value)
         return self.gm(*args)

@@ -5,21 +5,37 @@ back without copies."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
+import sympy  # type: ignore[import-untyped]
 import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._sympy.functions import (
+    CeilToInt,
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    PowByNatural,
+    ToFloat,
+    TruncToInt,
+)
+from torch.utils._sympy.interp import sympy_interp
 
 from runtime.torch import OffloadWarning
 from runtime.torch.block import OffloadedBlock
 from runtime.torch.compiled import CompiledGraph, collecting
+from runtime.torch.export import _SizeArithmetic
 from runtime.torch.options import OffloadOptions
 from runtime.torch.tensors import laid_out, layout_of, to_numpy, to_torch
 from tests.support.torch_modules import fresh, fresh_weights, relative_error
+
+_S = sympy.Symbol("s0", integer=True, positive=True)
 
 
 def test_a_dynamic_graph_serves_new_batch_sizes_from_one_network(host):
@@ -171,6 +187,46 @@ def test_a_size_computed_from_a_dynamic_one_keeps_the_block_dynamic(host):
     assert [len(b.variants) for b in dynamic.blocks.values()] == [1]
     (variant,) = next(iter(dynamic.blocks.values())).variants
     assert any(None in dims for dims in variant.inputs.values())
+
+
+def test_a_size_rounded_up_through_floats_keeps_the_block_dynamic(host):
+    """torchvision pads a batch of images to `int(ceil(h / 32.0) * 32.0)`: a size built by
+    float arithmetic on a dynamic one (`TruncToInt` of it, to the exporter), which the
+    block computes from its input's shape. It exported as a sympy expression, so the
+    block fell back to PyTorch at its first dynamic call (Faster R-CNN's transform)."""
+    fresh_weights()
+    layer = nn.Linear(8, 8)
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        rows = int(math.ceil(float(x.shape[0]) / 32.0) * 32.0)
+        padded = x.new_full((rows, x.shape[1]), 0.0)
+        padded[: x.shape[0]].copy_(x)
+        return torch.tanh(layer(padded))
+
+    fast = torch.compile(model, backend="prism", options={"host": host})
+    with torch.no_grad(), collecting() as reports, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (40, 50, 70):  # 50: dynamo makes the rows dynamic; 70: one more pad
+            x = fresh(rows, 8)
+            answer = fast(x)
+            assert answer.shape == (32 * math.ceil(rows / 32), 8)
+            assert relative_error(answer, model(x)) < 1e-5
+    assert not [w.message for w in caught if issubclass(w.category, OffloadWarning)]
+    (block,) = reports[-1].blocks.values()
+    assert block.state == "offloaded" and len(block.variants) == 1, block.state
+
+
+@pytest.mark.parametrize("expr", [
+    TruncToInt(32.0 * ToFloat(CeilToInt(FloatTrueDiv(ToFloat(_S), 32.0)))),
+    IntTrueDiv(_S, 3), FloatTrueDiv(1.0, ToFloat(_S)), PowByNatural(_S, 2),
+    TruncToInt(ToFloat(_S) * 0.75) + FloorDiv(_S, 2)])
+def test_size_arithmetic_gives_python_numbers(expr):
+    """What a block computes its sizes with gives numbers (SymInts while exporting), never
+    a sympy expression, for every operation the sizes of a traced graph are built from."""
+    for size in (1, 37, 224):
+        got = sympy_interp(_SizeArithmetic, {_S: size}, expr)
+        assert isinstance(got, int | float) and got == pytest.approx(float(expr.subs(_S, size)))
 
 
 def _grown_and_paired(past: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
