@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import sympy  # type: ignore[import-untyped]
@@ -33,10 +33,12 @@ import torch
 from torch._dynamo.convert_frame import compile_lock
 from torch.fx import GraphModule
 from torch.onnx._constants import ONNX_DEFAULT_OPSET
-from torch.onnx._internal.exporter import _core, _registration
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._sympy.interp import sympy_interp
 from torch.utils._sympy.reference import PythonReferenceAnalysis
+
+if TYPE_CHECKING:  # onnxscript loads with it: at the first export, not at import
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
 
 
 @dataclass(frozen=True)
@@ -240,20 +242,22 @@ def _cause(exc: BaseException) -> str:
     return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:200]
 
 
-def _torchlib() -> _registration.ONNXRegistry:
+def _torchlib() -> ONNXRegistry:
     """torch.onnx's registry of ATen -> ONNX translations, as `torch.onnx.export` builds it
-    anew for each call (0.6-1.1 s an export, paid by each block of a network)."""
+    anew for each call (half a second to a second an export, paid by each block)."""
+    from torch.onnx._internal.exporter import _registration
+
     with quiet_loggers():  # it warns of each torchvision op it skips
         return _registration.ONNXRegistry.from_torchlib(opset_version=ONNX_DEFAULT_OPSET)
 
 
 @functools.cache
-def onnx_registry() -> _registration.ONNXRegistry:
+def onnx_registry() -> ONNXRegistry:
     """The registry, built once: the exports and `support` only read it."""
     return _torchlib()
 
 
-def _registry(translations: Mapping[Any, Any] | None) -> _registration.ONNXRegistry:
+def _registry(translations: Mapping[Any, Any] | None) -> ONNXRegistry:
     """The kept registry, or with the user's `custom_translation_table` a new one holding
     them too, registered as `torch.onnx.export` registers them."""
     if not translations:
@@ -273,6 +277,8 @@ def export_block(gm: GraphModule, args: Sequence[object], weights: frozenset[int
     dynamic = None if fixed else _dynamic_dims(gm, fed_positions)
     wrapper = _Block(gm, sources, buffers).eval()
     fed = tuple(args[i] for i in fed_positions)
+    from torch.onnx._internal.exporter import _core
+
     start = time.perf_counter()
     try:
         # one export at a time, never beside a compile of dynamo's (torch.export's tracing

@@ -8,19 +8,18 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from types import SimpleNamespace
 
 import onnx
 import pytest
 import torch
 from torch import nn
-from torch.onnx._internal.exporter import _registration
+from torch.onnx._internal.exporter import _core, _registration
 
 import runtime.torch
 from runtime.devices import DeviceConfig, supported_ops
 from runtime.errors import PrismError
 from runtime.host import HostManager
-from runtime.torch import OffloadWarning, export
+from runtime.torch import OffloadWarning
 from runtime.torch.compiled import collecting
 from runtime.torch.export import onnx_registry
 from runtime.torch.options import OffloadOptions
@@ -225,14 +224,14 @@ def test_blocks_share_one_registry_and_export_as_torch_onnx_export_does(host, mo
     monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", staticmethod(
         lambda **kw: builds.append(kw) or build(**kw)))
     exports: list[tuple[tuple, dict, onnx.ModelProto]] = []
-    real = export._core.export
+    real = _core.export
 
     def kept(*args, **kw):  # type: ignore[no-untyped-def]
         program = real(*args, **kw)
         exports.append((args, kw, program.model_proto))
         return program
 
-    monkeypatch.setattr(export, "_core", SimpleNamespace(export=kept))
+    monkeypatch.setattr(_core, "export", kept)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3), nn.Tanh())
     x = fresh(4, 6)  # the ReLU kept in PyTorch: a block on either side of it
     answer, report, _ = run(model, x, host=host, torch_executed_ops=["aten.relu"])
