@@ -216,8 +216,8 @@ def test_a_graph_pytorch_decomposes_wrongly_runs_in_pytorch(host):
 
 
 def test_blocks_share_one_registry_and_export_as_torch_onnx_export_does(host, monkeypatch):
-    """torch.onnx.export builds its registry of translations at every call (about a
-    second); blocks are exported by its own `_core.export` with one registry kept, which
+    """torch.onnx.export builds its registry of translations at every call (half a second
+    or more); blocks are exported by its own `_core.export` with one registry kept, which
     must give the model the public call gives."""
     build = _registration.ONNXRegistry.from_torchlib
     builds: list[object] = []

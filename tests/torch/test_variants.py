@@ -223,7 +223,8 @@ def test_a_size_rounded_up_through_floats_keeps_the_block_dynamic(host):
     TruncToInt(ToFloat(_S) * 0.75) + FloorDiv(_S, 2)])
 def test_size_arithmetic_gives_python_numbers(expr):
     """What a block computes its sizes with gives numbers (SymInts while exporting), never
-    a sympy expression, for every operation the sizes of a traced graph are built from."""
+    a sympy expression: the operations torch's Python reference left to sympy (truncation,
+    integer true division) and others beside them."""
     for size in (1, 37, 224):
         got = sympy_interp(_SizeArithmetic, {_S: size}, expr)
         assert isinstance(got, int | float) and got == pytest.approx(float(expr.subs(_S, size)))
