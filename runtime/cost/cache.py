@@ -72,7 +72,7 @@ class TimingsCache:
         return self.directory / "costs" / f"hop-{digest[:32]}.json"
 
     def get_hop(self, kind: str) -> float | None:
-        """The dispatch seconds measured for devices of `kind` (`cpu/1`) on this machine."""
+        """The dispatch seconds measured for devices of `kind` (`ort-cpu/1`) on this machine."""
         try:
             return float(read_entry(self.hop_path(kind))["seconds"])
         except (KeyError, TypeError, ValueError):

@@ -36,9 +36,12 @@ from runtime.graph import Graph
 def kind_of(device: DeviceConfig) -> str | None:
     """The kind of device measured times carry over between (onnxruntime's CPU provider at
     a thread count, as `cpu` devices and `ray` actors run it), or None for a device whose
-    time is modelled (`sim`, a `ray` actor keeping sim time, the `reference` evaluator)."""
+    time is modelled (`sim`, a `ray` actor keeping sim time, the `reference` evaluator).
+    Threads that sleep between runs (`spin=0`) are a kind of their own; one thread alone
+    has none to spin."""
     if device.backend == "cpu" or (device.backend == "ray" and device.timing == "cpu"):
-        return f"ort-cpu/{device.threads}"
+        still = "/still" if not device.spin and device.threads > 1 else ""
+        return f"ort-cpu/{device.threads}{still}"
     return None
 
 

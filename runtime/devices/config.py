@@ -69,6 +69,10 @@ class DeviceConfig:
     timing: str = "cpu"
     node: str | None = None
     resources: tuple[tuple[str, float], ...] = ()
+    # `cpu` and `ray`: onnxruntime's intra-op threads spin between runs (its default), which
+    # is fastest while they have the cores to themselves; off where another thread pool
+    # shares them (PyTorch's, under torch.compile), whose threads they would starve.
+    spin: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +86,9 @@ class DeviceConfig:
             raise DeviceSpecError(f"device {self.name}: threads must be >= 1 and <= "
                                   f"{MAX_THREADS}, got {self.threads}")
         self._check_ray()
+        if not isinstance(self.spin, bool):
+            raise DeviceSpecError(f"device {self.name}: spin must be true or false, "
+                                  f"got {self.spin!r}")
         figures = "sim" if self.backend == "ray" and self.timing == "sim" else self.backend
         flops, bw, link, launch, latency, memory = _DEFAULTS[figures]
         if figures != self.backend:  # a sim behind a Ray call: sim compute, Ray's link

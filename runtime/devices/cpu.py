@@ -55,7 +55,8 @@ class CheckedOrtFunction(OrtFunction):
 
 def ort_function(program: Program, config: DeviceConfig, threads: int) -> OrtFunction:
     try:
-        session = new_session(program.model, threads, program.external, program.half)
+        session = new_session(program.model, threads, program.external, program.half,
+                              spin=config.spin)
     except Exception as exc:
         raise ProvisionError(f"{config.name}: onnxruntime cannot load {program.name or 'model'}"
                              f" on CPU: {first_line(exc)}") from None

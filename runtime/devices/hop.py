@@ -103,12 +103,13 @@ def _pipelined(chain: list[Device], feeds: dict, runs: int) -> float | None:
 
 
 @functools.cache
-def process_hop(threads: int = 1) -> float | None:
-    """The hop of in-process `cpu` devices at `threads`, on two opened for the purpose."""
+def process_hop(threads: int = 1, spin: bool = True) -> float | None:
+    """The hop of in-process `cpu` devices at `threads` (and `spin`), on two opened for
+    the purpose."""
     from runtime.devices.backends import open_device
 
-    devices = [open_device(DeviceConfig(name=f"hop-probe{i}", backend="cpu",
-                                        threads=threads)) for i in range(2)]
+    devices = [open_device(DeviceConfig(name=f"hop-probe{i}", backend="cpu", threads=threads,
+                                        spin=spin)) for i in range(2)]
     try:
         return measure_hop(devices)
     finally:

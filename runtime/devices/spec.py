@@ -19,7 +19,10 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e
 _KEYS = {"mem": "memory_bytes", "memory": "memory_bytes", "threads": "threads",
          "flops": "peak_flops", "bw": "mem_bandwidth", "link": "link_bandwidth",
          "ops": "supported_ops", "int8": "int8_ops", "precision": "precisions",
-         "timing": "timing", "node": "node", "resources": "resources"}
+         "timing": "timing", "node": "node", "resources": "resources",
+         "spin": "spin"}
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
 
 
 def parse_size(text: str | int | float) -> float:
@@ -61,6 +64,10 @@ def _device_fields(name: str, options: dict) -> dict:
             out[target] = parse_size(value)
         elif target in ("launch_seconds", "link_latency"):
             out[target] = _number(name, key, value, float)
+        elif target == "spin":  # `spin=0`; in TOML, spin = false
+            if str(value).lower() not in _SWITCH:
+                raise DeviceSpecError(f"device {name}: spin must be 0 or 1, got {value!r}")
+            out[target] = _SWITCH[str(value).lower()]
         elif target in ("timing", "node"):  # ray: `timing=sim`, `node=10.0.0.5`
             out[target] = str(value)
         elif target == "resources":  # ray, in TOML: resources = {GPU = 1, fast = 0.5}

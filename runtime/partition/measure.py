@@ -105,32 +105,34 @@ def timed_run(function: OrtFunction, feeds: dict[str, np.ndarray]
     return statistics.median(samples), outputs
 
 
-def _function(model: onnx.ModelProto | bytes, threads: int, held: Held | None = None
+def _function(model: onnx.ModelProto | bytes, device: DeviceConfig, held: Held | None = None
               ) -> OrtFunction:
-    return OrtFunction(cpu_session(model, threads, held.files if held else None))
+    """A session of `model` as the device makes its sessions: its threads, its spinning."""
+    return OrtFunction(cpu_session(model, device.threads, held.files if held else None,
+                                   spin=device.spin))
 
 
 class _NotLoaded(Exception):
     """A sub-model not extracted or not loaded: whatever the inputs, no run is made."""
 
 
-def _timed(graph: Graph, part: Partition, threads: int, feeds: dict[str, np.ndarray]
+def _timed(graph: Graph, part: Partition, device: DeviceConfig, feeds: dict[str, np.ndarray]
            ) -> tuple[float, dict[str, np.ndarray]]:
     """The partition's sub-model timed on `feeds`; its session and weights are gone when
     this returns, for the heap to give back."""
     try:
         model, held = held_extract(graph, part)
-        function = _function(model, threads, held)
+        function = _function(model, device, held)
     except Exception as exc:
         raise _NotLoaded(first_line(exc)) from exc
     return timed_run(function, feeds)
 
 
-def run_overhead(threads: int) -> float:
+def run_overhead(device: DeviceConfig) -> float:
     """The fixed cost of one run: a one-node model's median time."""
     from runtime.devices.hop import probe_program
 
-    seconds, _ = timed_run(_function(probe_program().model, threads),
+    seconds, _ = timed_run(_function(probe_program().model, device),
                            {"x": np.zeros((1, 4), np.float32)})
     return seconds
 
@@ -179,7 +181,7 @@ def _made_up_outputs(graph: Graph, part: Partition) -> dict[str, np.ndarray]:
     return outputs
 
 
-def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
+def _time_in_order(graph: Graph, parts: Sequence[Partition], device: DeviceConfig,
                    feeds: dict[str, np.ndarray], on_progress: Progress | None, what: str,
                    given: Feeds | None, unrun: frozenset[str] = frozenset()
                    ) -> dict[str, float] | None:
@@ -197,7 +199,7 @@ def _time_in_order(graph: Graph, parts: Sequence[Partition], threads: int,
             if unrun.intersection(part.nodes):
                 taken, outputs = None, _made_up_outputs(graph, part)
             else:
-                taken, outputs = _timed(graph, part, threads,
+                taken, outputs = _timed(graph, part, device,
                                         {t: values[t] for t in part.inputs})
         except Exception as exc:  # onnxruntime's errors, an extraction refused: nothing measured
             if isinstance(exc, _NotLoaded) or len(seconds) < i:  # no inputs cause it (a node
@@ -238,8 +240,8 @@ def measure_nodes(graph: Graph, device: DeviceConfig, on_progress: Progress | No
     roofline = CostModel.roofline(graph)
     unrun = _unrun(graph, device)
     parts = _as_partitions(graph, device, _chunks(graph, roofline, device, unrun))
-    overhead = run_overhead(device.threads)
-    seconds = _time_in_order(graph, parts, device.threads, feeds, on_progress,
+    overhead = run_overhead(device)
+    seconds = _time_in_order(graph, parts, device, feeds, on_progress,
                              f"timing {graph.name} on {kind_of(device)}", given, unrun)
     if seconds is None:
         return None
@@ -263,16 +265,15 @@ def time_partitions(graph: Graph, plan: Plan, on_progress: Progress | None = Non
     if feeds is None or not timed:
         return None
     unrun = _unrun(graph, timed[0])
-    threads = {d.name: d.threads for d in plan.devices}
+    kinds = {d.name: kind_of(d) for d in plan.devices}
     measured: dict[str, float] = {}
-    for count in sorted(set(threads.values())):  # one pass per thread count in the plan
-        seconds = _time_in_order(graph, plan.partitions, count, feeds, on_progress,
+    for kind, device in {kinds[d.name]: d for d in timed}.items():  # a pass per kind
+        seconds = _time_in_order(graph, plan.partitions, device, feeds, on_progress,
                                  f"timing {plan.network}'s partitions", given, unrun)
         if seconds is None:
             return None
         measured.update({p.name: seconds[p.name] for p in plan.partitions
-                         if threads[p.device] == count and kind_of(plan.device(p.device))
-                         and p.name in seconds})
+                         if kinds[p.device] == kind and p.name in seconds})
     return measured
 
 

@@ -95,15 +95,15 @@ def cpu_hops(devices: Sequence[DeviceConfig], cache: TimingsCache | None = None
     one): from the cache, else measured on two opened for it and cached."""
     from runtime.devices.hop import process_hop
 
-    threads = next((d.threads for d in devices if d.backend == "cpu"), None)
-    if threads is None:
+    cpu = next((d for d in devices if d.backend == "cpu"), None)
+    if cpu is None:
         return {}
-    cache = cache or TimingsCache()
-    hop = cache.get_hop(f"cpu/{threads}")
+    cache, kind = cache or TimingsCache(), kind_of(cpu) or "cpu"
+    hop = cache.get_hop(kind)
     if hop is None:
-        hop = process_hop(threads)
+        hop = process_hop(cpu.threads, cpu.spin)
         if hop is not None:
-            cache.put_hop(f"cpu/{threads}", hop)
+            cache.put_hop(kind, hop)
     return {} if hop is None else {"cpu": hop}
 
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch.fx import GraphModule
 
-from runtime.devices.spec import parse_devices
 from runtime.torch.block import Context, install, remove_network
 from runtime.torch.hosts import host_for
 from runtime.torch.report import GraphReport
@@ -39,7 +38,7 @@ class CompiledGraph:
         host = None if options.dry_run else host_for(options)
         owner = host or options.host  # a dry run plans over the caller's host's devices too
         devices = [d.config for d in owner.devices.values()] if owner is not None \
-            else parse_devices(options.device_spec)
+            else options.device_configs()
         name = f"g{self.number}"
         self.ctx = Context(name, options, host, devices,
                            GraphReport(name, [d.name for d in devices], options.dry_run))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import threading
 
-from runtime.devices.spec import parse_devices
 from runtime.host.manager import HostManager
 from runtime.torch.options import OffloadOptions
 
@@ -26,7 +25,7 @@ def host_for(options: OffloadOptions) -> HostManager:
     with _lock:
         host = _shared.get(spec)
         if host is None:
-            host = _shared[spec] = HostManager(parse_devices(spec))
+            host = _shared[spec] = HostManager(options.device_configs())
         return host
 
 

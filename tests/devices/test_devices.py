@@ -24,11 +24,13 @@ from runtime.devices import (
     supported_ops,
 )
 from runtime.devices.manager import on_device_thread
+from runtime.devices.ray.actor import PartitionWorker
 from runtime.devices.sim import SimDevice
 from runtime.errors import DeviceMemoryError, ExecutionError, ProvisionError
 from runtime.host import HostManager
 from tests.support.classifiers import zipmap_classifier
 from tests.support.fakes import blocking
+from tests.support.hosts import cpu_burnt_after
 
 MB = 1_000_000
 RNG = np.random.default_rng()
@@ -155,6 +157,24 @@ def test_backend_runs_real_model_through_call_and_run_now(managers, backend):
     assert (stats.name, stats.backend, stats.runs, stats.queue_length) == ("d0", backend, 4, 0)
     assert stats.busy_seconds > 0 and stats.total_bytes == m.config.memory_bytes
     assert stats.used_bytes == m.used_bytes
+
+
+def test_threads_that_do_not_spin_leave_the_cores_idle_between_runs(managers):
+    """onnxruntime's intra-op threads spin after a run, waiting for the next; beside
+    PyTorch's threads on the same cores (torch.compile's blocks) they starve them.
+    `spin=0` makes them sleep: on a device, and in a Ray device's actor."""
+    model, _ = matmul_relu(k=256, n=256)
+    feeds = {"x": RNG.standard_normal((256, 256)).astype(np.float32)}
+    burnt = {}
+    for spin in (True, False):
+        m = managers(f"d{int(spin)}", threads=2, spin=spin)
+        m.load("k", Program.of(model, weight_bytes=0, activation_bytes=0))
+        burnt["device", spin] = cpu_burnt_after(lambda m=m: blocking(m, "k", feeds))
+        worker = PartitionWorker("ray0", 2, False, spin)  # what a Ray device's actor holds
+        assert worker.load("k", model.SerializeToString(), 0.0)[0] is None
+        burnt["actor", spin] = cpu_burnt_after(lambda w=worker: w.run("k", 1, 0.0, feeds, ()))
+    for where in ("device", "actor"):
+        assert burnt[where, False] < burnt[where, True] / 4, burnt
 
 
 def one_node(node: onnx.NodeProto, weights: dict[str, np.ndarray], opset: int = 19

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.cost import CostModel, Timings, kind_of
 from runtime.cost.cache import TimingsCache
 from runtime.devices import DeviceConfig, parse_devices
+from runtime.devices.ort.sessions import cpu_session
 from runtime.errors import InvalidInputError, PartitionError, PrismError
 from runtime.graph import load_graph
 from runtime.host import HostManager
@@ -101,6 +102,28 @@ def test_the_cache_key_follows_device_kind_versions_and_cpu(cache, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr("runtime.cost.cache.cpu_model", lambda: "another processor")
     assert cache.get(graph, one) is None
+
+
+def test_threads_that_sleep_between_runs_are_timed_so_and_cached_apart(cache, monkeypatch):
+    """A device whose threads do not spin (`spin=0`) runs slower small sessions: its nodes
+    are timed on sessions that do not spin either, and cached as a kind of their own. One
+    thread has none to spin: its kind is one."""
+    graph = load_graph(CNN)
+    still = parse_devices("cpu:2:threads=2:spin=0")
+    spinning = kind_of(DeviceConfig(name="c", threads=2))
+    assert kind_of(still[0]) != spinning
+    assert kind_of(DeviceConfig(name="c", spin=False)) == kind_of(DeviceConfig(name="c"))
+    spins: list[bool] = []
+
+    def session(*args, spin=True, **kwargs):
+        spins.append(spin)
+        return cpu_session(*args, spin=spin, **kwargs)
+
+    monkeypatch.setattr(measure, "cpu_session", session)
+    _, plan = plan_network(graph, still, costs="measured", hops=NO_HOPS, cache=cache)
+    assert plan.costs == "measured" and spins and not any(spins)
+    assert cache.get(graph, kind_of(still[0])) is not None
+    assert cache.get(graph, spinning) is None
 
 
 def test_a_damaged_cache_entry_is_a_miss(cache):

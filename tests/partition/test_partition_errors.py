@@ -182,6 +182,8 @@ def test_compact_spec():
     assert more[0].threads == 4 and more[0].peak_flops == 4 * more[1].peak_flops
     assert more[2].supported_ops == frozenset({"Add", "Relu"})
     assert more[2].peak_flops == 1e12 and more[2].link_bandwidth == 2e9
+    spun = parse_devices("cpu:threads=2:spin=0,cpu:spin=yes,cpu")
+    assert [d.spin for d in spun] == [False, True, True]
 
 
 @pytest.mark.parametrize("text, value", [
@@ -218,6 +220,7 @@ def test_parse_size_takes_rates_per_second():
     ("", "no devices"),
     ("cpu:mem=0", "memory_bytes must be positive"),
     ("cpu:threads=0", "threads must be >= 1"),
+    ("cpu:spin=maybe", "spin must be 0 or 1, got 'maybe'"),
     ("sim:link=0", "link_bandwidth must be positive"),
 ])
 def test_bad_specs(spec, needle):
@@ -281,6 +284,7 @@ supported_ops = ["MatMul", "Relu"]
 
 [host]
 threads = 2
+spin = false
 
 [roomy]
 backend = "sim"
@@ -301,7 +305,8 @@ def test_toml_file_one_table_per_device(tmp_path):
         assert fast.supported_ops == frozenset({"MatMul", "Relu"})
         assert fast.can_run("MatMul") and not fast.can_run("Add")
         assert fast.peak_flops == DeviceConfig(name="s", backend="sim").peak_flops
-        assert host.threads == 2 and host.supported_ops is None
+        assert host.threads == 2 and host.supported_ops is None and not host.spin
+        assert fast.spin and roomy.spin
         assert host.memory_bytes == DeviceConfig(name="c").memory_bytes
         assert roomy.memory_bytes == 2**30 and roomy.link_bandwidth == 2e9
     # The parsed devices plan: the restricted device gets only what it can run.

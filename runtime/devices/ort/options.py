@@ -90,7 +90,8 @@ def refuse_empty(ops: Iterable[str]) -> Callable[[Mapping[str, Any]], None] | No
 
 
 def session_options(threads: int, external: Mapping[str, np.ndarray] | None = None,
-                    half: bool = False, optimized: bool = True) -> ort.SessionOptions:
+                    half: bool = False, optimized: bool = True, spin: bool = True
+                    ) -> ort.SessionOptions:
     """`threads` intra-op threads, one inter-op, sequential, quiet; full graph optimization
     (onnxruntime's default), which on a bundle's already optimized model adds only the
     machine-specific layout passes. `external`: the files the model names as external
@@ -98,12 +99,15 @@ def session_options(threads: int, external: Mapping[str, np.ndarray] | None = No
     onnxruntime copies them into the session as it makes it, so they may go then
     (`tests/graph/test_large_models.py` holds it to that). `half`: the model holds float16
     (`graph.holds_half`), so HALF_DISABLED is off too. Not `optimized`: no graph
-    optimization at all (what `prism run --check` compares a mismatch with)."""
+    optimization at all (what `prism run --check` compares a mismatch with). Not `spin`: the
+    intra-op threads sleep between runs rather than spin (`DeviceConfig.spin`)."""
     opts = ort.SessionOptions()
     if not optimized:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 4
     opts.add_session_config_entry(DISABLE_KEY, ";".join(DISABLED + HALF_DISABLED * half))
@@ -115,9 +119,10 @@ def session_options(threads: int, external: Mapping[str, np.ndarray] | None = No
 
 
 def new_session(model: bytes, threads: int, external: Mapping[str, np.ndarray] | None = None,
-                half: bool = False, optimized: bool = True) -> ort.InferenceSession:
+                half: bool = False, optimized: bool = True, spin: bool = True
+                ) -> ort.InferenceSession:
     """A CPU session of a serialized model under `session_options`."""
-    return ort.InferenceSession(model, session_options(threads, external, half, optimized),
+    return ort.InferenceSession(model, session_options(threads, external, half, optimized, spin),
                                 providers=["CPUExecutionProvider"])
 
 

@@ -29,17 +29,18 @@ OLDEST_IR = 7
 
 def cpu_session(model: onnx.ModelProto | bytes, threads: int = 1,
                 external: Mapping[str, np.ndarray] | None = None, stamp: bool = False,
-                optimized: bool = True) -> ort.InferenceSession:
+                optimized: bool = True, spin: bool = True) -> ort.InferenceSession:
     """An onnxruntime CPU session of a model (or its serialized bytes; `external`: the
-    files it names as external data, in memory; `optimized`: as `session_options`); any
-    failure becomes a one-line ProvisionError. `stamp`: made `loadable` first, on the copy
-    serialized (so a model past 2 GB is not copied whole for it)."""
+    files it names as external data, in memory; `optimized`, `spin`: as
+    `session_options`); any failure becomes a one-line ProvisionError. `stamp`: made
+    `loadable` first, on the copy serialized (so a model past 2 GB is not copied whole
+    for it)."""
     data, held = (model, {}) if isinstance(model, bytes) else serialized(
         model, stamped if stamp else None)
     try:
         proto = onnx.load_from_string(model) if isinstance(model, bytes) else model
         return new_session(data, threads, {**held, **(external or {})}, holds_half(proto),
-                           optimized)
+                           optimized, spin)
     except Exception as exc:
         raise ProvisionError(f"onnxruntime cannot load {model_name(model)} on CPU: "
                              f"{first_line(exc)}") from None

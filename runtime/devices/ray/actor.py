@@ -31,8 +31,8 @@ Status = tuple[str | None, float, list[tuple[str, tuple[int, ...]] | None]]
 
 
 class PartitionWorker:
-    def __init__(self, device: str, threads: int, timed: bool):
-        self.device, self.threads, self.timed = device, threads, timed
+    def __init__(self, device: str, threads: int, timed: bool, spin: bool = True):
+        self.device, self.threads, self.timed, self.spin = device, threads, timed, spin
         # key -> (session, output names, modelled seconds of one run, `refuse_empty`'s check,
         # its arena's debt)
         self.sessions: dict[str, tuple[ort.InferenceSession, list[str], float, Any,
@@ -53,7 +53,7 @@ class PartitionWorker:
         the files it names as external data, in memory (`Program.external`); `half`:
         `Program.half`."""
         try:
-            session = new_session(model, self.threads, external, half)
+            session = new_session(model, self.threads, external, half, spin=self.spin)
         except Exception as exc:
             return (f"{self.device}: onnxruntime cannot load {key}: {first_line(exc)}", [])
         names = [o.name for o in session.get_outputs()]

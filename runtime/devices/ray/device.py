@@ -137,7 +137,7 @@ class RayDevice(Device):
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self._node_id(self.config.node), soft=False)
         return _actor_class(self._ray).options(**options).remote(
-            self.name, self.config.threads, self.config.timing == "sim")
+            self.name, self.config.threads, self.config.timing == "sim", self.config.spin)
 
     def _await_actor(self, actor: Any, info: Any = None) -> None:
         try:
