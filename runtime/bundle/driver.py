@@ -84,7 +84,7 @@ def load_stage(bundle: Bundle, index: int, row: Mapping) -> Stage:
     model, weights = bundle.member(row["model"]), bundle.weights()
     try:
         session = new_session(model, row["threads"], {EXTERNAL_LOCATION: weights},
-                              row.get("half", False))
+                              row.get("half", False), spin=row.get("spin", True))
     except Exception as exc:
         raise BundleError(f"{where} does not load in onnxruntime {ort.__version__}: "
                           f"{first_line(exc)}") from None

@@ -158,6 +158,7 @@ def _tables(graph: Graph, plan: Plan) -> tuple[list[dict], list[dict], list[dict
         schedule.append({
             "partition": p.name, "device": p.device, "backend": p.backend,
             "threads": config[p.device].threads if p.backend in ("cpu", "ray") else 1,
+            "spin": config[p.device].spin,
             "model": f"partitions/{p.name}.onnx", "optimization": OPTIMIZED[p.backend],
             "reads": list(p.inputs), "writes": writes[p.name], "after": after})
         requirements.append({

@@ -21,6 +21,7 @@ from runtime.driver import POLICIES, open_bundle
 from runtime.errors import BundleError, ExecutionError, InvalidInputError, RequestTimeoutError
 from runtime.host import HostManager
 from tests.support.bundles import VOCAB, assert_identical, case, cpus, feeds, graph
+from tests.support.hosts import cpu_burnt_after
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,3 +203,29 @@ def test_constant_and_given_back_outputs_are_no_ones_to_change(tmp_path):
             given = feeds["x"].copy()
             first["x"][:] = 0.0
             np.testing.assert_array_equal(feeds["x"], given)
+
+
+def test_a_bundle_of_devices_that_do_not_spin_runs_so(tmp_path):
+    """`spin=0` is kept in the schedule: the driver's sessions sleep between runs too."""
+    rng = np.random.default_rng()
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 256])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(body, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, tmp_path / "matmul.onnx")
+    x = {"x": rng.standard_normal((256, 256)).astype(np.float32)}
+    burnt = {}
+    for spin in (True, False):
+        bundle = compile_bundle(tmp_path / "matmul.onnx",
+                                parse_devices(f"cpu:1:threads=2:spin={int(spin)}"),
+                                tmp_path / f"spin{int(spin)}.prism")
+        assert [row["spin"] for row in bundle.manifest["schedule"]] == [spin]
+        with open_bundle(bundle.path, policy="serial") as driver:
+            np.testing.assert_allclose(driver.run(x)["y"], x["x"] @ w, rtol=1e-4,
+                                       atol=1e-3)
+            burnt[spin] = cpu_burnt_after(lambda driver=driver: driver.run(x))
+    assert burnt[False] < burnt[True] / 4, burnt
