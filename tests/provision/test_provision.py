@@ -248,12 +248,14 @@ def test_twins_are_devices_alike_in_every_compared_field_but_the_name():
     base = DeviceConfig(name="a", backend="sim")
     assert twins(base, base.with_name("b")) and base.figures() == base.with_name("b").figures()
     changed = {"backend": "cpu", "memory_bytes": base.memory_bytes + 1, "threads": 2,
-               "supported_ops": frozenset({"Add"}), "precisions": frozenset({"float"})}
+               "supported_ops": frozenset({"Add"}), "precisions": frozenset({"float"}),
+               "spin": False}
     ray_only = {"timing": "sim", "node": "10.0.0.5", "resources": {"GPU": 1}}  # ray's own
     compared = [f.name for f in dataclasses.fields(DeviceConfig) if f.compare and f.name != "name"]
     for name in compared:
         one = DeviceConfig(name="a", backend="ray") if name in ray_only else base
-        value = {**changed, **ray_only}.get(name) or getattr(one, name) * 2
+        given = {**changed, **ray_only}
+        value = given[name] if name in given else getattr(one, name) * 2
         other = dataclasses.replace(one, name="b", **{name: value})
         assert not twins(one, other), name
     assert twins(base, dataclasses.replace(base, name="b", extra={"note": 1}))  # not compared
