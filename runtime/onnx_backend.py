@@ -200,7 +200,7 @@ class PrismRep(BackendRep):
         return {self.input_names[0]: _as_array(inputs)}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
-        outputs = self.host.run(NETWORK, self.feeds(inputs)).result(
+        outputs = self.host.run(NETWORK, self.feeds(inputs), waited=True).result(
             kwargs.get("timeout", self.timeout))
         names = self.output_names
         return namedtupledict("Outputs", names)(*[outputs[n] for n in names])

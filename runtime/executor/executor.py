@@ -5,7 +5,11 @@ starts on its device as soon as every tensor it reads exists; its outputs may st
 children. The first stage of a request that may run inline (`request.inline`) runs on
 the caller's thread when its device is idle (for a one-partition plan, that is the whole
 request); every later stage queues on its device's own thread, so a caller sending many
-requests gets them pipelined: different requests' stages overlap on different devices.
+requests gets them pipelined: different requests' stages overlap on different devices. A
+caller that waits for the answer (`request.waited`: `HostManager.infer`) sends no other
+meanwhile, so each stage whose device is idle runs on its thread, sparing two thread
+hand-offs a stage. Of the partitions one run makes ready, the others are sent to their
+devices before the one that may run here, so branches still run at once.
 Tensors stay in host memory and pass by reference; the plan's transfers model what a
 real copy would cost (and `sim` devices are held for it). The first error wins and ends
 the request; its other partitions are abandoned.
@@ -52,6 +56,11 @@ class LoadedPartition:
     partition: Partition
     key: str
     device: Device
+
+
+# Stages one waiting caller runs on its thread at most, each a few frames deeper in its
+# stack: later ones go to their devices' threads.
+INLINE_STAGES = 64
 
 
 class _Run:
@@ -130,15 +139,24 @@ class Executor:
             done(request, graph_outputs(run.values, self.outputs, self.passed), None)
             return
         # Collect first: a partition that runs inline may make others ready meanwhile.
-        for i in [i for i, count in enumerate(run.missing) if count == 0]:
-            self._launch(run, request, i, done)
+        self._launch_all(run, request, [i for i, count in enumerate(run.missing) if count == 0],
+                         done)
 
     def _tag(self, request: Request, lp: LoadedPartition) -> Tag | None:
         if self.bus is None or not self.bus.active:
             return None
         return {"network": self.network, "request": request.id, "partition": lp.partition.name}
 
-    def _launch(self, run: _Run, request: Request, i: int, done: RequestDone) -> None:
+    def _launch_all(self, run: _Run, request: Request, ready: list[int], done: RequestDone
+                    ) -> None:
+        """Launch the ready partitions, the last one where it may run inline: the others are
+        on their devices' threads by then."""
+        last = len(ready) - 1
+        for k, i in enumerate(ready):
+            self._launch(run, request, i, done, here=k == last)
+
+    def _launch(self, run: _Run, request: Request, i: int, done: RequestDone,
+                here: bool) -> None:
         if run.failed or request.ended:
             return
         lp = self.parts[i]
@@ -152,8 +170,8 @@ class Executor:
         if type(request.feeds) is OutsizedFeeds:
             feeds = OutsizedFeeds(feeds)
         tag = self._tag(request, lp)
-        if request.inline:  # only the first stage: later ones pipeline on device threads
-            request.inline = False
+        if here and request.inline and run.landed < INLINE_STAGES:  # the first stage, or
+            request.inline = request.waited  # every one for a caller that waits
             try:
                 outputs = lp.device.run_now(lp.key, feeds, tag)
             except BaseException as exc:
@@ -199,8 +217,7 @@ class Executor:
                             ready.append(r)
                 run.landed += 1
                 finished = run.landed == len(self.parts)
-            for r in ready:
-                self._launch(run, request, r, done)
+            self._launch_all(run, request, ready, done)
             if finished:
                 outputs = graph_outputs(run.values, self.outputs, self.passed)
                 done(request, local(outputs) if self.remote else outputs, None)

@@ -38,6 +38,7 @@ class Request:
     rows: int = 1  # inferences it counts as: its first dimension when its network batches
     slot: bool = False  # holds one of the host's `max_active` slots
     inline: bool = False  # may run on the caller's thread
+    waited: bool = False  # its caller waits for it: every stage may run on its thread
     members: list[Request] | None = None  # a batch: the requests it runs as one
     # set as it goes, never passed: not parameters (a default parameter costs every call)
     started_at: float = field(init=False, default=0.0)

@@ -178,7 +178,8 @@ class HostManager:
     # -- requests ----------------------------------------------------------------------
 
     def run(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
-            timeout: float | None = None, *, inline: bool = True, rows: int = 1) -> Future:
+            timeout: float | None = None, *, inline: bool = True, rows: int = 1,
+            waited: bool = False) -> Future:
         """Queue one request; the future resolves to {output name: array}.
 
         `timeout`: seconds it may take, queued and running, after which it ends with
@@ -189,7 +190,10 @@ class HostManager:
         out). `inline=False` never runs anything on this thread: for callers that must not
         block, like load generators and servers. `rows`: the inferences the request counts
         as in its events (a server's model that batches without the host's batcher, which
-        counts them itself, as Triton counts them).
+        counts them itself, as Triton counts them). `waited`: the caller sends nothing
+        more until this answer (as `infer`): each later stage too runs on this thread when
+        its device is idle, where otherwise it goes to the device's thread so that one
+        thread's many requests pipeline.
         """
         net = self._slots.networks.get(name)
         if inline and net is not None and (lean := net.lean_run) is not None:
@@ -205,14 +209,15 @@ class HostManager:
         now = time.monotonic()
         request = Request(name, checked, priority, now + timeout if timeout < math.inf else None,
                           now, rows)  # positional: keywords cost a tenth of making it
+        request.waited = waited
         if (batcher := net.batcher) is not None:
             return self._slots.submit_batched(net, batcher, request, self.max_queue)
         return self._slots.submit(net, request, self.max_queue, inline)
 
     def infer(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
               timeout: float | None = None) -> dict[str, np.ndarray]:
-        """Blocking `run`."""
-        return self.run(name, feeds, priority, timeout).result()
+        """Blocking `run`: every stage whose device is idle runs on this thread."""
+        return self.run(name, feeds, priority, timeout, waited=True).result()
 
     async def run_async(self, name: str, feeds: Mapping[str, np.ndarray], priority: int = 0,
                         timeout: float | None = None) -> dict[str, np.ndarray]:

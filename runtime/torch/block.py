@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -148,12 +148,12 @@ class Variant:
     def run(self, host: HostManager, network: str, args: Sequence[Any]
             ) -> tuple[torch.Tensor, ...]:
         feeds = {name: to_numpy(args[pos]) for name, pos in self.exported.inputs}
-        outputs = host.run(network, feeds).result()
+        outputs = host.infer(network, feeds)
         result = []
         for name, expected in zip(self.exported.outputs, self.expected, strict=True):
             array = outputs[name]
             if expected.empty:
-                array = np.empty(expected.dims, expected.dtype)
+                array = np.empty(cast(tuple[int, ...], expected.dims), expected.dtype)
             elif (wrong := expected.problem(array)) is not None:
                 raise _Mismatch(f"output {name} is {wrong}")
             result.append(laid_out(to_torch(array, copy=name in self.exported.constants),

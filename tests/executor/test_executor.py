@@ -1,6 +1,8 @@
 """The executor's own paths, driven directly over fake devices: a request's first stage on
-the caller's thread and the rest through the devices' queues (`call`), the lean `run_now`,
-errors that name their partition and device, and a request that ends mid-flight."""
+the caller's thread and the rest through the devices' queues (`call`), or every stage on
+the caller's thread for a caller that waits (`infer`, branches still at once), the lean
+`run_now`, errors that name their partition and device, and a request that ends
+mid-flight."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import threading
 from functools import partial
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from runtime.devices import parse_devices
 from runtime.errors import ExecutionError
@@ -78,6 +82,60 @@ def test_first_stage_runs_on_the_caller_and_the_rest_on_device_threads(loaded):
     executor.start(queued, outcome)
     assert_same(outcome.wait()[1], expected(TRANSFORMER, feeds))
     assert all(d.runs[-1][2].startswith("fake-") for d in devices.values())
+
+
+def test_a_request_its_caller_waits_for_runs_every_stage_on_the_caller(loaded):
+    """Its caller sends nothing else meanwhile (`HostManager.infer`): each stage whose
+    device is idle runs right here, sparing two thread hand-offs a stage."""
+    net, devices = loaded(TRANSFORMER, "cpu:3")
+    [executor] = net.replicas
+    feeds = tokens(np.random.default_rng())
+    request, outcome = Request("t", feeds, inline=True, waited=True), Outcome()
+    executor.start(request, outcome)
+    assert_same(outcome.wait()[1], expected(TRANSFORMER, feeds))
+    assert {d.runs[-1][2] for d in devices.values()} == {threading.current_thread().name}
+
+
+def _diamond() -> tuple[onnx.ModelProto, dict]:
+    """relu -> (neg, sigmoid) -> add, a partition a node, each on a device of its own."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Neg", ["r"], ["n"], name="neg"),
+             helper.make_node("Sigmoid", ["r"], ["s"], name="sigmoid"),
+             helper.make_node("Add", ["n", "s"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "diamond",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    mapping = {"partitions": {f"p{i}": f"cpu{i}" for i in range(4)},
+               "nodes": {n.name: f"p{i}" for i, n in enumerate(nodes)}}
+    return model, mapping
+
+
+def test_branches_run_at_once_while_one_runs_on_the_caller(loaded):
+    """Of two partitions made ready together, the one sent to its device's thread goes
+    before the other runs here: both are held running at once."""
+    model, mapping = _diamond()
+    net, devices = loaded(model, "cpu:4", partition=mapping)
+    [executor] = net.replicas
+    gates = {name: Gate() for name in ("cpu1", "cpu2")}
+    for name, gate in gates.items():
+        devices[name].gate = gate
+    x = np.random.default_rng().standard_normal(4).astype(np.float32)
+    outcome = Outcome()
+    caller = threading.Thread(target=executor.start, name="caller", args=(
+        Request("t", {"x": x}, inline=True, waited=True), outcome))
+    caller.start()
+    try:
+        assert all(g.entered.wait(5) for g in gates.values()), "the branches ran one by one"
+    finally:
+        for gate in gates.values():
+            gate.opened.set()
+        caller.join(WAIT)
+    r = np.maximum(x, 0)
+    np.testing.assert_allclose(outcome.wait()[1]["y"], 1 / (1 + np.exp(-r)) - r, rtol=1e-6)
+    threads = sorted(devices[name].runs[-1][2] for name in gates)
+    assert threads[0] == "caller" and threads[1].startswith("fake-"), threads
 
 
 def test_an_error_names_its_partition_and_device_and_abandons_the_rest(loaded):
@@ -150,3 +208,23 @@ def test_a_host_on_devices_that_never_run_inline_still_serves():
         assert threading.current_thread().name not in threads
         assert sum(d.stats().runs for d in host.devices.values()) == sum(
             len(d.runs) for d in host.devices.values())
+
+
+def test_infer_runs_each_stage_on_its_caller_and_run_pipelines_the_later_ones():
+    """`infer` waits for its answer, so every stage whose device is idle runs on its
+    thread; a future from `run` may be one of many the thread sends before it waits, so
+    only its first stage does, the others pipelining on their devices' threads."""
+    rng = np.random.default_rng()
+    with HostManager(parse_devices("cpu:3"), device_factory=FakeDevice) as host:
+        host.add_network("t", TRANSFORMER, partition="balanced", costs="model")
+        parts = host.plan("t").partitions
+        assert len(parts) == 3, [p.device for p in parts]
+        here = threading.current_thread().name
+        for call, waits in ((lambda f: host.infer("t", f), True),
+                            (lambda f: host.run("t", f).result(timeout=WAIT), False)):
+            feeds = tokens(rng)
+            assert_same(call(feeds), expected(TRANSFORMER, feeds))
+            first, *rest = (host.devices[p.device].runs[-1][2] for p in parts)
+            assert first == here
+            assert all((t == here) == waits and (t.startswith("fake-") != waits)
+                       for t in rest), rest
