@@ -115,7 +115,8 @@ CALLERS: dict[str, Callers] = {"callbacks": callbacks, "threads": threads,
 def pipelined(net: Network, devices: list[DeviceConfig], requests: int, learned: bool = False,
               callers: Callers = callbacks, **options) -> Run:
     """Prism under `CLIENTS` closed-loop `callers`: its throughput and each partition's
-    median run time, with the plan it was loaded with, or (`learned`) the plan it has
+    median run time (the median of its copies' when replicated), with the plan it was
+    loaded with, or (`learned`) the plan it has
     after serving LEARN_SECONDS while it learns (runtime/host/learning.py)."""
     with HostManager(devices, max_queue=4 * CLIENTS, max_active=2 * CLIENTS) as host:
         start = time.perf_counter()
@@ -132,9 +133,9 @@ def pipelined(net: Network, devices: list[DeviceConfig], requests: int, learned:
         cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
         metrics = Metrics(samples=requests)
         metrics.feed(runs.drain())
-    stats = metrics.snapshot().partitions
-    return Run(rate, plan, {p.name: stats[f"{net.name}/{p.name}"].p50
-                            for p in plan.partitions}, loaded, cores)
+    stats = metrics.snapshot().partitions.values()  # one entry per copy of a partition
+    return Run(rate, plan, {p.name: statistics.median(s.p50 for s in stats if (
+        s.network, s.partition) == (net.name, p.name)) for p in plan.partitions}, loaded, cores)
 
 
 def bound_gaps(quick: bool) -> list[dict]:
