@@ -116,8 +116,8 @@ def pipelined(net: Network, devices: list[DeviceConfig], requests: int, learned:
               callers: Callers = callbacks, **options) -> Run:
     """Prism under `CLIENTS` closed-loop `callers`: its throughput and each partition's
     median run time (the median of its copies' when replicated), with the plan it was
-    loaded with, or (`learned`) the plan it has
-    after serving LEARN_SECONDS while it learns (runtime/host/learning.py)."""
+    loaded with, or (`learned`) the plan it has after serving LEARN_SECONDS while it learns
+    (runtime/host/learning.py)."""
     with HostManager(devices, max_queue=4 * CLIENTS, max_active=2 * CLIENTS) as host:
         start = time.perf_counter()
         plan = host.add_network(net.name, net.model, bindings=net.bindings, **options)

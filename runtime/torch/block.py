@@ -147,8 +147,7 @@ class Variant:
 
     def run(self, host: HostManager, network: str, args: Sequence[Any]
             ) -> tuple[torch.Tensor, ...]:
-        feeds = {name: to_numpy(args[pos]) for name, pos in self.exported.inputs}
-        outputs = host.infer(network, feeds)
+        outputs = host.infer(network, _feeds(self.exported, args))
         result = []
         for name, expected in zip(self.exported.outputs, self.expected, strict=True):
             array = outputs[name]
@@ -267,7 +266,7 @@ class OffloadedBlock(torch.nn.Module):
             else:
                 self._split_around(excluded)
             return None
-        plan = self._place(name, graph, {n: to_numpy(args[pos]) for n, pos in exported.inputs})
+        plan = self._place(name, graph, _feeds(exported, args))
         if plan is None:
             return None
         variant = Variant(None if self.ctx.host is None else name, exported,
@@ -392,6 +391,11 @@ def remove_network(host: HostManager, name: str) -> None:
     """Unload a block's network, quietly: the host may be closing or closed already."""
     with contextlib.suppress(PrismError):
         host.remove_network(name, wait=True, timeout=5.0)
+
+
+def _feeds(exported: ExportedBlock, args: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The call's tensors the block's model takes, by input name, as numpy views."""
+    return {name: to_numpy(args[pos]) for name, pos in exported.inputs}
 
 
 def _bindings(exported: ExportedBlock, args: Sequence[Any]) -> dict[str, int]:
