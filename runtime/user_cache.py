@@ -1,7 +1,7 @@
 """The user's cache directory, where Prism keeps between loads what it measured or ran,
 and its entries: JSON files written atomically (a reader sees the old file or the new),
-read as None when missing or damaged, or JSON lines appended one at a time, damaged
-lines skipped; neither is kept when the directory cannot be written.
+read as None when missing or damaged, or JSON lines appended one at a time (their
+reader skips damaged ones); neither is kept when the directory cannot be written.
 
 The directory is `$PRISM_CACHE_DIR` if set (tests point it at a temporary folder), else
 the platform's cache folder: `$XDG_CACHE_HOME/prism` or `~/.cache/prism` on Linux,
@@ -55,19 +55,6 @@ def write_entry(path: Path, entry: Any) -> Path | None:
             os.unlink(tmp.name)
         return None
     return path
-
-
-def read_lines(path: Path) -> list[Any]:
-    """The JSON values kept one per line at `path`, damaged lines skipped; [] if none."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    values = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            values.append(json.loads(line))
-    return values
 
 
 def append_line(path: Path, entry: Any) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 import subprocess
 import sys
 
@@ -453,6 +455,39 @@ def test_sizes_onnx_inference_leaves_unknown_are_found_by_onnxruntimes_symbolic_
     graph = load_graph(pixel_attention(), bindings={"h": h, "w": w})
     assert graph.tensors["scores"].shape == (1, h * w, h * w)
     assert graph.tensors["scores"].dims[1] is not None  # a size found, not declared
+
+
+# Loads `pixel_attention` at h and w (argv) and prints the scores' shape, and whether
+# sympy (which onnxruntime's symbolic inference imports) was imported for it.
+SYMBOLIC_LOAD = """
+import json, sys
+from runtime.graph import load_graph
+from tests.support.dags import pixel_attention
+graph = load_graph(pixel_attention(), bindings={"h": int(sys.argv[1]), "w": int(sys.argv[2])})
+print(json.dumps({"scores": graph.tensors["scores"].shape, "sympy": "sympy" in sys.modules}))
+"""
+
+
+def test_a_later_process_reads_back_what_symbolic_inference_sized(tmp_path):
+    """Importing sympy and inferring took 0.4 s of a new process's first load of GPT-2
+    (0.97 s in all). A later process reads the sizes back, and a damaged entry costs
+    inferring them again."""
+    h, w = (str(n) for n in np.random.default_rng().integers(2, 40, 2))
+
+    def load() -> dict:
+        done = subprocess.run([sys.executable, "-c", SYMBOLIC_LOAD, h, w], capture_output=True,
+                              text=True, timeout=120, cwd=SAMPLES_DIR.parent,
+                              env={**os.environ, "PRISM_CACHE_DIR": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    scores = [1, int(h) * int(w), int(h) * int(w)]
+    assert load() == {"scores": scores, "sympy": True}
+    assert load() == {"scores": scores, "sympy": False}
+    (kept,) = (tmp_path / "symbolic").iterdir()
+    kept.write_text(kept.read_text().replace('"', "'", 3))
+    assert load() == {"scores": scores, "sympy": True}
+    assert load() == {"scores": scores, "sympy": False}
 
 
 def test_symbolic_inference_prints_nothing_of_its_own(tmp_path):

@@ -247,8 +247,8 @@ def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
     """Why a session of `node` alone fails to load, or None: as a process probed it before
     (`kept_probes`), else probed now and kept."""
     probe = kept_probes.key(node, *ins, *outs, repr((len(ins), opsets, ir)).encode())
-    if probe in (found := kept_probes.kept()):
-        return found[probe]
+    if (found := kept_probes.found(probe)) is not None:
+        return found[0]
     error = _probed(node, ins, outs, opsets, ir)
     kept_probes.keep(probe, error)
     return error
