@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -87,11 +88,13 @@ def test_runtime_imports_without_torch():
                    "'prism-runtime[torch]'", done.stderr[-1500:]
 
 
-def test_serving_a_network_never_imports_torch():
+def test_serving_a_network_never_imports_torch(tmp_path):
     """Loading, planning and running a network leave torch unimported where it is
-    installed (0.9 s and 180 MB resident a process), symbolic inference included."""
+    installed (0.9 s and 180 MB resident a process), symbolic inference included (an
+    empty cache: a kept answer would not run it)."""
     assert importlib.util.find_spec("torch") is not None  # the suite installs the extra
     done = subprocess.run([sys.executable, "-c", SERVE, str(ROOT / "tests/real_models/gpt2.onnx")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PRISM_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"torch": [], "symbolic": True}
