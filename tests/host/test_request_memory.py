@@ -130,6 +130,31 @@ def test_an_outsized_request_gives_back_the_memory_it_took(devices, annotations)
             assert grown < 128 << 20, human_bytes(grown)
 
 
+def test_an_outsized_size_that_comes_again_keeps_its_arena():
+    """A fixed padded shape: its first request is outsized and gives its arena back; the
+    next, that size again and usual now, keeps what it grew for the ones after it. It had
+    paid the first one's debt, giving back what the third then grew again."""
+    rng = np.random.default_rng()
+
+    def ask(n: int) -> None:
+        x = rng.standard_normal((1, n)).astype(np.float32)
+        np.testing.assert_allclose(host.infer("outer", {"x": x})["y"], (x.T @ x).sum(0),
+                                   rtol=1e-3, atol=1e-2)
+
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("outer", outer_pairs())
+        for n in rng.integers(2, 300, 4):  # usual requests, and the arena they keep
+            ask(int(n))
+        before, n = resident_bytes(), 12_000 + int(rng.integers(100))
+        ask(n)
+        given_back = resident_bytes() - before
+        ask(n)
+        kept = resident_bytes() - before
+        pairs = n * n * 4
+        assert given_back < 128 << 20 and kept > pairs * 0.9, (
+            human_bytes(given_back), human_bytes(kept), human_bytes(pairs))
+
+
 def test_an_outsized_answer_is_given_back_once_its_caller_lets_it_go():
     """The pairs themselves answered (576 MB of the arena's): given back by the first run
     after the caller dropped them, not by one while it still held them."""

@@ -37,17 +37,25 @@ ARENA_GIVEN_BACK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "c
 class ArenaDebt:
     """One session's runs' options: an outsized run (`runtime.types.OutsizedFeeds`) gives
     its arena back as it ends, but its outputs are arena memory too, freed only once the
-    next stage or the caller lets them go: the first run after that gives them back.
+    next stage or the caller lets them go: the first run after that gives them back. A
+    run fed as much as the outsized one (its size come again, now usual: a fixed padded
+    shape) forgives the debt and keeps its arena: paying it there gave back what the run
+    after needed, which grew it again (60,000-sample clips: 1.85, 1.51, 1.31, 0.68 s).
     Runs of one session come one at a time."""
 
-    __slots__ = ("lent",)
+    __slots__ = ("fed", "lent")
 
     def __init__(self) -> None:
         self.lent: list[weakref.ref] = []  # outsized runs' outputs, while they live
+        self.fed = 0  # bytes the last outsized run was fed
 
-    def options(self, outsized: bool) -> ort.RunOptions | None:
-        """A run's options: to give back, when it is outsized or what it lent is gone."""
+    def options(self, outsized: bool, fed: int) -> ort.RunOptions | None:
+        """A run's options (`fed`: its feeds' bytes): to give back, when it is outsized or
+        what it lent is gone."""
         if not (outsized or self.lent):  # the usual run: nothing owed
+            return None
+        if not outsized and fed >= self.fed:  # as large: its arena serves the ones to come
+            self.lent = []
             return None
         alive = [output for output in self.lent if output() is not None]
         freed, self.lent = len(alive) < len(self.lent), alive
@@ -57,14 +65,17 @@ class ArenaDebt:
             outsized: bool) -> list:
         """`session_run(names, feeds, options)` (a session's `run`), with the options this
         debt calls for."""
-        values = session_run(names, feeds, self.options(outsized))
+        fed = sum(v.nbytes for v in feeds.values() if type(v) is np.ndarray)
+        values = session_run(names, feeds, self.options(outsized, fed))
         if outsized:
-            self.lend(values)
+            self.lend(values, fed)
         return values
 
-    def lend(self, outputs: Iterable[Any]) -> None:
-        """An outsized run's outputs, to give back once they are gone."""
+    def lend(self, outputs: Iterable[Any], fed: int) -> None:
+        """An outsized run's outputs (`fed`: the bytes it was fed), to give back once they
+        are gone."""
         self.lent += [weakref.ref(v) for v in outputs if type(v) is np.ndarray]
+        self.fed = fed
 
 
 # Ops onnxruntime ends the process on (std::terminate) when they run on an empty tensor,
