@@ -114,7 +114,7 @@ def forward_runner(model: onnx.ModelProto) -> tuple[Callable[[dict], np.ndarray]
 def numeric_gradients(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                       labels: np.ndarray, loss: str, eps: float = EPS) -> dict[str, np.ndarray]:
     """Central differences; where the slopes either side disagree (a Relu or a MaxPool's
-    choice turned within `eps` of the weights: one in some thousands of cnn checks), the
+    choice turned within `eps` of the weights: a fresh cnn's check once failed so), the
     difference is taken again `KINK_NARROWING` times closer, where no kink lies."""
     run, names = forward_runner(model)
     values = {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer
