@@ -225,6 +225,7 @@ class DeviceManager(Device):
                 finally:
                     self._running.release()
                 answer, job = job, None  # answered from here on: never twice
+                answer.feeds = {}  # gone before the answer wakes anyone (ArenaDebt reads it)
                 _settle(answer, outputs, error)
                 del answer, outputs  # an idle worker must not pin the last request's tensors
         except BaseException as exc:  # the thread dies: fail the run in hand, replace it

@@ -220,6 +220,7 @@ class Executor:
             self._launch_all(run, request, ready, done)
             if finished:
                 outputs = graph_outputs(run.values, self.outputs, self.passed)
+                run.values.clear()  # what its stages passed is gone before its caller wakes
                 done(request, local(outputs) if self.remote else outputs, None)
         except Exception as exc:  # a bug here must still end the request
             self._fail(run, request, done, exc)
