@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
-import onnx.version_converter
 
 from runtime.devices.external import save
 from runtime.devices.ort.sessions import cpu_session
@@ -51,6 +50,7 @@ from runtime.graph import (
 )
 from runtime.names import fresh_name
 from runtime.onnx_kinds import DEFAULT_DOMAINS
+from runtime.opset_raise import raise_opset
 from runtime.precision import DEQUANTIZE_OPS, QUANTIZE_OPS
 from runtime.quantize.data import QuantizeError, Samples
 from runtime.quantize.layout import channels_last_handoff
@@ -200,7 +200,7 @@ def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     if version is None or version >= PER_CHANNEL_OPSET:
         return model
     try:
-        return onnx.version_converter.convert_version(model, PER_CHANNEL_OPSET)
+        return raise_opset(model, PER_CHANNEL_OPSET)
     except Exception:  # the converter raises plain RuntimeErrors and checker errors
         return model
 

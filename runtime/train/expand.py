@@ -34,6 +34,7 @@ from onnx import defs, helper, numpy_helper, version_converter
 
 from runtime.graph import reads_of
 from runtime.onnx_kinds import DEFAULT_DOMAINS
+from runtime.opset_raise import raise_opset
 from runtime.train.facts import Facts
 from runtime.train.registry import rule_for
 
@@ -400,8 +401,8 @@ def _converted(body: onnx.FunctionProto, node: onnx.NodeProto, facts: Facts | No
     graph = helper.make_graph(list(body.node), node.op_type, inputs,
                               [onnx.ValueInfoProto(name=o) for o in body.output])
     try:
-        model = version_converter.convert_version(
-            helper.make_model(graph, opset_imports=list(body.opset_import)), opset)
+        model = raise_opset(helper.make_model(graph, opset_imports=list(body.opset_import)),
+                            opset)
     except (version_converter.ConvertError, onnx.checker.ValidationError, RuntimeError):
         return None
     del body.node[:]

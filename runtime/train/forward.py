@@ -20,6 +20,7 @@ from runtime.errors import TrainingError
 from runtime.graph import Graph, default_opset, reads_of
 from runtime.inputs import check_feeds, input_specs
 from runtime.onnx_kinds import DEFAULT_DOMAINS, FLOATS
+from runtime.opset_raise import raise_opset
 from runtime.stored import with_weights
 from runtime.train.emit import Emitter
 from runtime.train.expand import expand_nodes
@@ -171,10 +172,8 @@ def training_opset(graph: Graph) -> tuple[onnx.ModelProto, dict[str, str]]:
             if o.domain in DEFAULT_DOMAINS:
                 o.version = TRAINING_OPSET
         return model, {}
-    from onnx import version_converter
-
     try:
-        converted = version_converter.convert_version(model, TRAINING_OPSET)
+        converted = raise_opset(model, TRAINING_OPSET)
     except Exception as exc:
         raise TrainingError(f"{graph.name} is at opset {opset}; training needs 13 or later "
                             f"and onnx could not convert it ({str(exc).splitlines()[0]})"

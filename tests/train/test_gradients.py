@@ -295,6 +295,32 @@ def test_an_upsampling_as_exported_matches_pytorch_autograd(mode: str) -> None:
     np.testing.assert_allclose(ours["w"], weight.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+def test_an_upsample_below_opset_11_trains_as_onnxruntime_runs_it() -> None:
+    """Training raises the model to its opset by onnx's version converter, which wrote the
+    Upsample as a Resize mapping half-pixel centres (torchvision's FCN at opset 9 then
+    trained a function 5.1 off the one it serves): its loss is the model's as onnxruntime
+    runs it, its gradients those of the same model in today's Resize."""
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((1, 3, 1, 1))
+    feeds, weights = {"x": x.astype(np.float32)}, {"w": w.astype(np.float32)}
+    scales = numpy_helper.from_array(np.asarray([1, 1, 2, 2.5], np.float32))
+
+    def model(opset: int, resize: onnx.NodeProto) -> onnx.ModelProto:
+        nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
+                 helper.make_node("Constant", [], ["scales"], value=scales), resize]
+        return typed_model(nodes, weights, ["y"], feeds, opset=opset)
+
+    old = model(9, helper.make_node("Upsample", ["h", "scales"], ["y"], mode="linear"))
+    today = model(17, helper.make_node("Resize", ["h", "", "scales"], ["y"], mode="linear",
+                                       coordinate_transformation_mode="asymmetric"))
+    target = rng.standard_normal((2, 3, 8, 12)).astype(np.float32)
+    value, ours = loss_and_gradients(old, feeds, target, loss="mse")
+    run, _ = forward_runner(old)
+    assert value == pytest.approx(LOSSES["mse"](run({**feeds, **weights}), target), rel=1e-5)
+    np.testing.assert_allclose(ours["w"], gradients(today, feeds, target, loss="mse")["w"],
+                               rtol=1e-5, atol=1e-7)
+
+
 def test_running_statistics_get_zero_gradients() -> None:
     """In training the batch norm uses batch statistics: its running ones do not move the
     loss."""
