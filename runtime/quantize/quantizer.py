@@ -177,9 +177,9 @@ def _remove_leftover() -> None:
 
 
 def _upsample_hint(model: onnx.ModelProto) -> str:
-    """What to do where onnxruntime's pre-processing fails on an Upsample below opset 10:
-    it writes a Resize into the model at its own opset, which onnx's version converter then
-    cannot raise (torchvision's LR-ASPP exported at opset 9)."""
+    """What to do where onnxruntime's pre-processing fails on an Upsample below opset 10
+    (the model stayed there, `_per_channel_opset`): it writes a Resize into the model at
+    its own opset, which onnx's version converter then cannot raise."""
     version = default_opset(model)
     if version is None or version > 9 or all(n.op_type != "Upsample" for n in model.graph.node):
         return ""
@@ -193,9 +193,11 @@ def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     lack; onnxruntime's documentation asks for opset 13 for it, and its quantizer itself
     converts a model up to the opset a requested type needs rather than refuse it (11
     below 10, 19 for float8, 21 for 16-bit and block-wise), so a user of it expects the
-    conversion, not an error. Where the converter fails, the model keeps its opset: per
-    tensor and QOperator still quantize it, and `quantize` says so where per-channel QDQ
-    then makes an invalid model."""
+    conversion, not an error. It is raised before onnxruntime's pre-processing, which
+    writes an Upsample below opset 10 as a Resize that the converter cannot raise
+    (torchvision's LR-ASPP exported at opset 9). Where the converter fails, the model
+    keeps its opset: per tensor and QOperator still quantize it, and `quantize` says so
+    where per-channel QDQ then makes an invalid model."""
     version = default_opset(model)
     if version is None or version >= PER_CHANNEL_OPSET:
         return model
@@ -206,7 +208,7 @@ def _per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
-    """onnxruntime's pre-processing, then up to the opset per-channel QDQ needs, its nodes
+    """Up to the opset per-channel QDQ needs, then onnxruntime's pre-processing, its nodes
     named; first, whether there is work for it (`_has_work`: its pre-processing fails on
     some models with nothing to quantize, an XGBoost classifier, in its own words)."""
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
@@ -214,15 +216,16 @@ def prepare(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
         source = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
         _has_work(source, sorted(quantizable_ops()), str(model) if isinstance(
             model, str | Path) else source.graph.name or "the model")
-        large = save(unlist_initializers(source, in_place=source is not model), str(src))
+        raised = _per_channel_opset(source)
+        large = save(unlist_initializers(raised, in_place=raised is not model), str(src))
         out = Path(tmp) / "prepared.onnx"
         try:
             _pre_process(src, out, large)
         except Exception as exc:
             raise QuantizeError(f"onnxruntime cannot prepare the model for quantization: "
-                                f"{' '.join(str(exc).split())[:300]}{_upsample_hint(source)}"
+                                f"{' '.join(str(exc).split())[:300]}{_upsample_hint(raised)}"
                                 ) from None
-        prepared = _per_channel_opset(onnx.load(str(out)))
+        prepared = onnx.load(str(out))
         name_nodes(prepared.graph)  # as its graph names them: what exclusions name
         own_biases(prepared.graph)
         return prepared
@@ -387,7 +390,8 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
         raise QuantizeError(f"cannot keep {unknown[0]!r} in float: no such node in "
                             f"{graph.name} (after onnxruntime's pre-processing)")
     ops = sorted(quantizable_ops(options.format) - set(options.exclude_ops))
-    kept = [*options.float_nodes(graph), *_touching(graph, profiled.unbounded)]
+    kept = [*options.float_nodes(graph), *_touching(graph, profiled.unbounded),
+            *shape_arithmetic(prepared.graph)]
     types = {"uint8": q.QuantType.QUInt8, "int8": q.QuantType.QInt8}
     with tempfile.TemporaryDirectory(prefix="prism-quant-") as tmp, _quiet():
         src, out = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
@@ -416,6 +420,27 @@ def quantize(prepared: onnx.ModelProto, profile_path: str | Path,
             raise QuantizeError(_invalid_output(f" does not load in onnxruntime: {why}", graph,
                                                 options)) from None
         return model
+
+
+def shape_arithmetic(graph: onnx.GraphProto) -> list[str]:
+    """The nodes computing from tensors' shapes and constants alone: settings such as a
+    Resize's scales, which an export below opset 11 computes in float (Shape, Gather,
+    Cast, Div, Concat). Quantized as values, [1, 1, 8, 8] came back as 0.99 and 8.03, and
+    the int8 model failed at its first run."""
+    known = {t.name for t in graph.initializer}
+    shaped: set[str] = set()
+    out = []
+    for node in graph.node:
+        reads = [t for t in node.input if t]
+        if node.op_type in ("Shape", "Size") or (reads and shaped.issuperset(
+                t for t in reads if t not in known) and not known.issuperset(reads)):
+            shaped.update(node.output)
+        elif known.issuperset(reads):
+            known.update(node.output)
+        else:
+            continue
+        out.append(node.name)
+    return out
 
 
 def _touching(graph: Graph, tensors: frozenset[str]) -> list[str]:

@@ -600,26 +600,79 @@ def test_an_int8_model_onnxruntime_cannot_load_is_refused_in_one_line(tmp_path, 
 
 # -- models onnxruntime's pre-processing or per-channel QDQ trip on ----------------------------
 
-def test_an_upsample_below_opset_10_is_told_to_export_later(tmp_path, capfd):
-    """onnxruntime's pre-processing swaps an Upsample for a Resize at the model's opset 9,
-    which onnx's converter cannot then raise: its assertion, and what to do about it."""
+def upsampling_model(opset: int, computed: bool = False) -> onnx.ModelProto:
+    """x [n, 8, 6, 6] -> Conv -> twice the size, linear: an Upsample at opset 9, a Resize at
+    10. Its scales are an initializer or, `computed`, as PyTorch's exporter computes them
+    below opset 11: from the shape (Shape, Slice, Cast, Div by the size wanted, Concat)."""
     r = rng()
+    weights = [numpy_helper.from_array(r.standard_normal((8, 8, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    if computed:
+        weights += [numpy_helper.from_array(np.array(v, dtype), name) for name, v, dtype in (
+            ("ones", [1, 1], np.float32), ("wanted", [12, 12], np.float32),
+            ("from", [2], np.int64), ("to", [4], np.int64))]
+        nodes += [helper.make_node("Shape", ["c"], ["shape"], name="shape"),
+                  helper.make_node("Slice", ["shape", "from", "to"], ["sides"], name="sides"),
+                  helper.make_node("Cast", ["sides"], ["now"], name="now", to=TensorProto.FLOAT),
+                  helper.make_node("Div", ["wanted", "now"], ["grow"], name="grow"),
+                  helper.make_node("Concat", ["ones", "grow"], ["scales"], name="scales",
+                                   axis=0)]
+    else:
+        weights.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+    nodes.append(helper.make_node("Upsample" if opset < 10 else "Resize", ["c", "scales"], ["y"],
+                                  name="up", mode="linear"))
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("Upsample", ["c", "scales"], ["y"], name="up", mode="linear")],
-        "upsampled9", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 6, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 12, 12])],
-        [numpy_helper.from_array(r.standard_normal((8, 8, 3, 3)).astype(np.float32), "w"),
-         numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
-    model, data = tmp_path / "up.onnx", tmp_path / "x.npz"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), str(model))
-    np.savez(data, x=r.standard_normal((4, 8, 6, 6)).astype(np.float32))
-    assert main(["quantize", str(model), "--calibrate", str(data), "-o", str(tmp_path / "q")]) == 1
+        nodes, f"upsampled{opset}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 12, 12])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def quantize_in_cli(model: onnx.ModelProto, tmp_path: Path) -> tuple[int, Path]:
+    """`prism quantize` on `model` with random calibration data: (exit code, its output)."""
+    path, data, out = tmp_path / "model.onnx", tmp_path / "x.npz", tmp_path / "q.onnx"
+    onnx.save(model, str(path))
+    np.savez(data, x=rng().standard_normal((16, 8, 6, 6)).astype(np.float32))
+    return main(["quantize", str(path), "--calibrate", str(data), "-o", str(out)]), out
+
+
+def test_an_upsample_below_opset_10_quantizes_and_answers_as_onnxruntime_ran_it(tmp_path):
+    """Raised to opset 13 before onnxruntime's pre-processing, which fails on an Upsample
+    at opset 9; raised keeping its pixels where they were (`runtime.opset_raise`)."""
+    model = upsampling_model(9)
+    code, out = quantize_in_cli(model, tmp_path)
+    assert code == 0
+    close_to_float(onnx.load(str(out)), model, "cpu:1")
+
+
+def test_an_upsample_the_converter_cannot_raise_is_told_to_export_later(tmp_path, capfd,
+                                                                         monkeypatch):
+    """Where onnx's version converter cannot raise the model, onnxruntime's pre-processing
+    swaps the Upsample for a Resize at opset 9, which the converter then cannot raise
+    either: its assertion, and what to do about it."""
+    def refuse(model, version):
+        raise RuntimeError("no adapter")
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
+    code, _ = quantize_in_cli(upsampling_model(9), tmp_path)
+    assert code == 1
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
         "prism: error: onnxruntime cannot prepare the model for quantization:") and err.endswith(
         "(onnxruntime's pre-processing cannot raise an Upsample at opset 9; export the model "
         "at opset 11 or later)\n"), err
+
+
+def test_scales_computed_from_the_shape_stay_in_float():
+    """Quantized as values, the computed scales came back off 1 and 2, and the int8 model
+    failed at its first run (torchvision's LR-ASPP and FCN exported at opset 10)."""
+    model = upsampling_model(10, computed=True)
+    with calibrate(model, calibration(model)) as c:
+        quantized = c.quantize()
+    graph = load_graph(quantized, fold=False)
+    assert graph.by_name["up"].inputs[2] == "scales"  # as computed, not dequantized
+    assert node_precisions(graph)["conv"] == "int8"
+    close_to_float(quantized, model, "cpu:1")
 
 
 def conv_gemm_model(opset: int) -> onnx.ModelProto:
