@@ -214,18 +214,23 @@ class _Check:
               types: Mapping[str, onnx.TypeProto]) -> str | None:
         """Does a session of this one node load? That finds what the kernel table cannot
         tell: attributes onnxruntime's schemas lack, kernels failing at initialisation,
-        function ops it cannot inline. Nodes with untyped inputs are not probed."""
+        function ops it cannot inline. Nodes with untyped inputs are not probed. An input
+        of no elements is a constant of the probe, its value known: from opset 13, shape
+        inference refuses a Resize given both scales and sizes unless it sees the scales
+        are empty (as exporters write them at opset 11, and quantizing raises to 13)."""
         node = onnx.NodeProto()
         node.CopyFrom(proto)
         node.name = "probe"
         # canonical tensor names, so nodes alike but for their names share one probe
         rename: dict[str, str] = {}
-        ins, outs = [], []
+        ins, outs, empty = [], [], []
         for i, name in enumerate(proto.input):
             if name and name not in rename:
                 if name not in types or type_string(types[name]) is None:
                     return None
                 rename[name] = f"i{i}"
+                if 0 in (_static_shape(types, name) or ()):
+                    empty.append(len(ins))
                 ins.append(helper.make_value_info(rename[name], types[name]))
         for i, name in enumerate(proto.output):
             if name and name not in rename:
@@ -238,29 +243,37 @@ class _Check:
         return _load_error(node.SerializeToString(),
                            tuple(i.SerializeToString() for i in ins),
                            tuple(o.SerializeToString() for o in outs),
-                           tuple(sorted(stamped.items())), self.ir)
+                           tuple(sorted(stamped.items())), self.ir, tuple(empty))
 
 
 @functools.lru_cache(maxsize=8192)
 def _load_error(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
-                opsets: tuple[tuple[str, int], ...], ir: int) -> str | None:
+                opsets: tuple[tuple[str, int], ...], ir: int, empty: tuple[int, ...] = ()
+                ) -> str | None:
     """Why a session of `node` alone fails to load, or None: as a process probed it before
-    (`kept_probes`), else probed now and kept."""
-    probe = kept_probes.key(node, *ins, *outs, repr((len(ins), opsets, ir)).encode())
+    (`kept_probes`), else probed now and kept. `empty`: the inputs (by position in `ins`)
+    given as constants of no elements."""
+    probe = kept_probes.key(node, *ins, *outs, repr(
+        (len(ins), opsets, ir, *((empty,) if empty else ()))).encode())
     if (found := kept_probes.found(probe)) is not None:
         return found[0]
-    error = _probed(node, ins, outs, opsets, ir)
+    error = _probed(node, ins, outs, opsets, ir, empty)
     kept_probes.keep(probe, error)
     return error
 
 
 def _probed(node: bytes, ins: tuple[bytes, ...], outs: tuple[bytes, ...],
-            opsets: tuple[tuple[str, int], ...], ir: int) -> str | None:
+            opsets: tuple[tuple[str, int], ...], ir: int, empty: tuple[int, ...] = ()
+            ) -> str | None:
     import onnxruntime as ort
 
     proto = onnx.NodeProto.FromString(node)
-    graph = helper.make_graph([proto], "probe", [onnx.ValueInfoProto.FromString(b) for b in ins],
-                              [onnx.ValueInfoProto.FromString(b) for b in outs])
+    inputs = [onnx.ValueInfoProto.FromString(b) for b in ins]
+    constants = [helper.make_tensor(inputs[i].name, inputs[i].type.tensor_type.elem_type,
+                                    [d.dim_value for d in inputs[i].type.tensor_type.shape.dim],
+                                    []) for i in empty]
+    graph = helper.make_graph([proto], "probe", [v for i, v in enumerate(inputs) if i not in empty],
+                              [onnx.ValueInfoProto.FromString(b) for b in outs], constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v)
                                                     for d, v in opsets])
     model.ir_version = ir
