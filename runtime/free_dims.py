@@ -111,9 +111,11 @@ def free_sizes(inputs: Iterable[tuple[str, Dims | None, bool, Mapping[int, int]]
             if _plain(dim):
                 sizes[dim] = max(sizes.get(dim, default), size)
     sizes |= bindings
-    for length, (past, new) in _mask_lengths(given, named).items():
+    for length, (pasts, new) in _mask_lengths(given, named).items():
+        past = max((sizes.get(p, default) for p in pasts), default=0)
+        sizes |= {p: past for p in pasts if p not in bindings}
         if length not in bindings:
-            sizes[length] = (sizes.get(past, default) if past else 0) + sizes.get(new, default)
+            sizes[length] = past + sizes.get(new, default)
     return sizes
 
 
@@ -134,27 +136,29 @@ _CACHES = ("past", "cache")  # what a key or value cache's input name holds
 
 
 def _mask_lengths(given: Sequence[tuple[str, Dims, bool, Mapping[int, int]]],
-                  named: Mapping[int | str, int]) -> dict[str, tuple[str | None, str]]:
+                  named: Mapping[int | str, int]
+                  ) -> dict[str, tuple[tuple[str, ...], str]]:
     """An attention mask's length where no other input names it ([batch, L], an input
-    named `PREFIX` + "attention_mask") -> the names of the key cache's length (None: no
+    named `PREFIX` + "attention_mask") -> the names of the key cache's length (none: no
     cache) and the new tokens' (`PREFIX` + "input_ids" or "inputs_embeds", axis 1), which
     it must be the sum of: it covers every key. onnxruntime-genai's model builder names it
     `total_sequence_length` (Phi-3's, Llama's, Qwen's ONNX), torch's exporter a symbol of
     its own; made up 1 beside a cache of 1 and a token, it failed every request. A key
     cache: a float input [batch, heads, past, head size] whose name says so (`_CACHES`),
-    all of them of one length."""
+    all of them of one length, named once or, each by a name no other input has, as
+    PyTorch's TorchScript exporter names the axes `dynamic_axes` lists (`past_0_k_2`)."""
     by_name = {name: dims for name, dims, _, _ in given}
-    pasts = {dims[2] for name, dims, floating, _ in given if floating and len(dims) == 4
+    names = {dims[2] for name, dims, floating, _ in given if floating and len(dims) == 4
              and any(c in name.lower() for c in _CACHES) and _plain(dims[2])}
-    past = pasts.pop() if len(pasts) == 1 else None
+    pasts = tuple(sorted(names)) if len(names) == 1 or all(named[n] == 1 for n in names) else ()
     lengths = {}
     for name, dims, _, _ in given:
         if name.endswith(_MASK) and len(dims) == 2 and _plain(dims[1]) and \
-                named[dims[1]] == 1 and dims[1] != past:
+                named[dims[1]] == 1 and dims[1] not in pasts:
             prefix = name[:-len(_MASK)]
             tokens = by_name.get(prefix + "input_ids") or by_name.get(prefix + "inputs_embeds")
             if tokens is not None and len(tokens) > 1 and _plain(tokens[1]):
-                lengths[dims[1]] = (past, tokens[1])
+                lengths[dims[1]] = (pasts, tokens[1])
     return lengths
 
 

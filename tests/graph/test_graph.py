@@ -854,6 +854,34 @@ def test_an_attention_mask_named_apart_is_made_up_as_long_as_the_keys_it_covers(
     _runs_as_onnxruntime(capsys, path)
 
 
+def test_caches_whose_lengths_are_named_apart_are_made_up_alike(capsys, tmp_path):
+    """PyTorch's TorchScript exporter names each axis `dynamic_axes` lists apart
+    (`past_0_k_2`, `past_0_v_2`, `attention_mask_1`): the caches must be as long as each
+    other, and the mask as the keys it covers. Taken as no cache, the mask was made up 1
+    beside caches of 1 and a token, and every request failed in a Gather."""
+    rng = np.random.default_rng()
+    model = masked_cache_step(cache="past_0_k")
+    names = {"seq": "input_ids_1", "mask": "attention_mask_1", "past": "past_0_k_2"}
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in names:
+                dim.dim_param = names[dim.dim_param]
+    value_cache = copy.deepcopy(model.graph.input[2])
+    value_cache.name = "past_0_v"
+    value_cache.type.tensor_type.shape.dim[2].dim_param = "past_0_v_2"
+    model.graph.input.append(value_cache)
+    model.graph.node.append(helper.make_node("Concat", ["past_0_v", "k"], ["present_v"], axis=2))
+    model.graph.output.append(helper.make_tensor_value_info("present_v", TensorProto.FLOAT, None))
+    specs = input_specs(load_graph(model))
+    past, new = int(rng.integers(0, 9)), int(rng.integers(2, 9))
+    feeds = random_feeds(specs, rng, {"past_0_v_2": past, "input_ids_1": new})
+    assert feeds["past_0_k"].shape[2] == feeds["past_0_v"].shape[2] == past
+    assert feeds["attention_mask"].shape == (1, past + new)
+    path = str(tmp_path / "decoder.onnx")
+    onnx.save(model, path)
+    _runs_as_onnxruntime(capsys, path)
+
+
 def test_a_genai_decoders_present_caches_are_as_long_as_past_and_new_tokens():
     """onnxruntime's symbolic inference gives GroupQueryAttention's present caches the
     past's length (one buffer for both); run, they are past + new tokens long: a prefill
