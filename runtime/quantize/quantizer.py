@@ -427,19 +427,12 @@ def shape_arithmetic(graph: onnx.GraphProto) -> list[str]:
     Resize's scales, which an export below opset 11 computes in float (Shape, Gather,
     Cast, Div, Concat). Quantized as values, [1, 1, 8, 8] came back as 0.99 and 8.03, and
     the int8 model failed at its first run."""
-    known = {t.name for t in graph.initializer}
-    shaped: set[str] = set()
+    settled = {t.name for t in graph.initializer}  # what no input's values move
     out = []
     for node in graph.node:
-        reads = [t for t in node.input if t]
-        if node.op_type in ("Shape", "Size") or (reads and shaped.issuperset(
-                t for t in reads if t not in known) and not known.issuperset(reads)):
-            shaped.update(node.output)
-        elif known.issuperset(reads):
-            known.update(node.output)
-        else:
-            continue
-        out.append(node.name)
+        if node.op_type in ("Shape", "Size") or settled.issuperset(t for t in node.input if t):
+            settled.update(node.output)
+            out.append(node.name)
     return out
 
 
