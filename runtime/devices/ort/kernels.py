@@ -223,7 +223,9 @@ class _Check:
         node.name = "probe"
         # canonical tensor names, so nodes alike but for their names share one probe
         rename: dict[str, str] = {}
-        ins, outs, empty = [], [], []
+        ins: list[onnx.ValueInfoProto] = []
+        outs: list[onnx.ValueInfoProto] = []
+        empty: list[int] = []
         for i, name in enumerate(proto.input):
             if name and name not in rename:
                 if name not in types or type_string(types[name]) is None:
