@@ -368,18 +368,22 @@ ONNXRUNTIME_ONLY = "prism.onnxruntime-only"  # where the checker sees the ops be
 
 
 def _onnxruntime_only(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Nodes of ai.onnx ops onnx has no schema for and onnxruntime's CPU provider runs:
-    its transformer optimizer's SimplifiedLayerNormalization (T5's and Llama's RMS norm),
-    the experimental ops of old models (ImageScaler, Crop, Affine, ScaledTanh, ...).
-    onnxruntime runs such a model, so Prism checks the rest of it."""
+    """Nodes of ai.onnx ops onnx has no schema for at the model's opset and onnxruntime's
+    CPU provider runs there: its transformer optimizer's SimplifiedLayerNormalization (T5's
+    and Llama's RMS norm), and the LayerNormalization it writes below opset 17, where
+    onnx defines none (BERT and GPT-2 exports at opset 14, optimized); the experimental ops
+    of old models (ImageScaler, Crop, Affine, ScaledTanh, ...). onnxruntime runs such a
+    model, so Prism checks the rest of it."""
+    opset = default_opset(model) or 1
     unknown = [n for n in nested_nodes(model.graph)
-               if n.domain in DEFAULT_DOMAINS and not onnx.defs.has(n.op_type)]
+               if n.domain in DEFAULT_DOMAINS and not onnx.defs.has(n.op_type, opset)]
     if not unknown:
         return []
     from onnxruntime.capi.onnxruntime_pybind11_state import get_all_opkernel_def
 
     runs = {k.op_name for k in get_all_opkernel_def()
-            if k.domain in DEFAULT_DOMAINS and k.provider == "CPUExecutionProvider"}
+            if k.domain in DEFAULT_DOMAINS and k.provider == "CPUExecutionProvider"
+            and k.version_range[0] <= opset <= k.version_range[1]}
     return [n for n in unknown if n.op_type in runs]
 
 

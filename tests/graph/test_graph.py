@@ -1271,6 +1271,33 @@ def test_a_default_domain_op_onnxruntime_runs_and_onnx_does_not_know_loads():
         load_graph(_rms_normed("NoSuchNorm"))
 
 
+@pytest.mark.parametrize(("op", "opset"), [("LayerNormalization", 14), ("ThresholdedRelu", 9)])
+def test_an_op_onnxruntime_runs_below_the_opset_onnx_defines_it_at_loads(op, opset):
+    """onnxruntime's transformer optimizer writes LayerNormalization into a model below
+    opset 17, where onnx defines none (BERT and GPT-2 exports at opset 14, optimized); an
+    old model holds ThresholdedRelu below opset 10, from when it was experimental.
+    onnxruntime runs both; the checker refused the model."""
+    rng = np.random.default_rng()
+    normed = op == "LayerNormalization"
+    node = helper.make_node(op, ["x", "scale", "shift"] if normed else ["x"], ["n"], name="op",
+                            **({"axis": -1, "epsilon": 1e-5} if normed else {"alpha": 0.5}))
+    graph = helper.make_graph(
+        [node, helper.make_node("MatMul", ["n", "w"], ["y"], name="proj")], "older",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.uniform(.5, 1.5, 8).astype(np.float32), "scale"),
+         numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "shift"),
+         numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=8)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with HostManager(parse_devices("cpu:2")) as host:
+        host.add_network("older", model, annotations={"proj": "cpu1"})
+        np.testing.assert_allclose(host.infer("older", {"x": x})["y"], want, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
 def test_a_model_whose_nodes_are_out_of_order_loads_sorted(name):
     """ONNX asks for nodes in order; onnxruntime sorts them itself, and its quantizer
