@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from runtime.graph import default_opset, subgraphs
+from runtime.onnx_kinds import DEFAULT_DOMAINS
 
 RESIZE_SCALES = 2  # a Resize's input from opset 11 on: X, roi, scales, sizes
 ASYMMETRIC_SINCE = 11  # the first opset whose Resize says how it maps its pixels
@@ -37,7 +38,7 @@ def _asymmetric(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         for body in subgraphs(node):
             _asymmetric(body)
-        if node.op_type != "Resize" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Resize" or node.domain not in DEFAULT_DOMAINS:
             continue
         mode = next((helper.get_attribute_value(a) for a in node.attribute
                      if a.name == "mode"), b"nearest")
