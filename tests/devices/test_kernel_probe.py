@@ -1,5 +1,5 @@
-"""The kernel probe (`kernels.ort_problem`): a session of the node alone loads where the
-node loads in its model."""
+"""`kernels.ort_problem`: a node onnxruntime runs in its model is one a cpu device runs,
+its kernel found for its types and a session of it alone (the probe) loading."""
 
 from __future__ import annotations
 
@@ -47,3 +47,25 @@ def test_a_resize_given_empty_scales_beside_its_sizes_runs():
         host.add_network("sized", model)
         got = host.run("sized", {"x": x}).result(timeout=60)["y"]
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_float16_where_between_two_constants_runs():
+    """onnxruntime has no float16 kernel for Where before opset 16 and runs one cast to
+    float, which only its float16 inputs tell; shape inference leaves the two constants
+    untyped, and the node, typed by its condition and float16 output alone, could run on
+    no device (GPT-2 at opset 14 through onnxruntime's transformer optimizer, in float16)."""
+    rng = np.random.default_rng()
+    settings = [numpy_helper.from_array(np.array(v, np.float16), n)
+                for n, v in (("low", rng.standard_normal()), ("high", rng.standard_normal()))]
+    graph = helper.make_graph(
+        [helper.make_node("Where", ["c", "low", "high"], ["y"], name="where")], "picked",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n"])], settings)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+    graph = load_graph(model)
+    assert ort_problem(graph.by_name["where"], graph) is None
+    c = rng.integers(0, 2, 7).astype(bool)
+    with HostManager(parse_devices("cpu:1")) as host:
+        host.add_network("picked", model)
+        got = host.run("picked", {"c": c}).result(timeout=60)["y"]
+    np.testing.assert_array_equal(got, np.where(c, *(numpy_helper.to_array(t) for t in settings)))

@@ -169,6 +169,7 @@ class _Check:
         self.low = accepted.supported_opset()
         self.opsets = {("" if d in DEFAULT_DOMAINS else d): v for d, v in graph.opsets.items()}
         self.types = graph.types
+        self.weights = graph.initializers
 
     def node(self, proto: onnx.NodeProto, opsets: Mapping[str, int],
              types: Mapping[str, onnx.TypeProto]) -> str | None:
@@ -203,12 +204,25 @@ class _Check:
             return None
         kernels = [k for k in kernel_table().get((domain, op), ()) if k.first <= since <= k.last]
         if kernels:
-            if schema is None or _some_fit(kernels, schema, proto, types):
+            typed = self._with_weights(proto, types)
+            if schema is None or _some_fit(kernels, schema, proto, typed):
                 return None
-            return f"onnxruntime has no CPU kernel for {op}({since}) on {_type_list(proto, types)}"
+            return f"onnxruntime has no CPU kernel for {op}({since}) on {_type_list(proto, typed)}"
         if domain == "" and schema is not None and defines_function(schema):
             return None  # inlined by onnxruntime; the probe tells whether that works
         return f"onnxruntime has no CPU kernel for {op}({since})"
+
+    def _with_weights(self, proto: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]
+                      ) -> Mapping[str, onnx.TypeProto]:
+        """`types` and those of the weights `proto` reads, which inference leaves untyped:
+        a float16 Where between two float16 constants runs as onnxruntime casts it to
+        float, which only their type tells."""
+        weights = {name: helper.make_tensor_type_proto(t.data_type, list(t.dims))
+                   for name in proto.input if name not in types
+                   and (t := self.weights.get(name)) is not None}
+        if not weights:
+            return types
+        return {**{n: types[n] for n in (*proto.input, *proto.output) if n in types}, **weights}
 
     def probe(self, proto: onnx.NodeProto, opsets: Mapping[str, int],
               types: Mapping[str, onnx.TypeProto]) -> str | None:
