@@ -112,7 +112,8 @@ def free_sizes(inputs: Iterable[tuple[str, Dims | None, bool, Mapping[int, int]]
                 sizes[dim] = max(sizes.get(dim, default), size)
     sizes |= bindings
     for length, (pasts, new) in _mask_lengths(given, named).items():
-        past = max((sizes.get(p, default) for p in pasts), default=0)
+        bound = [bindings[p] for p in pasts if p in bindings]  # a bound one wins
+        past = max(bound or [sizes.get(p, default) for p in pasts], default=0)
         sizes |= {p: past for p in pasts if p not in bindings}
         if length not in bindings:
             sizes[length] = past + sizes.get(new, default)

@@ -873,10 +873,11 @@ def test_caches_whose_lengths_are_named_apart_are_made_up_alike(capsys, tmp_path
     model.graph.node.append(helper.make_node("Concat", ["past_0_v", "k"], ["present_v"], axis=2))
     model.graph.output.append(helper.make_tensor_value_info("present_v", TensorProto.FLOAT, None))
     specs = input_specs(load_graph(model))
-    past, new = int(rng.integers(0, 9)), int(rng.integers(2, 9))
-    feeds = random_feeds(specs, rng, {"past_0_v_2": past, "input_ids_1": new})
-    assert feeds["past_0_k"].shape[2] == feeds["past_0_v"].shape[2] == past
-    assert feeds["attention_mask"].shape == (1, past + new)
+    new = int(rng.integers(2, 9))
+    for past in (0, int(rng.integers(1, 9))):  # a bound length, none too, wins
+        feeds = random_feeds(specs, rng, {"past_0_v_2": past, "input_ids_1": new})
+        assert feeds["past_0_k"].shape[2] == feeds["past_0_v"].shape[2] == past
+        assert feeds["attention_mask"].shape == (1, past + new)
     path = str(tmp_path / "decoder.onnx")
     onnx.save(model, path)
     _runs_as_onnxruntime(capsys, path)
