@@ -133,7 +133,10 @@ def test_branches_run_at_once_while_one_runs_on_the_caller(loaded):
             gate.opened.set()
         caller.join(WAIT)
     r = np.maximum(x, 0)
-    np.testing.assert_allclose(outcome.wait()[1]["y"], 1 / (1 + np.exp(-r)) - r, rtol=1e-6)
+    # sigmoid(r) - r cancels near r = 0.5: a float32 rounding of either side (onnxruntime's
+    # Sigmoid is not numpy's) is an absolute error there, 6e-8 seen on -0.013
+    np.testing.assert_allclose(outcome.wait()[1]["y"], 1 / (1 + np.exp(-r)) - r, rtol=1e-6,
+                               atol=1e-6)
     threads = sorted(devices[name].runs[-1][2] for name in gates)
     assert threads[0] == "caller" and threads[1].startswith("fake-"), threads
 

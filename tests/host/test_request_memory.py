@@ -128,8 +128,14 @@ def test_an_outsized_request_gives_back_the_memory_it_took(devices, annotations)
             x = rng.standard_normal((1, 12_000 + int(rng.integers(100)))).astype(np.float32)
             np.testing.assert_allclose(ask("outer", {"x": x})["y"], (x.T @ x).sum(0),
                                        rtol=1e-3, atol=1e-2)
-            usual()
-            grown = resident_bytes() - before
+            # the first usual request gives the pairs back, unless the worker that made
+            # them is still answering (its frames hold them) as that request's first stage
+            # starts on the caller's thread: then the next one does (a fresh clone, 610 MB)
+            for _ in range(3):
+                usual()
+                grown = resident_bytes() - before
+                if grown < 128 << 20:
+                    break
             assert grown < 128 << 20, human_bytes(grown)
 
 
